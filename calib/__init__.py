@@ -1,0 +1,1 @@
+"""Calibration passes for `guild optimize` (issue 7)."""

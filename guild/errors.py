@@ -1,0 +1,37 @@
+"""User-facing errors: one line naming the file, field or flag at fault; the CLI prints them without a traceback."""
+
+
+class GuildError(Exception):
+    """Base of every error guild reports to a user."""
+
+
+class GgufFormatError(GuildError):
+    """The file is not a readable GGUF (bad magic, truncated, inconsistent index)."""
+
+
+class MissingTensorError(GuildError):
+    pass
+
+
+class UnsupportedArchitectureError(GuildError):
+    pass
+
+
+class UnsupportedQuantTypeError(GuildError):
+    pass
+
+
+class MetadataError(GuildError):
+    """A required GGUF metadata key is missing or has the wrong type."""
+
+
+class ContextOverflowError(GuildError):
+    pass
+
+
+class BadFlagError(GuildError):
+    pass
+
+
+class ModelNotFoundError(GuildError):
+    pass
