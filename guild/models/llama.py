@@ -1,0 +1,169 @@
+"""Llama-family decoder (SmolLM2, Llama 2/3, Mistral) and Mixtral-style MoE when `llama.expert_count` is set.
+
+The window forward: T tokens at positions pos..pos+T-1 → logits [T, vocab]; every op keeps row invariance.
+qwen3 / qwen3moe subclass this with QK-norm and NEOX rope.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..gguf import GGUFFile, f32
+from ..kernels.cpu import ops
+from ..kernels.cpu.quant import dequantize_rows, matmul, pack
+from ..kernels.ref import rope_tables
+from ..state import KVCache
+from . import ModelArgs
+
+
+class Linear:
+    """One or more weight matrices sharing an input, fused into one packed matrix when their quant types agree.
+
+    Output columns are the parts' outputs side by side (e.g. [q | k | v]).
+    """
+
+    def __init__(self, tensors):
+        self.n_out = sum(t.shape[0] for t in tensors)
+        self.n_in = tensors[0].shape[1]
+        if len({t.qtype for t in tensors}) == 1:
+            raw = tensors[0].data if len(tensors) == 1 else np.concatenate([t.data for t in tensors], axis=0)
+            self.parts = [pack(tensors[0].qtype, raw, self.n_out, self.n_in)]
+        else:
+            self.parts = [pack(t.qtype, t.data, t.shape[0], t.shape[1]) for t in tensors]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.n_out), np.float32)
+        if len(self.parts) == 1:
+            matmul(self.parts[0], x, out)
+            return out
+        off = 0
+        for p in self.parts:
+            tmp = np.empty((x.shape[0], p.n_rows), np.float32)
+            matmul(p, x, tmp)
+            out[:, off : off + p.n_rows] = tmp
+            off += p.n_rows
+        return out
+
+
+def _expert(t, e):
+    """Expert e's slice of a stacked expert tensor, as a 2-D tensor view."""
+    from ..gguf import Tensor
+
+    return Tensor(f"{t.name}[{e}]", t.qtype, t.shape[1:], t.data[e])
+
+
+class Layer:
+    def __init__(self, g: GGUFFile, i: int, args: ModelArgs, qk_norm: bool):
+        p = f"blk.{i}."
+        self.attn_norm = f32(g.tensor(p + "attn_norm.weight"))
+        self.qkv = Linear([g.tensor(p + f"attn_{n}.weight") for n in "qkv"])
+        self.wo = Linear([g.tensor(p + "attn_output.weight")])
+        self.q_norm = f32(g.tensor(p + "attn_q_norm.weight")) if qk_norm else None
+        self.k_norm = f32(g.tensor(p + "attn_k_norm.weight")) if qk_norm else None
+        self.ffn_norm = f32(g.tensor(p + "ffn_norm.weight"))
+        if args.is_moe:
+            router = g.tensor(p + "ffn_gate_inp.weight")
+            self.router = Linear([router])
+            gate, up, down = (g.tensor(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+            E = args.n_experts
+            self.experts_gu = [Linear([_expert(gate, e), _expert(up, e)]) for e in range(E)]
+            self.experts_down = [Linear([_expert(down, e)]) for e in range(E)]
+            self.expert_ffn = gate.shape[1]
+        else:
+            self.gu = Linear([g.tensor(p + "ffn_gate.weight"), g.tensor(p + "ffn_up.weight")])
+            self.down = Linear([g.tensor(p + "ffn_down.weight")])
+
+
+class Llama:
+    ROPE_NEOX = False
+    QK_NORM = False
+
+    def __init__(self, g: GGUFFile, args: ModelArgs):
+        self.gguf, self.args = g, args
+        self.layers = [Layer(g, i, args, args.qk_norm) for i in range(args.n_layers)]
+        emb = g.tensor("token_embd.weight")
+        self.embed = pack(emb.qtype, emb.data, emb.shape[0], emb.shape[1])
+        self.out_norm = f32(g.tensor("output_norm.weight"))
+        self.tied = not g.has("output.weight")
+        self.output = self.embed if self.tied else Linear([g.tensor("output.weight")]).parts[0]
+        n_rot = args.rope_dim or args.head_dim
+        self.cos, self.sin = rope_tables(args.context_length, n_rot, args.rope_base)
+        self.n_rot = n_rot
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, **overrides):
+        overrides.setdefault("rope_neox", cls.ROPE_NEOX)
+        overrides.setdefault("qk_norm", cls.QK_NORM)
+        return cls(g, ModelArgs.from_gguf(g, **overrides))
+
+    def new_state(self, n_ctx: int | None = None) -> KVCache:
+        a = self.args
+        n_ctx = min(n_ctx or a.context_length, a.context_length)
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx)
+
+    # -- forward ------------------------------------------------------------------------------------
+    def forward(self, tokens, state: KVCache, last_only: bool = False) -> np.ndarray:
+        """Run a window of T tokens at the state's committed position; returns logits [T, vocab] ([1, vocab]
+        if last_only). The rows are written to the cache but not committed: call state.commit(keep)."""
+        a = self.args
+        tokens = np.ascontiguousarray(tokens, np.int64)
+        T = tokens.shape[0]
+        pos0 = state.begin(T)
+        H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
+        positions = np.arange(pos0, pos0 + T, dtype=np.int64)
+        x = np.empty((T, a.dim), np.float32)  # [T, dim] residual stream
+        dequantize_rows(self.embed, tokens, x)
+        h = np.empty_like(x)
+        att = np.empty((T, H, hd), np.float32)
+        scores = np.empty((T * H, pos0 + T), np.float32)
+        scale = np.float32(1.0 / np.sqrt(hd))
+        for li, L in enumerate(self.layers):
+            ops.rmsnorm(x, L.attn_norm, a.norm_eps, h)
+            qkv = L.qkv(h)  # [T, (H + 2 Hkv) hd]
+            q = np.ascontiguousarray(qkv[:, : H * hd]).reshape(T, H, hd)
+            k = np.ascontiguousarray(qkv[:, H * hd : (H + Hkv) * hd]).reshape(T, Hkv, hd)
+            v = np.ascontiguousarray(qkv[:, (H + Hkv) * hd :]).reshape(T, Hkv, hd)
+            if L.q_norm is not None:
+                ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
+                ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
+            ops.rope(q, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
+            ops.rope(k, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
+            state.write(li, k, v)
+            ops.attention(q, state.k[li], state.v[li], pos0, scale, att, scores)
+            x += L.wo(att.reshape(T, H * hd))
+            ops.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
+            if a.is_moe:
+                x += self._moe(L, h, state, li)
+            else:
+                gu = L.gu(h)
+                act = np.empty((T, gu.shape[1] // 2), np.float32)
+                ops.swiglu(gu, act)
+                x += L.down(act)
+        if last_only:
+            x = x[-1:]
+            h = h[-1:]
+        ops.rmsnorm(x, self.out_norm, a.norm_eps, h)
+        logits = np.empty((x.shape[0], a.vocab_size), np.float32)
+        matmul(self.output, h, logits)
+        return logits
+
+    def _moe(self, L: Layer, h: np.ndarray, state: KVCache, li: int) -> np.ndarray:
+        """Route every row, then read each selected expert once and apply it to all rows that chose it."""
+        a = self.args
+        T, k = h.shape[0], a.n_experts_used
+        ids = np.empty((T, k), np.int64)
+        w = np.empty((T, k), np.float32)
+        ops.softmax_topk(L.router(h), k, a.norm_topk_prob, ids, w)
+        y = np.empty((T, k, a.dim), np.float32)  # each (row, rank) expert output
+        experts = np.unique(ids)
+        state.distinct_experts[li] = experts.size
+        for e in experts:
+            rows, ranks = np.nonzero(ids == e)
+            xe = h[rows]
+            gu = L.experts_gu[e](xe)
+            act = np.empty((rows.size, L.expert_ffn), np.float32)
+            ops.swiglu(gu, act)
+            y[rows, ranks] = L.experts_down[e](act)
+        out = np.empty_like(h)
+        ops.combine_experts(y, w, out)
+        return out

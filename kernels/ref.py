@@ -1,0 +1,91 @@
+"""Plain-NumPy twins of every kernel: the oracle the fast kernels are tested against.
+
+Written for clarity, in float64 where it matters; no Numba here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ref_quant import dequantize, matmul_ref  # noqa: F401  (quantized-matrix twins)
+
+
+def rmsnorm(x, w, eps):
+    x = np.asarray(x, np.float64)
+    return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w).astype(np.float32)
+
+
+def rope_tables(n_ctx, n_rot, base):
+    """cos/sin [n_ctx, n_rot/2] with theta_i = base^(-2i/n_rot) (RoFormer, Su et al. 2021)."""
+    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def rope(x, positions, cos, sin, n_rot, neox):
+    """Returns a rotated copy of x [T, H, hd]."""
+    x = np.array(x, np.float64)
+    half = n_rot // 2
+    c = cos[positions][:, None, :].astype(np.float64)
+    s = sin[positions][:, None, :].astype(np.float64)
+    if neox:
+        a, b = x[..., :half].copy(), x[..., half:n_rot].copy()
+        x[..., :half], x[..., half:n_rot] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+        x[..., 0:n_rot:2], x[..., 1:n_rot:2] = a * c - b * s, a * s + b * c
+    return x.astype(np.float32)
+
+
+def attention(q, k, v, pos0, scale):
+    """Causal GQA attention. q [T, H, hd]; k, v [ctx_used, Hkv, hd] (all positions up to pos0+T-1)."""
+    T, H, hd = q.shape
+    group = H // k.shape[1]
+    out = np.zeros((T, H, hd), np.float64)
+    for t in range(T):
+        L = pos0 + t + 1
+        for h in range(H):
+            g = h // group
+            s = (k[:L, g, :].astype(np.float64) @ q[t, h].astype(np.float64)) * scale
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            out[t, h] = p @ v[:L, g, :].astype(np.float64)
+    return out.astype(np.float32)
+
+
+def silu_mul(g, u):
+    g = np.asarray(g, np.float64)
+    return (g / (1.0 + np.exp(-g)) * u).astype(np.float32)
+
+
+def softmax_topk(logits, k, renorm):
+    """Router twin: softmax → top-k (ties to the lower id) → optional renormalise. Returns (ids, weights)."""
+    x = np.asarray(logits, np.float64)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ids = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, ids, -1)
+    if renorm:
+        w = w / w.sum(-1, keepdims=True)
+    return ids, w.astype(np.float32)
+
+
+def moe_ffn(h, router, gate, up, down, k, renorm):
+    """Mixture-of-experts SwiGLU FFN. h [T, D]; router [E, D]; gate/up [E, F, D]; down [E, D, F] (float)."""
+    ids, w = softmax_topk(h.astype(np.float64) @ router.T.astype(np.float64), k, renorm)
+    out = np.zeros(h.shape, np.float64)
+    for t in range(h.shape[0]):
+        for r in range(k):
+            e = ids[t, r]
+            a = silu_mul(gate[e] @ h[t], up[e] @ h[t]).astype(np.float64)
+            out[t] += w[t, r] * (down[e].astype(np.float64) @ a)
+    return out.astype(np.float32)
+
+
+def swiglu(gu):
+    F = gu.shape[1] // 2
+    return silu_mul(gu[:, :F], gu[:, F:])
+
+
+def combine_experts(y, w):
+    return np.einsum("tk,tkd->td", w.astype(np.float64), y.astype(np.float64)).astype(np.float32)

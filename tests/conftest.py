@@ -1,0 +1,52 @@
+import os
+import sys
+from pathlib import Path
+
+import numba
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/reference.py
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    """Build the upcycled MoE at most once per machine: reuse GUILD_CACHE_DIR if set, else a shared tmp dir."""
+    if "GUILD_CACHE_DIR" not in os.environ:
+        os.environ["GUILD_CACHE_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / "guild-test-cache")
+    yield
+
+
+@pytest.fixture
+def threads():
+    """Set Numba's thread count inside a test and restore it afterwards."""
+    before = numba.get_num_threads()
+    yield numba.set_num_threads
+    numba.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def dense_path():
+    from guild.upcycle import embedded_dense_path
+
+    return str(embedded_dense_path())
+
+
+@pytest.fixture(scope="session")
+def moe_path(_cache_dir):
+    from guild.upcycle import ensure_embedded_moe
+
+    return str(ensure_embedded_moe(progress=False))
+
+
+@pytest.fixture(scope="session")
+def dense_model(dense_path):
+    from guild.models import load_model
+
+    return load_model(dense_path)
+
+
+@pytest.fixture(scope="session")
+def moe_model(moe_path):
+    from guild.models import load_model
+
+    return load_model(moe_path)

@@ -1,0 +1,55 @@
+"""The embedded SmolLM2-135M (dense) and its upcycled MoE: oracle agreement, exact windows, row invariance."""
+
+import numpy as np
+import pytest
+from reference import reference_forward
+
+# "The capital of France is Paris. The answer is" in SmolLM2's vocabulary, plus a few more ids
+PROMPT = np.array([504, 3575, 282, 4649, 314, 7042, 30, 378, 3164, 314], np.int64)
+
+
+def test_dense_matches_float64_reference(dense_model, dense_path):
+    st = dense_model.new_state(64)
+    got = dense_model.forward(PROMPT, st)
+    want = reference_forward(dense_path, PROMPT)
+    assert np.array_equal(got.argmax(1), want.argmax(1))
+    # stated bound: fp32 dequant-dot kernels vs float64 on the same dequantised weights
+    assert np.abs(got - want).max() < 2e-3 * np.abs(want).max()
+
+
+def test_dense_greedy_says_paris(dense_model):
+    st = dense_model.new_state(64)
+    logits = dense_model.forward(PROMPT[:5], st)
+    assert int(logits[-1].argmax()) == 7042  # " Paris"
+
+
+@pytest.mark.parametrize("which", ["dense_model", "moe_model"])
+def test_windows_equal_plain_steps(which, request, threads):
+    model = request.getfixturevalue(which)
+    P = 3
+    st = model.new_state(64)
+    plain = []
+    for t in PROMPT:
+        plain.append(model.forward([t], st)[0])
+        st.commit(1)
+    plain = np.stack(plain)
+    for n_threads in (2, 1):
+        threads(n_threads)
+        for T in range(1, 8):
+            st = model.new_state(64)
+            model.forward(PROMPT[:P], st)
+            st.commit(P)
+            win = model.forward(PROMPT[P : P + T], st)
+            assert np.array_equal(win, plain[P : P + T]), f"{which} T={T} threads={n_threads}"
+            keep = max(1, T // 2)
+            st.commit(keep)
+            nxt = model.forward(PROMPT[P + keep : P + keep + 1], st)
+            assert np.array_equal(nxt[0], plain[P + keep]), f"{which} T={T} keep={keep}"
+
+
+def test_moe_experts_are_used(moe_model):
+    st = moe_model.new_state(64)
+    moe_model.forward(PROMPT[:8], st)
+    d = st.distinct_experts
+    assert d.shape == (30,) and d.min() >= 2 and d.max() <= 8
+    assert d.mean() > 3  # the router spreads 8 rows over several experts

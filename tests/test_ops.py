@@ -1,0 +1,84 @@
+"""Numba transformer ops held to their NumPy twins (guild.kernels.ref), and row invariance of attention."""
+
+import numpy as np
+import pytest
+from guild.kernels import ref
+from guild.kernels.cpu import ops
+
+rng = np.random.default_rng(0)
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def test_rmsnorm():
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    w = rng.standard_normal(96).astype(np.float32)
+    out = np.empty_like(x)
+    ops.rmsnorm(x, w, 1e-6, out)
+    np.testing.assert_allclose(out, ref.rmsnorm(x, w, 1e-6), **TOL)
+    xh = x.reshape(5, 3, 32).copy()
+    ops.rmsnorm_heads(xh, w[:32], 1e-6)
+    np.testing.assert_allclose(xh, ref.rmsnorm(x.reshape(5, 3, 32), w[:32], 1e-6), **TOL)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [32, 16])
+def test_rope(neox, n_rot):
+    cos, sin = ref.rope_tables(64, n_rot, 10000.0)
+    x = rng.standard_normal((4, 3, 32)).astype(np.float32)
+    pos = np.array([0, 5, 17, 63], np.int64)
+    y = x.copy()
+    ops.rope(y, pos, cos, sin, n_rot, neox)
+    np.testing.assert_allclose(y, ref.rope(x, pos, cos, sin, n_rot, neox), **TOL)
+    assert np.array_equal(y[..., n_rot:], x[..., n_rot:])  # partial rotary leaves the tail alone
+
+
+def _attn_inputs(T, pos0, H=6, Hkv=2, hd=16, ctx=40):
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    k = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+    v = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+    kc = np.ascontiguousarray(k.transpose(1, 0, 2))
+    vc = np.ascontiguousarray(v.transpose(1, 0, 2))
+    return q, k, v, kc, vc
+
+
+def _attn(q, kc, vc, pos0):
+    T, H, hd = q.shape
+    out = np.empty_like(q)
+    ops.attention(q, kc, vc, pos0, np.float32(hd**-0.5), out, np.empty((T * H, pos0 + T), np.float32))
+    return out
+
+
+def test_attention_matches_ref():
+    q, k, v, kc, vc = _attn_inputs(5, 11)
+    np.testing.assert_allclose(_attn(q, kc, vc, 11), ref.attention(q, k, v, 11, 16**-0.5), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_row_invariance():
+    q, _, _, kc, vc = _attn_inputs(8, 9)
+    full = _attn(q, kc, vc, 9)
+    for T in range(1, 8):
+        for start in range(0, 8 - T + 1):
+            part = _attn(np.ascontiguousarray(q[start : start + T]), kc, vc, 9 + start)
+            assert np.array_equal(part, full[start : start + T])
+
+
+def test_swiglu_combine_topk():
+    gu = rng.standard_normal((3, 40)).astype(np.float32)
+    out = np.empty((3, 20), np.float32)
+    ops.swiglu(gu, out)
+    np.testing.assert_allclose(out, ref.swiglu(gu), **TOL)
+
+    logits = rng.standard_normal((6, 8)).astype(np.float32)
+    logits[0, 3] = logits[0, 5]  # a tie resolves to the lower id
+    for renorm in (False, True):
+        ids = np.empty((6, 2), np.int64)
+        w = np.empty((6, 2), np.float32)
+        ops.softmax_topk(logits, 2, renorm, ids, w)
+        rids, rw = ref.softmax_topk(logits, 2, renorm)
+        assert np.array_equal(ids, rids)
+        np.testing.assert_allclose(w, rw, **TOL)
+
+    y = rng.standard_normal((6, 2, 10)).astype(np.float32)
+    o = np.empty((6, 10), np.float32)
+    ops.combine_experts(y, w, o)
+    np.testing.assert_allclose(o, ref.combine_experts(y, w), **TOL)
