@@ -35,3 +35,7 @@ class BadFlagError(GuildError):
 
 class ModelNotFoundError(GuildError):
     pass
+
+
+class ChatTemplateError(GuildError):
+    """The chat template failed to compile or render (or raised via `raise_exception`)."""

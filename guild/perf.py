@@ -1,0 +1,196 @@
+"""Engine benchmark (`make bench`): decode and prefill speed of guild vs llama.cpp on the embedded models,
+window cost V(T)/V(1), distinct experts per layer, and the share of a decode step spent in Python.
+
+Medians and ratios from one process; llama.cpp (llama-cpp-python) is measured when importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHORT = "Write a short story about a robot who learns to paint."
+
+
+def long_prompt_text() -> str:
+    """~600 tokens of real text shipped with Python itself (the `textwrap` module's source)."""
+    import textwrap
+
+    return Path(textwrap.__file__).read_text()[:2200]
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def guild_decode(model, ids, n, repeats):
+    from .session import GuildSession
+
+    dec, pre, toks = [], [], None
+    for _ in range(repeats):
+        s = GuildSession(model, n_ctx=len(ids) + n + 8)
+        toks, st = s.generate(ids, n)
+        dec.append(st.decode_tok_s)
+        pre.append(st.prefill_tok_s)
+    return _median(dec), _median(pre), toks
+
+
+def llama_cpp_decode(path, ids, n, threads, repeats):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(path), n_ctx=len(ids) + n + 8, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, verbose=False)
+    dec, pre, toks = [], [], []
+    for _ in range(repeats):
+        toks = []
+        t0 = time.perf_counter()
+        t1 = None
+        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            if t1 is None:
+                t1 = time.perf_counter()
+            toks.append(tok)
+            if len(toks) == n:
+                break
+        t2 = time.perf_counter()
+        pre.append(len(ids) / (t1 - t0))
+        dec.append((n - 1) / (t2 - t1))
+    return _median(dec), _median(pre), toks
+
+
+def window_costs(model, ids, repeats=7, max_T=8):
+    """Median ms of one verification window of T rows at the prompt's context, T = 1..max_T."""
+    from .session import GuildSession
+
+    s = GuildSession(model, n_ctx=len(ids) + 16)
+    s.prefill(ids)
+    rng = np.random.default_rng(0)
+    ms, distinct = {}, {}
+    for T in range(1, max_T + 1):
+        times, d = [], []
+        for _ in range(repeats):
+            win = rng.integers(100, 20000, T)
+            t0 = time.perf_counter()
+            model.forward(win, s.state)
+            times.append((time.perf_counter() - t0) * 1e3)
+            d.append(s.state.distinct_experts.mean())
+            s.state.commit(0)
+        ms[T], distinct[T] = _median(times), float(np.mean(d))
+    return ms, distinct
+
+
+def python_share(model, ids, steps=24):
+    """Fraction of a decode step's wall time outside kernel calls (timed wrappers around every kernel)."""
+    from .kernels.cpu import ops as ops_mod
+    from .models import llama as llama_mod
+    from .session import GuildSession
+
+    acc = [0.0]
+
+    def timed(fn):
+        def w(*a, **k):
+            t0 = time.perf_counter()
+            r = fn(*a, **k)
+            acc[0] += time.perf_counter() - t0
+            return r
+        return w
+
+    names = [n for n in dir(ops_mod) if not n.startswith("_") and hasattr(getattr(ops_mod, n), "py_func")]
+    saved_ops = {n: getattr(ops_mod, n) for n in names}
+    saved_q = {n: getattr(llama_mod, n) for n in ("matmul", "dequantize_rows")}
+    try:
+        for n, f in saved_ops.items():
+            setattr(ops_mod, n, timed(f))
+        for n, f in saved_q.items():
+            setattr(llama_mod, n, timed(f))
+        s = GuildSession(model, n_ctx=len(ids) + steps + 8)
+        logits = s.prefill(ids)
+        tok = int(np.argmax(logits))
+        acc[0] = 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            tok = int(np.argmax(model.forward([tok], s.state)[0]))
+            s.state.commit(1)
+        total = time.perf_counter() - t0
+    finally:
+        for n, f in saved_ops.items():
+            setattr(ops_mod, n, f)
+        for n, f in saved_q.items():
+            setattr(llama_mod, n, f)
+    return 1.0 - acc[0] / total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m guild.perf", description=__doc__)
+    ap.add_argument("--threads", type=int, default=None, help="threads for guild and llama.cpp (default: all)")
+    ap.add_argument("--tokens", type=int, default=128, help="greedy tokens generated per run")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--full", action="store_true", help="more repeats")
+    ap.add_argument("--out", default="results", help="folder for perf.json and perf.md")
+    a = ap.parse_args(argv)
+    from .run import load, set_threads
+    from .upcycle import embedded_dense_path, ensure_embedded_moe
+
+    threads = set_threads(a.threads)
+    repeats = a.repeats * (3 if a.full else 1)
+    paths = {"dense": embedded_dense_path(), "moe 8x top-2": ensure_embedded_moe()}
+    rows, report = [], {"machine": platform.processor() or platform.machine(), "threads": threads, "runs": []}
+    lines = []
+    for label, path in paths.items():
+        lm = load(str(path))
+        prompts = {"short": lm.tokenizer.apply_chat_template([{"role": "user", "content": SHORT}]),
+                   "~600-token": long_prompt_text()}
+        for pname, text in prompts.items():
+            ids = lm.tokenizer.encode(text, add_special=True)
+            guild_decode(lm.model, ids[:8], 4, 1)  # warm-up: JIT and caches
+            g_dec, g_pre, g_toks = guild_decode(lm.model, ids, a.tokens, repeats)
+            ll = llama_cpp_decode(path, ids, a.tokens, threads, repeats)
+            r = {"model": label, "prompt": pname, "prompt_tokens": len(ids), "guild_decode_tok_s": g_dec,
+                 "guild_prefill_tok_s": g_pre}
+            if ll:
+                r.update(llama_decode_tok_s=ll[0], llama_prefill_tok_s=ll[1],
+                         ratio=g_dec / ll[0], same_tokens=int(np.sum(np.array(g_toks) == np.array(ll[2]))))
+            rows.append(r)
+            print(json.dumps(r), file=sys.stderr)
+        ms, distinct = window_costs(lm.model, lm.tokenizer.encode(long_prompt_text()))
+        share = python_share(lm.model, ids[:64])
+        report["runs"].append({"model": label, "window_ms": ms, "distinct_experts": distinct, "python_share": share})
+        lines.append(f"\n**{label}** window cost at a ~600-token context (median ms, ratio to T=1)"
+                     + (", mean distinct experts per layer" if lm.model.args.is_moe else "") + ":\n")
+        lines.append("| T | " + " | ".join(str(t) for t in ms) + " |")
+        lines.append("|---" * (len(ms) + 1) + "|")
+        lines.append("| ms | " + " | ".join(f"{v:.1f}" for v in ms.values()) + " |")
+        lines.append("| V(T)/V(1) | " + " | ".join(f"{v / ms[1]:.2f}" for v in ms.values()) + " |")
+        if lm.model.args.is_moe:
+            lines.append("| experts | " + " | ".join(f"{v:.2f}" for v in distinct.values()) + " |")
+        lines.append(f"\nPython outside kernels: {share * 100:.1f}% of a decode step.")
+    report["decode"] = rows
+    head = ["| model | prompt | tokens | guild decode tok/s | llama.cpp tok/s | ratio | guild prefill tok/s "
+            "| llama.cpp prefill tok/s | same greedy tokens |", "|---" * 9 + "|"]
+    for r in rows:
+        ll = "llama_decode_tok_s" in r
+        head.append(
+            f"| {r['model']} | {r['prompt']} | {r['prompt_tokens']} | {r['guild_decode_tok_s']:.1f} | "
+            + (f"{r['llama_decode_tok_s']:.1f} | {r['ratio']:.2f}× | " if ll else "– | – | ")
+            + f"{r['guild_prefill_tok_s']:.0f} | "
+            + (f"{r['llama_prefill_tok_s']:.0f} | {r['same_tokens']}/{a.tokens} |" if ll else "– | – |")
+        )
+    md = f"guild {threads} threads, {a.tokens} greedy tokens, median of {repeats}\n\n" + "\n".join(head + lines)
+    print(md)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "perf.json").write_text(json.dumps(report, indent=1))
+    (out / "perf.md").write_text(md + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
