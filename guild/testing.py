@@ -299,7 +299,7 @@ def write_tiny_model(
     w.add_file_type(int(ft))
     w.add_quantization_version(GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for the GPT-2 regex
     w.add_token_list(list(tokens))
     w.add_token_types(list(token_types))
     w.add_token_merges(list(merges))

@@ -114,7 +114,7 @@ def test_tiny_model_layout(tmp_path, arch, qtype, kw):
         assert m["llama.feed_forward_length"] == (kw.get("expert_ffn") or kw["ffn"])
         assert m["llama.rope.dimension_count"] == dim // nh
         assert m["llama.vocab_size"] == 320
-    assert m["tokenizer.ggml.model"] == "gpt2" and m["tokenizer.ggml.pre"] == "gpt2"
+    assert m["tokenizer.ggml.model"] == "gpt2" and m["tokenizer.ggml.pre"] == "gpt-2"
     assert len(m["tokenizer.ggml.tokens"]) == len(m["tokenizer.ggml.token_type"]) == 320
     assert m["tokenizer.ggml.bos_token_id"] == 317 and m["tokenizer.ggml.eos_token_id"] == 319
     assert "<|im_start|>" in m["tokenizer.chat_template"]

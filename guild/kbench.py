@@ -1,0 +1,99 @@
+"""Micro-benchmark of the quantized CPU matrix kernels: G weights/s (N*K / seconds per matmul call).
+
+    python -m guild.kbench [--types Q4_1,Q8_0] [--threads 1,2] [--rows 1,2,4,8] [--seconds 0.3]
+
+Shapes are those of SmolLM2-135M (N x K = output x input features): attention 576x576, FFN gate/up 1536x576,
+FFN down 576x1536, output head 49152x576. Types whose block (256 for K-quants, IQ4_XS) does not divide
+K = 576 are measured at K = 768 instead (marked *). Weights are random blocks with sane scales; each figure is
+the median over repeated calls (one warm-up call first). The machine is shared: read medians and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from .kernels import ref_quant
+from .kernels.cpu import quant as kq
+
+SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
+TYPES = ("Q4_1", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16", "F32")
+
+
+def _median_seconds(fn, budget: float, min_reps: int = 5, max_reps: int = 2000) -> float:
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    reps = int(min(max(min_reps, budget / once), max_reps))
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def run(types, threads, rows, seconds: float) -> list[dict]:
+    rng = np.random.default_rng(0)
+    results = []
+    max_threads = numba.config.NUMBA_NUM_THREADS
+    threads = [t for t in threads if t <= max_threads]
+    before = numba.get_num_threads()
+    cols = [(nt, T) for nt in threads for T in rows]
+    warm = kq.pack(Q.Q8_0, ref_quant.random_raw(Q.Q8_0, 64, 64, rng), 64, 64)
+    kq.matmul(warm, np.zeros((1, 64), np.float32), np.empty((1, 64), np.float32))  # starts the thread pool
+    print(
+        f"G weights/s (N*K / median seconds per matmul call), Numba threading layer {numba.threading_layer()}, "
+        f"{max_threads} threads available"
+    )
+    head = f"{'type':7s} {'N x K':>12s} " + " ".join(f"{'T' + str(T) + '/' + str(nt) + 'th':>8s}" for nt, T in cols)
+    print(head)
+    print("-" * len(head))
+    try:
+        for name in types:
+            qt = Q[name]
+            block = ref_quant.BLOCK[qt][0]
+            for n, k in SHAPES:
+                kk = k if k % block == 0 else -(-k // block) * block
+                raw = ref_quant.random_raw(qt, n, kk, rng)
+                w = kq.pack(qt, raw, n, kk)
+                vals = []
+                for nt, T in cols:
+                    numba.set_num_threads(nt)
+                    x = rng.standard_normal((T, kk)).astype(np.float32)
+                    out = np.empty((T, n), np.float32)
+                    sec = _median_seconds(lambda w=w, x=x, out=out: kq.matmul(w, x, out), seconds)
+                    g = n * kk / sec / 1e9
+                    vals.append(g)
+                    results.append(
+                        {"type": name, "n": n, "k": kk, "threads": nt, "rows": T, "gw_s": g, "ms": sec * 1e3}
+                    )
+                label = f"{n}x{kk}" + ("*" if kk != k else "")
+                print(f"{name:7s} {label:>12s} " + " ".join(f"{v:8.2f}" for v in vals), flush=True)
+    finally:
+        numba.set_num_threads(before)
+    return results
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m guild.kbench", description=__doc__.splitlines()[0])
+    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated quant types")
+    ap.add_argument("--threads", default="1,2", help="comma-separated Numba thread counts")
+    ap.add_argument("--rows", default="1,2,4,8", help="comma-separated window sizes T")
+    ap.add_argument("--seconds", type=float, default=0.3, help="time budget per figure")
+    a = ap.parse_args(argv)
+    run(
+        [t.strip().upper() for t in a.types.split(",") if t.strip()],
+        [int(t) for t in a.threads.split(",")],
+        [int(t) for t in a.rows.split(",")],
+        a.seconds,
+    )
+
+
+if __name__ == "__main__":
+    main()

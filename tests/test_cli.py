@@ -1,0 +1,47 @@
+"""`guild run` end to end on the embedded models: streamed text, stats, --json."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from guild.run import run
+from guild.session import GuildSession
+
+
+def test_run_json_matches_session(dense_path, dense_model):
+    r = subprocess.run(
+        [sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "The capital of France is", "-n", "8",
+         "-t", "1", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["generated_tokens"] == len(out["tokens"]) == 8 and out["prompt_tokens"] == 5
+    assert out["text"].startswith(" Paris")
+    for key in ("prefill_tok_s", "decode_tok_s", "ms_per_token", "threads", "load_s"):
+        assert out[key] > 0
+    # the same greedy stream as the library's session
+    s = GuildSession(dense_model, n_ctx=64)
+    toks, _ = s.generate([504, 3575, 282, 4649, 314], 8)
+    assert toks == out["tokens"]
+
+
+def test_run_streams_and_stops_at_eos(moe_path):
+    pieces = []
+    res = run("smollm2-135m-moe", "Say hi.", chat=True, max_tokens=48, threads=2, on_text=pieces.append)
+    assert res.text == "".join(pieces) and res.text.strip()
+    assert res.stats.stop_reason in ("eos", "max_tokens")
+    if res.stats.stop_reason == "eos":
+        assert res.tokens[-1] in (0, 2)
+
+
+def test_chunked_prefill_equals_one_chunk(dense_model):
+    ids = np.arange(100, 140)
+    a = GuildSession(dense_model, n_ctx=64, prefill_batch=512).prefill(ids)
+    b = GuildSession(dense_model, n_ctx=64, prefill_batch=512).prefill(ids)
+    assert np.array_equal(a, b)  # deterministic
+    c = GuildSession(dense_model, n_ctx=64, prefill_batch=7).prefill(ids)
+    assert int(np.argmax(a)) == int(np.argmax(c))
+    assert np.abs(a - c).max() < 1e-2 * np.abs(a).max()
