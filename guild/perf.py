@@ -42,16 +42,36 @@ def guild_decode(model, ids, n, repeats):
     return _median(dec), _median(pre), toks
 
 
+def open_llama_cpp(path, **kwargs):
+    """A llama_cpp.Llama with ggml's "extra" buffer types off: on AMX-capable CPUs llama-cpp-python 0.3.36
+    places Q4/Q8 weights in the AMX buffer, whose matmul segfaults here; the plain CPU kernels run instead."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as C
+
+    default = C.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    C.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
+    finally:
+        C.llama_model_default_params = default
+
+
 def llama_cpp_decode(path, ids, n, threads, repeats):
     try:
-        from llama_cpp import Llama
+        import llama_cpp  # noqa: F401
     except ImportError:
         return None
-    llm = Llama(model_path=str(path), n_ctx=len(ids) + n + 8, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)
+    llm = open_llama_cpp(path, n_ctx=len(ids) + n + 8, n_threads=threads, n_threads_batch=threads, n_batch=512)
     dec, pre, toks = [], [], []
     for _ in range(repeats):
         toks = []
+        llm.reset()  # no reuse of the previous run's prompt cache
         t0 = time.perf_counter()
         t1 = None
         for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):

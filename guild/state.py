@@ -8,7 +8,8 @@ from .errors import ContextOverflowError
 
 
 class KVCache:
-    """K/V rows per layer as [n_layers, n_kv_heads, n_ctx, head_dim] float32.
+    """Keys as [n_layers, n_kv_heads, head_dim, n_ctx] (transposed for the attention kernel), values as
+    [n_layers, n_kv_heads, n_ctx, head_dim], float32.
 
     `begin(T)` reserves rows pos..pos+T-1 for a window; `commit(keep)` keeps the first `keep` of them and
     clears the rest, so the cache is exactly what `keep` single-token steps would have left (DESIGN.md "Window").
@@ -16,8 +17,8 @@ class KVCache:
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int):
         self.n_ctx = n_ctx
-        self.k = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), np.float32)
-        self.v = np.zeros_like(self.k)
+        self.k = np.zeros((n_layers, n_kv_heads, head_dim, n_ctx), np.float32)
+        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), np.float32)
         self.pos = 0  # committed rows
         self.pending = 0  # rows written by the open window
         self.distinct_experts = np.zeros(n_layers, np.int32)  # union size per layer in the last window
@@ -35,7 +36,7 @@ class KVCache:
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v: [T, n_kv_heads, head_dim] for the open window's rows."""
         T = k.shape[0]
-        self.k[layer, :, self.pos : self.pos + T] = k.transpose(1, 0, 2)
+        self.k[layer, :, :, self.pos : self.pos + T] = k.transpose(1, 2, 0)
         self.v[layer, :, self.pos : self.pos + T] = v.transpose(1, 0, 2)
 
     def commit(self, keep: int) -> None:
@@ -44,12 +45,12 @@ class KVCache:
         end = self.pos + self.pending
         self.pos += keep
         if self.pos < end:  # rows >= keep must not survive
-            self.k[:, :, self.pos : end] = 0.0
+            self.k[:, :, :, self.pos : end] = 0.0
             self.v[:, :, self.pos : end] = 0.0
         self.pending = 0
 
     def reset(self) -> None:
-        self.k[:, :, : self.pos + self.pending] = 0.0
+        self.k[:, :, :, : self.pos + self.pending] = 0.0
         self.v[:, :, : self.pos + self.pending] = 0.0
         self.pos = self.pending = 0
 

@@ -89,3 +89,7 @@ def swiglu(gu):
 
 def combine_experts(y, w):
     return np.einsum("tk,tkd->td", w.astype(np.float64), y.astype(np.float64)).astype(np.float32)
+
+
+def exp_shifted(x, m):
+    return np.exp(np.asarray(x, np.float64) - m).astype(np.float32)

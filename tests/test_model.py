@@ -63,7 +63,7 @@ def test_commit_keep_equals_plain_decoding(tiny):
             assert np.array_equal(win, plain[P : P + T]), f"T={T}: window rows differ from plain steps"
             st.commit(keep)
             assert st.pos == P + keep
-            assert not st.k[:, :, st.pos :].any() and not st.v[:, :, st.pos :].any()
+            assert not st.k[:, :, :, st.pos :].any() and not st.v[:, :, st.pos :].any()
             nxt = model.forward(SEQ[P + keep : P + keep + 2], st)
             assert np.array_equal(nxt, plain[P + keep : P + keep + 2]), f"T={T} keep={keep}"
 

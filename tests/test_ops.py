@@ -36,7 +36,7 @@ def _attn_inputs(T, pos0, H=6, Hkv=2, hd=16, ctx=40):
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     k = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
     v = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
-    kc = np.ascontiguousarray(k.transpose(1, 0, 2))
+    kc = np.ascontiguousarray(k.transpose(1, 2, 0))
     vc = np.ascontiguousarray(v.transpose(1, 0, 2))
     return q, k, v, kc, vc
 
@@ -82,3 +82,14 @@ def test_swiglu_combine_topk():
     o = np.empty((6, 10), np.float32)
     ops.combine_experts(y, w, o)
     np.testing.assert_allclose(o, ref.combine_experts(y, w), **TOL)
+
+
+def test_exp_shifted_and_fixed_sum():
+    x = (rng.random(1000).astype(np.float32) - 1) * 80
+    y = np.empty_like(x)
+    ops.exp_shifted(x, np.float32(0.5), y, np.empty(x.size, np.int32))
+    # Cephes expf: ~1.3 ulp of exp(v), v = x - m rounded to float32 as in the kernel
+    np.testing.assert_allclose(y, ref.exp_shifted(x - np.float32(0.5), 0.0), rtol=2e-7, atol=0)
+    for n in (1, 15, 16, 17, 600):
+        assert abs(ops.sum_fixed(y[:n]) - y[:n].astype(np.float64).sum()) <= 1e-6 * y[:n].sum()
+        assert ops.sum_fixed(y[:n]) == ops.sum_fixed(y[:n].copy())  # no dependence on where the data lives

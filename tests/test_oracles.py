@@ -35,6 +35,7 @@ import pytest
 from gguf import GGUFReader
 
 from guild.models import load_model
+from guild.perf import open_llama_cpp
 from guild.testing import write_tiny_model
 
 # 12 ids of the tiny 320-token vocabulary: bytes, merges and one control token (317 = <|endoftext|>).
@@ -217,27 +218,12 @@ def test_hf_transformers_oracle(name, tiny_path, hf_logits):
 # =========================================================================================================
 def llama_cpp_logits(path: str, tokens, **kwargs) -> np.ndarray:
     """Logits [T, vocab] (float64) of llama.cpp over `tokens` at positions 0..T-1 (one batch, F32 KV cache)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    import llama_cpp.llama_cpp as C
-
-    default_params = C.llama_model_default_params
-
-    def params_without_extra_bufts():
-        # ggml's AMX "extra" buffer type (picked on AMX-capable CPUs for Q4_x/Q8_0 weights) segfaults in
-        # ggml_backend_amx_mul_mat on this machine with llama-cpp-python 0.3.36 — a crash would take the whole
-        # pytest process down. Without extra buffer types the weights stay in the plain CPU buffer and the
-        # ordinary ggml CPU kernels (same Q8 activation quantisation) run.
-        p = default_params()
-        p.use_extra_bufts = False
-        return p
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(C, "llama_model_default_params", params_without_extra_bufts)
-        llm = llama_cpp.Llama(
-            model_path=path, logits_all=True, n_ctx=64, n_threads=2, verbose=False,
-            type_k=0, type_v=0,  # GGML_TYPE_F32 K/V cache (the f16 default alone costs ~5e-3 on F32 models)
-            flash_attn=False, **kwargs,
-        )
+    pytest.importorskip("llama_cpp")
+    llm = open_llama_cpp(
+        path, logits_all=True, n_ctx=64, n_threads=2,
+        type_k=0, type_v=0,  # GGML_TYPE_F32 K/V cache (the f16 default alone costs ~5e-3 on F32 models)
+        flash_attn=False, **kwargs,
+    )
     try:
         llm.eval(list(tokens))
         out = np.array(llm.scores[: len(tokens)], dtype=np.float64)

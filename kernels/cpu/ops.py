@@ -69,43 +69,84 @@ def rope(x, positions, cos, sin, n_rot, neox):
                     x[t, h, 2 * i + 1] = a * s + b * c
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def attention(q, kc, vc, pos0, scale, out, scores):
+@njit(cache=True)
+def exp_shifted(x, m, y, e2):
+    """y[j] = exp(x[j] - m) for x[j] <= m, in float32 (Cephes expf: exp(r) polynomial times 2^n), j < y.size.
+
+    Written as stride-1 loops without library calls so that it vectorises; the result of each element does
+    not depend on its neighbours or on the length. e2: int32 scratch of the same length (the 2^n bits).
+    """
+    for j in range(y.size):
+        v = max(x[j] - m, np.float32(-87.0))
+        n = np.floor(v * np.float32(1.44269504) + np.float32(0.5))
+        r = v - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+        p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        y[j] = p * (r * r) + r + np.float32(1.0)
+        e2[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
+    f = e2.view(np.float32)
+    for j in range(y.size):
+        y[j] *= f[j]
+
+
+@njit(cache=True)
+def sum_fixed(y):
+    """Sum in a fixed 16-lane order (lane j % 16, then lanes 0..15): vectorisable and independent of where
+    the array lives; the same length always gives the same bits."""
+    acc = np.zeros(16, np.float32)
+    n16 = y.size // 16 * 16
+    for b in range(0, n16, 16):
+        for k in range(16):
+            acc[k] += y[b + k]
+    for j in range(n16, y.size):
+        acc[j - n16] += y[j]
+    tot = np.float32(0.0)
+    for k in range(16):
+        tot += acc[k]
+    return tot
+
+
+@njit(cache=True, parallel=True)
+def attention(q, kt, vc, pos0, scale, out, scores):
     """Causal GQA attention of a window over the KV cache.
 
-    q: [T, H, hd] (rows at positions pos0..pos0+T-1); kc, vc: [Hkv, ctx, hd] with rows up to pos0+T-1 written;
-    out: [T, H, hd]; scores: [T*H, ctx] scratch. Row t reads positions 0..pos0+t in order.
+    q: [T, H, hd] (rows at positions pos0..pos0+T-1); kt: [Hkv, hd, ctx] (keys transposed, so the score loop
+    runs stride-1 over positions); vc: [Hkv, ctx, hd]; out: [T, H, hd]; scores: [T*H, >= pos0+T] scratch.
+    Row t reads positions 0..pos0+t; every score, sum and output element is computed in a fixed order.
     """
     T, H, hd = q.shape
-    Hkv = kc.shape[0]
+    Hkv = kt.shape[0]
     group = H // Hkv
     for th in prange(T * H):
         t = th // H
         h = th - t * H
         g = h // group
         L = pos0 + t + 1
-        sc = scores[th]
-        m = -np.inf
+        sc = scores[th, :L]
+        e2 = np.empty(L, np.int32)
         for j in range(L):
-            s = np.float32(0.0)
-            for i in range(hd):
-                s += q[t, h, i] * kc[g, j, i]
-            s *= scale
-            sc[j] = s
-            if s > m:
-                m = s
-        tot = np.float32(0.0)
-        for j in range(L):
-            e = np.exp(sc[j] - m)
-            sc[j] = e
-            tot += e
-        inv = np.float32(1.0) / tot
+            sc[j] = 0.0
+        for i in range(hd):  # s[j] += q[i] * k[j, i], vectorised over j
+            qi = q[t, h, i] * scale
+            kr = kt[g, i]
+            for j in range(L):
+                sc[j] += qi * kr[j]
+        m = sc[0]
+        for j in range(1, L):
+            m = max(m, sc[j])
+        exp_shifted(sc, m, sc, e2)
+        inv = np.float32(1.0) / sum_fixed(sc)
+        o = out[t, h]
         for i in range(hd):
-            out[t, h, i] = 0.0
-        for j in range(L):
+            o[i] = 0.0
+        for j in range(L):  # out[i] += p[j] * v[j, i], vectorised over i
             p = sc[j] * inv
+            vr = vc[g, j]
             for i in range(hd):
-                out[t, h, i] += p * vc[g, j, i]
+                o[i] += p * vr[i]
 
 
 @njit(cache=True, fastmath=True)

@@ -1514,18 +1514,67 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
             _launch(fn, *w.flat, w.dims, w.perm, x, xp, tmp, numba.get_num_threads())
             out[...] = tmp
         return
-    # prefill: the same kernels dequantise chunks of tiles to float32 [K, cols] (mode T = 0), BLAS multiplies
+    # prefill: the same kernels dequantise chunks of tiles to float32 [K, cols] (mode T = 0), BLAS multiplies;
+    # each worker thread takes a contiguous share of the tiles with its own scratch and single-threaded BLAS
     cf = _KFUNC.get(w.kind) or _kernel(w.kind)
+    nt = int(w.dims[0])
+    n_workers = min(numba.get_num_threads(), nt)
+    if out.flags.c_contiguous and out.dtype == np.float32:
+        dst = out
+    else:
+        dst = np.empty((T, w.n_rows), np.float32)
+    if n_workers == 1:
+        _prefill_part(cf, w, x, dst, 0, nt)
+    else:
+        jobs = [
+            _pool(n_workers).submit(_prefill_part, cf, w, x, dst, c * nt // n_workers, (c + 1) * nt // n_workers)
+            for c in range(n_workers)
+        ]
+        for j in jobs:
+            j.result()
+    if dst is not out:
+        out[...] = dst
+
+
+def _prefill_part(cf, w: PackedMatrix, x: np.ndarray, out: np.ndarray, t0: int, t1: int) -> None:
+    """Tiles t0..t1 of the prefill product: dequantise up to _PREFILL_ROWS features, then x @ chunk (BLAS).
+    The cfunc is called through ctypes and numpy's matmul runs in C: both release the GIL."""
     nt, nb = int(w.dims[0]), int(w.dims[1])
     Kp = w.perm.shape[0]
     step = max(1, _PREFILL_ROWS // NT)
-    buf = np.empty((Kp, min(step, nt) * NT), np.float32)
+    buf = np.empty((Kp, min(step, t1 - t0) * NT), np.float32)
     ptrs = [a.ctypes.data for a in w.flat]
-    for g0 in range(0, nt, step):
-        g1 = min(g0 + step, nt)
+    for g0 in range(t0, t1, step):
+        g1 = min(g0 + step, t1)
         cf.ctypes(*ptrs, nt, nb, w.perm.ctypes.data, 0, Kp, g0, g1, buf.ctypes.data, buf.shape[1])
         n0, n1 = g0 * NT, min(g1 * NT, w.n_rows)
-        out[:, n0:n1] = x @ buf[: w.n_cols, : n1 - n0]
+        np.matmul(x, buf[: w.n_cols, : n1 - n0], out=out[:, n0:n1])
+
+
+_POOL: list = [None, 0]
+
+
+def _pool(n: int):
+    """Worker threads for the prefill path (BLAS is kept single-threaded, see _limit_blas)."""
+    if _POOL[1] < n:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL[0] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="guild-prefill")
+        _POOL[1] = n
+    return _POOL[0]
+
+
+def _limit_blas() -> None:
+    """One BLAS thread: OpenBLAS's own threads spin after each call and, on a machine with as many threads as
+    cores, stall the next Numba parallel region by a scheduler slice (measured: +5 ms per region here)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        return
+    threadpool_limits(1, user_api="blas")
+
+
+_limit_blas()
 
 
 def dequantize_rows(w: PackedMatrix, rows: np.ndarray, out: np.ndarray) -> None:
