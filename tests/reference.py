@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 from gguf.quants import dequantize
-from guild.kernels import ref
 
 from guild.gguf import GGUFFile
+from guild.kernels import ref
 
 
 def _w(g: GGUFFile, name: str) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from guild.kernels import ref
 from guild.kernels.cpu import ops
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
+
 from guild.kernels import ref_quant
 from guild.kernels.cpu import quant as kq
 

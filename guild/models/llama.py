@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UnsupportedQuantTypeError
 from ..gguf import GGUFFile, f32
 from ..kernels.cpu import ops
+from ..kernels.cpu.moe import moe_ffn
 from ..kernels.cpu.quant import dequantize_rows, matmul, pack
 from ..kernels.ref import rope_tables
 from ..state import KVCache
@@ -62,13 +64,13 @@ class Layer:
         self.k_norm = f32(g.tensor(p + "attn_k_norm.weight")) if qk_norm else None
         self.ffn_norm = f32(g.tensor(p + "ffn_norm.weight"))
         if args.is_moe:
-            router = g.tensor(p + "ffn_gate_inp.weight")
-            self.router = Linear([router])
+            self.router = Linear([g.tensor(p + "ffn_gate_inp.weight")]).parts[0]
             gate, up, down = (g.tensor(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
             E = args.n_experts
-            self.experts_gu = [Linear([_expert(gate, e), _expert(up, e)]) for e in range(E)]
-            self.experts_down = [Linear([_expert(down, e)]) for e in range(E)]
-            self.expert_ffn = gate.shape[1]
+            if up.qtype != gate.qtype:
+                raise UnsupportedQuantTypeError(f"{g.path}: {p}ffn_gate_exps and ffn_up_exps differ in quant type")
+            self.experts_gu = [Linear([_expert(gate, e), _expert(up, e)]).parts[0] for e in range(E)]
+            self.experts_down = [Linear([_expert(down, e)]).parts[0] for e in range(E)]
         else:
             self.gu = Linear([g.tensor(p + "ffn_gate.weight"), g.tensor(p + "ffn_up.weight")])
             self.down = Linear([g.tensor(p + "ffn_down.weight")])
@@ -133,7 +135,11 @@ class Llama:
             x += L.wo(att.reshape(T, H * hd))
             ops.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
             if a.is_moe:
-                x += self._moe(L, h, state, li)
+                ffn = np.empty_like(h)
+                state.distinct_experts[li] = moe_ffn(
+                    h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn
+                )
+                x += ffn
             else:
                 gu = L.gu(h)
                 act = np.empty((T, gu.shape[1] // 2), np.float32)
@@ -146,24 +152,3 @@ class Llama:
         logits = np.empty((x.shape[0], a.vocab_size), np.float32)
         matmul(self.output, h, logits)
         return logits
-
-    def _moe(self, L: Layer, h: np.ndarray, state: KVCache, li: int) -> np.ndarray:
-        """Route every row, then read each selected expert once and apply it to all rows that chose it."""
-        a = self.args
-        T, k = h.shape[0], a.n_experts_used
-        ids = np.empty((T, k), np.int64)
-        w = np.empty((T, k), np.float32)
-        ops.softmax_topk(L.router(h), k, a.norm_topk_prob, ids, w)
-        y = np.empty((T, k, a.dim), np.float32)  # each (row, rank) expert output
-        experts = np.unique(ids)
-        state.distinct_experts[li] = experts.size
-        for e in experts:
-            rows, ranks = np.nonzero(ids == e)
-            xe = h[rows]
-            gu = L.experts_gu[e](xe)
-            act = np.empty((rows.size, L.expert_ffn), np.float32)
-            ops.swiglu(gu, act)
-            y[rows, ranks] = L.experts_down[e](act)
-        out = np.empty_like(h)
-        ops.combine_experts(y, w, out)
-        return out

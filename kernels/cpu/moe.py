@@ -1,0 +1,47 @@
+"""Mixture-of-experts SwiGLU FFN over a window of T rows (CPU experts).
+
+Route every row (softmax → top-k → optional renormalise), take the union of the selected experts, read each
+expert's weights once and apply them to all the rows that chose it, then sum each row's experts in its own
+top-k rank order (row invariance: a row's result does not depend on which other rows share the window).
+Twin: guild.kernels.ref.moe_ffn.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ops
+from .quant import PackedMatrix, matmul
+
+
+def moe_ffn(
+    h: np.ndarray,
+    router: PackedMatrix,
+    experts_gu: list[PackedMatrix],
+    experts_down: list[PackedMatrix],
+    k: int,
+    renorm: bool,
+    out: np.ndarray,
+) -> int:
+    """out [T, D] = MoE(h [T, D]). experts_gu[e]: fused [gate; up] [2F, D]; experts_down[e]: [D, F].
+    Returns the number of distinct experts the window used."""
+    T, D = h.shape
+    logits = np.empty((T, router.n_rows), np.float32)  # [T, E]
+    matmul(router, h, logits)
+    ids = np.empty((T, k), np.int64)
+    w = np.empty((T, k), np.float32)
+    ops.softmax_topk(logits, k, renorm, ids, w)
+    y = np.empty((T, k, D), np.float32)  # each (row, rank) expert output
+    experts = np.unique(ids)
+    for e in experts:
+        rows, ranks = np.nonzero(ids == e)
+        xe = h[rows]  # the rows that chose e, in row order
+        gu = np.empty((rows.size, experts_gu[e].n_rows), np.float32)
+        matmul(experts_gu[e], xe, gu)
+        act = np.empty((rows.size, gu.shape[1] // 2), np.float32)
+        ops.swiglu(gu, act)
+        ye = np.empty((rows.size, D), np.float32)
+        matmul(experts_down[e], act, ye)
+        y[rows, ranks] = ye
+    ops.combine_experts(y, w, out)
+    return experts.size
