@@ -30,6 +30,8 @@ from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 from gguf.constants import GGML_QUANT_SIZES, GGML_QUANT_VERSION
 from gguf.quants import dequantize, quantize
 
+from .tokenizer import bytes_to_unicode
+
 ARCHS = ("llama", "qwen3", "qwen3moe")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 N_BYTE_TOKENS = 256
@@ -101,19 +103,6 @@ In the morning the weather was cold, but by the afternoon the sun had warmed the
 harbour, where fishermen were mending their nets and talking about the price of fuel and the tides.
 """
 _PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""")
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte → printable unicode character map."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
 
 
 @functools.lru_cache(maxsize=8)

@@ -156,7 +156,7 @@ _names("deepseek-coder", "deepseek-coder")
 _names("deepseek3", "deepseek-v3 hunyuan-dense joyai-llm")
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte → printable-character map used by byte-level BPE vocabularies."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
     cs = list(bs)
@@ -169,7 +169,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
-_BYTE_ENCODER = _bytes_to_unicode()
+_BYTE_ENCODER = bytes_to_unicode()
 _BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _HEX_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
