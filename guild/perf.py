@@ -109,6 +109,7 @@ def window_costs(model, ids, repeats=7, max_T=8):
 
 def python_share(model, ids, steps=24):
     """Fraction of a decode step's wall time outside kernel calls (timed wrappers around every kernel)."""
+    from .kernels.cpu import moe as moe_mod
     from .kernels.cpu import ops as ops_mod
     from .models import llama as llama_mod
     from .session import GuildSession
@@ -125,12 +126,14 @@ def python_share(model, ids, steps=24):
 
     names = [n for n in dir(ops_mod) if not n.startswith("_") and hasattr(getattr(ops_mod, n), "py_func")]
     saved_ops = {n: getattr(ops_mod, n) for n in names}
-    saved_q = {n: getattr(llama_mod, n) for n in ("matmul", "dequantize_rows")}
+    # kernel entry points as each caller module imported them
+    saved_q = {(mod, n): getattr(mod, n) for mod, n in ((llama_mod, "matmul"), (llama_mod, "dequantize_rows"),
+                                                        (moe_mod, "matmul"))}
     try:
         for n, f in saved_ops.items():
             setattr(ops_mod, n, timed(f))
-        for n, f in saved_q.items():
-            setattr(llama_mod, n, timed(f))
+        for (mod, n), f in saved_q.items():
+            setattr(mod, n, timed(f))
         s = GuildSession(model, n_ctx=len(ids) + steps + 8)
         logits = s.prefill(ids)
         tok = int(np.argmax(logits))
@@ -143,8 +146,8 @@ def python_share(model, ids, steps=24):
     finally:
         for n, f in saved_ops.items():
             setattr(ops_mod, n, f)
-        for n, f in saved_q.items():
-            setattr(llama_mod, n, f)
+        for (mod, n), f in saved_q.items():
+            setattr(mod, n, f)
     return 1.0 - acc[0] / total
 
 

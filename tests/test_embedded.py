@@ -53,3 +53,17 @@ def test_moe_experts_are_used(moe_model):
     d = st.distinct_experts
     assert d.shape == (30,) and d.min() >= 2 and d.max() <= 8
     assert d.mean() > 3  # the router spreads 8 rows over several experts
+
+
+def test_no_dequantised_copy_in_ram(dense_model, dense_path):
+    """Packed weights stay quantized: about the GGUF's own bytes, far from a float32 copy (4.4x larger)."""
+    import os
+
+    m = dense_model
+    packed = {id(m.embed): m.embed, id(m.output): m.output}
+    for L in m.layers:
+        for lin in (L.qkv, L.wo, L.gu, L.down):
+            packed.update({id(p): p for p in lin.parts})
+    total = sum(p.nbytes for p in packed.values())
+    size = os.path.getsize(dense_path)
+    assert 0.9 * size < total < 1.1 * size
