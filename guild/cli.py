@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ app = typer.Typer(
 )
 err = Console(stderr=True, highlight=False)
 
+SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
 MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."
 
 
@@ -37,18 +39,37 @@ def run(
     context: int = typer.Option(4096, "--context", help="Context length in tokens (KV cache size)."),
     prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text, tokens, stats) instead."),
+    temperature: float = typer.Option(0.0, "--temperature", "--temp", help="0 = greedy.", rich_help_panel=SAMPLING),
+    top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel=SAMPLING),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus: smallest set with this mass (1 = off).",
+                                rich_help_panel=SAMPLING),
+    min_p: float = typer.Option(0.05, "--min-p", help="Drop tokens below min_p x the top probability (0 = off).",
+                                rich_help_panel=SAMPLING),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1 = off.", rich_help_panel=SAMPLING),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="History the penalties see (-1 = all).",
+                                      rich_help_panel=SAMPLING),
+    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", rich_help_panel=SAMPLING),
+    presence_penalty: float = typer.Option(0.0, "--presence-penalty", rich_help_panel=SAMPLING),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the position-keyed draws (default: random).",
+                                       rich_help_panel=SAMPLING),
 ):
-    """Generate text from a prompt (greedy), streaming it, then print decode statistics."""
+    """Generate text from a prompt, streaming it, then print decode statistics (greedy unless --temperature)."""
     from .run import run as run_prompt
+    from .sampling import SamplingParams
 
     def stream(s: str) -> None:
         sys.stdout.write(s)
         sys.stdout.flush()
 
     try:
+        sampling = SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+            penalty_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            seed=secrets.randbits(63) if seed is None else seed,
+        )
         res = run_prompt(
             model, prompt, chat=chat, max_tokens=max_tokens, threads=threads, context=context,
-            prefill_batch=prefill_batch, on_text=None if as_json else stream,
+            prefill_batch=prefill_batch, sampling=sampling, on_text=None if as_json else stream,
         )
     except GuildError as e:
         _fail(e)
@@ -61,7 +82,9 @@ def run(
         f"[dim]{Path(res.model).name} · {res.threads} threads · load {res.load_s:.2f} s\n"
         f"prompt {s.prompt_tokens} tok · prefill {s.prefill_tok_s:.1f} tok/s · "
         f"generated {s.generated_tokens} tok · decode {s.decode_tok_s:.1f} tok/s · "
-        f"{s.ms_per_token:.2f} ms/token · stop: {s.stop_reason}[/]"
+        f"{s.ms_per_token:.2f} ms/token · stop: {s.stop_reason}"
+        + ("" if sampling.greedy else f" · seed {sampling.seed}")
+        + "[/]"
     )
 
 

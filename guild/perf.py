@@ -107,6 +107,32 @@ def window_costs(model, ids, repeats=7, max_T=8):
     return ms, distinct
 
 
+def verifier_share(model, ids, T=5, repeats=9):
+    """Share of a T-row window spent in the verifier (sampling chain with penalties on every row) vs the
+    forward, on the given model; drafts are wrong from row 1 so every row is sampled."""
+    from .sampling import SamplingParams
+    from .session import GuildSession
+    from .verify import Verifier
+
+    p = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1,
+                       frequency_penalty=0.1, presence_penalty=0.1, seed=12345)
+    s = GuildSession(model, n_ctx=len(ids) + 16)
+    s.prefill(ids)
+    ver = Verifier(p)
+    fwd, vt = [], []
+    window = list(ids[-T:])
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = model.forward(window, s.state)
+        t1 = time.perf_counter()
+        ver.verify(logits, [window[0]] + [-1] * (T - 1), list(ids), s.state.pos, 100)
+        t2 = time.perf_counter()
+        s.state.commit(0)
+        fwd.append(t1 - t0)
+        vt.append(t2 - t1)
+    return _median(vt) / (_median(vt) + _median(fwd))
+
+
 def python_share(model, ids, steps=24):
     """Fraction of a decode step's wall time outside kernel calls (timed wrappers around every kernel)."""
     from .kernels.cpu import moe as moe_mod
@@ -211,7 +237,9 @@ def main(argv=None) -> int:
             print(json.dumps(r), file=sys.stderr)
         ms, distinct = window_costs(lm.model, lm.tokenizer.encode(long_prompt_text()))
         share = python_share(lm.model, ids[:64])
-        report["runs"].append({"model": label, "window_ms": ms, "distinct_experts": distinct, "python_share": share})
+        vshare = verifier_share(lm.model, ids[:64])
+        report["runs"].append({"model": label, "window_ms": ms, "distinct_experts": distinct, "python_share": share,
+                               "verifier_share_T5": vshare})
         lines.append(f"\n**{label}** window cost at a ~600-token context (median ms, ratio to T=1)"
                      + (", mean distinct experts per layer" if lm.model.args.is_moe else "") + ":\n")
         lines.append("| T | " + " | ".join(str(t) for t in ms) + " |")
@@ -220,7 +248,8 @@ def main(argv=None) -> int:
         lines.append("| V(T)/V(1) | " + " | ".join(f"{v / ms[1]:.2f}" for v in ms.values()) + " |")
         if lm.model.args.is_moe:
             lines.append("| experts | " + " | ".join(f"{v:.2f}" for v in distinct.values()) + " |")
-        lines.append(f"\nPython outside kernels: {share * 100:.1f}% of a decode step.")
+        lines.append(f"\nPython outside kernels: {share * 100:.1f}% of a decode step. Verifier (sampling with "
+                     f"penalties, every row): {vshare * 100:.1f}% of a T=5 window.")
     report["decode"] = rows
     dense_lm, moe_lm = load(str(paths["dense"])), load(str(paths["moe 8x top-2"]))
     report["moe_top1_agreement"] = agree = moe_agreement(dense_lm.model, moe_lm.model, dense_lm.tokenizer)

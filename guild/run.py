@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from .errors import BadFlagError
 from .gguf import GGUFFile
 from .models import load_model
+from .sampling import GREEDY, SamplingParams
 from .session import GenerationStats, GuildSession
 from .tokenizer import Tokenizer
 from .upcycle import resolve_model
@@ -51,11 +52,13 @@ class RunResult:
     model: str
     threads: int
     load_s: float
+    seed: int
 
     def as_dict(self) -> dict:
         return {
             "model": self.model,
             "threads": self.threads,
+            "seed": self.seed,
             "load_s": round(self.load_s, 3),
             "text": self.text,
             "tokens": self.tokens,
@@ -72,6 +75,7 @@ def run(
     threads: int | None = None,
     context: int = 4096,
     prefill_batch: int = 512,
+    sampling: SamplingParams = GREEDY,
     on_text: Callable[[str], None] | None = None,
 ) -> RunResult:
     if context < 16:
@@ -98,10 +102,10 @@ def run(
             if on_text is not None:
                 on_text(s)
 
-    out, stats = session.generate(ids, max_tokens, on_token)
+    out, stats = session.generate(ids, max_tokens, on_token, sampling=sampling)
     tail = detok.flush()
     if tail:
         pieces.append(tail)
         if on_text is not None:
             on_text(tail)
-    return RunResult("".join(pieces), out, stats, lm.path, n_threads, lm.load_s)
+    return RunResult("".join(pieces), out, stats, lm.path, n_threads, lm.load_s, sampling.seed)

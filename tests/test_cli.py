@@ -45,3 +45,25 @@ def test_chunked_prefill_equals_one_chunk(dense_model):
     c = GuildSession(dense_model, n_ctx=64, prefill_batch=7).prefill(ids)
     assert int(np.argmax(a)) == int(np.argmax(c))
     assert np.abs(a - c).max() < 1e-2 * np.abs(a).max()
+
+
+def test_run_sampling_flags_are_reproducible(dense_path):
+    def once(seed):
+        r = subprocess.run(
+            [sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "Once upon a time", "-n", "12", "-t", "2",
+             "--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--repeat-penalty", "1.1",
+             "--seed", str(seed), "--json"],
+            capture_output=True, text=True, timeout=600,
+        )
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    a, b = once(7), once(7)
+    assert a["tokens"] == b["tokens"] and a["seed"] == 7
+
+
+def test_bad_sampling_flag_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "x", "--top-p", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith("error:") and "--top-p" in r.stderr

@@ -1,0 +1,51 @@
+"""Verifier: the exact accept rule for a window of T = 1 + k rows (DESIGN.md "Window", seed 000 §3.4).
+
+Row t of the window [root, d1..dk] predicts absolute position pos0 + t + 1 from the history up to d_t. Its
+target token Y is drawn exactly as plain decoding would draw it (same logits by row invariance, same
+penalty history, same position-keyed u), so accepting the longest prefix with d_{t+1} == Y_t and emitting
+Y at the first mismatch (or as the bonus after the last draft) reproduces plain decoding token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import SamplingParams, sample
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    tokens: list[int]  # emitted: accepted drafts then the correction / bonus token
+    keep: int  # window inputs to commit (root + accepted drafts)
+    accepted: int  # drafts accepted
+    stop: str | None  # "eos" or "max_tokens" if the generation ends inside this window
+
+
+class Verifier:
+    def __init__(self, params: SamplingParams, eos_ids: Sequence[int] = ()):
+        self.params = params
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+
+    def verify(self, logits: np.ndarray, window: Sequence[int], history: list[int], pos0: int,
+               max_emit: int) -> WindowResult:
+        """logits [T, vocab] of `window` = [root, d1..dk] fed at positions pos0..; `history` is every token
+        before the root's successor (ending with the root). At most `max_emit` (>= 1) tokens are emitted."""
+        T = len(window)
+        staged = list(history)  # row t sees history + d1..dt
+        out: list[int] = []
+        for t in range(T):
+            y = sample(logits[t], staged, pos0 + t + 1, self.params)
+            out.append(y)
+            match = t + 1 < T and window[t + 1] == y
+            if y in self.eos_ids:  # nothing after EOS is committed
+                return WindowResult(out, t + 1, t + match, "eos")
+            if len(out) >= max_emit:
+                return WindowResult(out, t + 1, t + match, "max_tokens")
+            if match:
+                staged.append(y)
+                continue
+            return WindowResult(out, t + 1, t, None)
+        raise AssertionError("unreachable: the last row always emits")
