@@ -29,16 +29,71 @@ def _fail(e: GuildError) -> None:
     raise typer.Exit(1)
 
 
+SPEC = "Speculative decoding (exact: the same tokens as --decode-strategy normal)"
+
+
+def _conversation(path: Path) -> list[str]:
+    """User turns from a JSON or YAML file: a list of strings or of {role, content} messages."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise GuildError(f"--conversation {path}: cannot read ({str(e).splitlines()[0]})") from None
+    turns = []
+    for m in data if isinstance(data, list) else []:
+        if isinstance(m, str):
+            turns.append(m)
+        elif isinstance(m, dict) and m.get("role", "user") == "user" and isinstance(m.get("content"), str):
+            turns.append(m["content"])
+    if not turns:
+        raise GuildError(f"--conversation {path}: expected a list of user messages (strings or role/content)")
+    return turns
+
+
+def _print_stats(res, sampling) -> None:
+    for i, turn in enumerate(res.turns):
+        s = turn.stats
+        summ = s.summary()
+        spec = ""
+        if summ["drafted"]:
+            spec = (f"\nwindows {summ['windows']} · drafted {summ['drafted']} · accepted {summ['accepted']} "
+                    f"({summ['acceptance'] * 100:.0f}%) · {summ['tokens_per_window']:.2f} tokens/window · "
+                    f"T histogram {summ['t_histogram']}")
+        turn_label = f"turn {i + 1}: " if len(res.turns) > 1 else ""
+        err.print(
+            f"[dim]{turn_label}prompt {s.prompt_tokens} tok · prefill {s.prefill_tok_s:.1f} tok/s · "
+            f"generated {s.generated_tokens} tok · decode {s.decode_tok_s:.1f} tok/s · "
+            f"{s.ms_per_token:.2f} ms/token · stop: {s.stop_reason}{spec}[/]"
+        )
+    err.print(
+        f"[dim]{Path(res.model).name} · {res.threads} threads · load {res.load_s:.2f} s · "
+        f"strategy {res.options.strategy}" + ("" if sampling.greedy else f" · seed {sampling.seed}") + "[/]"
+    )
+
+
 @app.command()
 def run(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
-    prompt: str = typer.Option(..., "-p", "--prompt", help="Prompt text."),
-    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the model's chat template."),
-    max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most."),
+    prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the model's chat template."),
+    conversation: Path | None = typer.Option(
+        None, "--conversation", help="JSON/YAML list of user turns, run as one chat (implies --chat)."),
+    interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat on stdin, one line per turn."),
+    max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most (per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     context: int = typer.Option(4096, "--context", help="Context length in tokens (KV cache size)."),
     prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text, tokens, stats) instead."),
+    strategy: str = typer.Option("normal", "--decode-strategy", help="normal, lookup or retrieval.",
+                                 rich_help_panel=SPEC),
+    max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most (0..7).",
+                                  rich_help_panel=SPEC),
+    min_match: int = typer.Option(3, "--spec-min-match", help="Lookup anchor length (2 or 3).", rich_help_panel=SPEC),
+    lookup_window: int = typer.Option(65536, "--spec-lookup-window", help="Tokens of history lookup indexes.",
+                                      rich_help_panel=SPEC),
+    corpus: list[Path] | None = typer.Option(None, "--retrieval-corpus", help="Text file the retrieval drafter "
+                                             "ingests (repeatable).", rich_help_panel=SPEC),
     temperature: float = typer.Option(0.0, "--temperature", "--temp", help="0 = greedy.", rich_help_panel=SAMPLING),
     top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel=SAMPLING),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus: smallest set with this mass (1 = off).",
@@ -51,15 +106,20 @@ def run(
     frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", rich_help_panel=SAMPLING),
     presence_penalty: float = typer.Option(0.0, "--presence-penalty", rich_help_panel=SAMPLING),
     seed: int | None = typer.Option(None, "--seed", help="Seed of the position-keyed draws (default: random).",
-                                       rich_help_panel=SAMPLING),
+                                    rich_help_panel=SAMPLING),
 ):
-    """Generate text from a prompt, streaming it, then print decode statistics (greedy unless --temperature)."""
-    from .run import run as run_prompt
+    """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
+    from .run import DecodeOptions, Runner
+    from .run import run as run_prompts
     from .sampling import SamplingParams
 
     def stream(s: str) -> None:
         sys.stdout.write(s)
         sys.stdout.flush()
+
+    def turn_header(i: int, text: str) -> None:
+        if len(prompts) > 1 and not as_json:
+            sys.stdout.write(("\n" if i else "") + f">>> {text}\n")
 
     try:
         sampling = SamplingParams(
@@ -67,25 +127,38 @@ def run(
             penalty_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             seed=secrets.randbits(63) if seed is None else seed,
         )
-        res = run_prompt(
-            model, prompt, chat=chat, max_tokens=max_tokens, threads=threads, context=context,
-            prefill_batch=prefill_batch, sampling=sampling, on_text=None if as_json else stream,
-        )
+        opts = DecodeOptions(strategy=strategy, max_draft=max_draft, min_match=min_match,
+                             lookup_window=lookup_window, corpus=tuple(str(c) for c in corpus or ()),
+                             sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch)
+        if interactive:
+            runner = Runner(model, opts, threads)
+            err.print("[dim]chat: one line per turn; empty line or Ctrl-D ends[/]")
+            while True:
+                try:
+                    line = input("> ")
+                except EOFError:
+                    break
+                if not line.strip():
+                    break
+                turn = runner.say(line, stream)
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                _print_stats(runner.result([turn]), sampling)
+            return
+        prompts = [prompt] if prompt is not None else []
+        if conversation is not None:
+            prompts += _conversation(conversation)
+            chat = True
+        res = run_prompts(model, prompts, chat=chat, opts=opts, threads=threads,
+                          on_text=None if as_json else stream, on_turn=turn_header)
     except GuildError as e:
         _fail(e)
     if as_json:
         print(json.dumps(res.as_dict()))
         return
-    s = res.stats
     sys.stdout.write("\n")
-    err.print(
-        f"[dim]{Path(res.model).name} · {res.threads} threads · load {res.load_s:.2f} s\n"
-        f"prompt {s.prompt_tokens} tok · prefill {s.prefill_tok_s:.1f} tok/s · "
-        f"generated {s.generated_tokens} tok · decode {s.decode_tok_s:.1f} tok/s · "
-        f"{s.ms_per_token:.2f} ms/token · stop: {s.stop_reason}"
-        + ("" if sampling.greedy else f" · seed {sampling.seed}")
-        + "[/]"
-    )
+    sys.stdout.flush()
+    _print_stats(res, sampling)
 
 
 @app.command()

@@ -1,16 +1,20 @@
-"""`guild run`: load a model (path or tag), tokenize the prompt, decode, stream text, return stats."""
+"""`guild run`: load a model (path or tag), set up a session and its drafter, decode one prompt or a whole
+conversation, stream text, return stats."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from .chat import Conversation, Turn, stream_text
 from .errors import BadFlagError
 from .gguf import GGUFFile
 from .models import load_model
 from .sampling import GREEDY, SamplingParams
-from .session import GenerationStats, GuildSession
+from .session import GuildSession
+from .spec import make_drafter
 from .tokenizer import Tokenizer
 from .upcycle import resolve_model
 
@@ -44,68 +48,108 @@ def load(model: str | None) -> Loaded:
     return Loaded(path, g, m, tok, time.perf_counter() - t0)
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How `guild run` decodes: strategy and its knobs, sampling, limits."""
+
+    strategy: str = "normal"
+    max_draft: int = 4
+    min_match: int = 3
+    lookup_window: int = 65536
+    corpus: tuple[str, ...] = ()  # documents the retrieval drafter ingests
+    sampling: SamplingParams = GREEDY
+    max_tokens: int = 128
+    context: int = 4096
+    prefill_batch: int = 512
+
+    def __post_init__(self):
+        if self.context < 16:
+            raise BadFlagError(f"--context must be >= 16, got {self.context}")
+        if self.max_tokens < 1:
+            raise BadFlagError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.prefill_batch < 1:
+            raise BadFlagError(f"--prefill-batch must be >= 1, got {self.prefill_batch}")
+        if not 0 <= self.max_draft <= 7:
+            raise BadFlagError(f"--spec-max-draft must be in 0..7, got {self.max_draft}")
+        if self.corpus and self.strategy != "retrieval":
+            raise BadFlagError("--retrieval-corpus needs --decode-strategy retrieval")
+        for f in self.corpus:
+            if not Path(f).is_file():
+                raise BadFlagError(f"--retrieval-corpus: no such file: {f}")
+
+
 @dataclass
 class RunResult:
-    text: str
-    tokens: list[int]
-    stats: GenerationStats
+    turns: list[Turn]
     model: str
     threads: int
     load_s: float
-    seed: int
+    options: DecodeOptions = field(default_factory=DecodeOptions)
+
+    @property
+    def text(self) -> str:
+        return self.turns[-1].text
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.turns[-1].tokens
+
+    @property
+    def stats(self):
+        return self.turns[-1].stats
 
     def as_dict(self) -> dict:
-        return {
-            "model": self.model,
-            "threads": self.threads,
-            "seed": self.seed,
-            "load_s": round(self.load_s, 3),
-            "text": self.text,
-            "tokens": self.tokens,
-            **self.stats.as_dict(),
-        }
+        head = {"model": self.model, "threads": self.threads, "load_s": round(self.load_s, 3),
+                "strategy": self.options.strategy, "seed": self.options.sampling.seed}
+        turns = [{"text": t.text, "tokens": t.tokens, **t.stats.as_dict()} for t in self.turns]
+        return {**head, **turns[0]} if len(turns) == 1 else {**head, "turns": turns}
 
 
-def run(
-    model: str | None,
-    prompt: str,
-    *,
-    chat: bool = False,
-    max_tokens: int = 128,
-    threads: int | None = None,
-    context: int = 4096,
-    prefill_batch: int = 512,
-    sampling: SamplingParams = GREEDY,
-    on_text: Callable[[str], None] | None = None,
-) -> RunResult:
-    if context < 16:
-        raise BadFlagError(f"--context must be >= 16, got {context}")
-    if max_tokens < 1:
-        raise BadFlagError(f"--max-tokens must be >= 1, got {max_tokens}")
-    if prefill_batch < 1:
-        raise BadFlagError(f"--prefill-batch must be >= 1, got {prefill_batch}")
-    n_threads = set_threads(threads)
-    lm = load(model)
-    tok = lm.tokenizer
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
-    ids = tok.encode(text, add_special=True)
-    session = GuildSession(lm.model, n_ctx=context, prefill_batch=prefill_batch, eos_ids=tok.eos_ids)
-    detok = tok.detokenizer()
-    pieces: list[str] = []
+class Runner:
+    """A loaded model with one session and its drafter: one-shot prompts or a multi-turn conversation."""
 
-    def on_token(t: int) -> None:
-        if t in tok.eos_ids:
-            return
-        s = detok.push(t)
-        if s:
-            pieces.append(s)
-            if on_text is not None:
-                on_text(s)
+    def __init__(self, model: str | None, opts: DecodeOptions, threads: int | None = None):
+        self.opts = opts
+        self.threads = set_threads(threads)
+        drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)
+        self.lm = load(model)
+        self.session = GuildSession(self.lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch,
+                                    eos_ids=self.lm.tokenizer.eos_ids)
+        self.drafter = drafter
+        for f in opts.corpus:
+            drafter.ingest(self.lm.tokenizer.encode(Path(f).read_text(errors="replace")))
+        self.conversation = Conversation(self.session, self.lm.tokenizer)
 
-    out, stats = session.generate(ids, max_tokens, on_token, sampling=sampling)
-    tail = detok.flush()
-    if tail:
-        pieces.append(tail)
-        if on_text is not None:
-            on_text(tail)
-    return RunResult("".join(pieces), out, stats, lm.path, n_threads, lm.load_s, sampling.seed)
+    def _kw(self) -> dict:
+        o = self.opts
+        return dict(sampling=o.sampling, drafter=self.drafter, max_draft=o.max_draft)
+
+    def say(self, text: str, on_text: Callable[[str], None] | None = None) -> Turn:
+        """One chat turn (the chat template, history kept)."""
+        return self.conversation.say(text, self.opts.max_tokens, on_text, **self._kw())
+
+    def complete(self, text: str, on_text: Callable[[str], None] | None = None) -> Turn:
+        """Raw completion of `text` (no template), continuing whatever the session holds."""
+        tok = self.lm.tokenizer
+        ids = tok.encode(text, add_special=not self.session.tokens)
+        on_token, finish = stream_text(tok, on_text)
+        out, stats = self.session.generate(ids, self.opts.max_tokens, on_token, **self._kw())
+        return Turn(finish(), out, stats)
+
+    def result(self, turns: list[Turn]) -> RunResult:
+        return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts)
+
+
+def run(model: str | None, prompts: Sequence[str], *, chat: bool = False, opts: DecodeOptions = DecodeOptions(),
+        threads: int | None = None, on_text: Callable[[str], None] | None = None,
+        on_turn: Callable[[int, str], None] | None = None) -> RunResult:
+    """Decode each prompt in turn on one session (several prompts = a conversation when chat is set)."""
+    if not prompts:
+        raise BadFlagError("no prompt: give -p/--prompt or --conversation")
+    r = Runner(model, opts, threads)
+    turns = []
+    for i, p in enumerate(prompts):
+        if on_turn is not None:
+            on_turn(i, p)
+        turns.append(r.say(p, on_text) if chat else r.complete(p, on_text))
+    return r.result(turns)

@@ -147,8 +147,10 @@ class GuildSession:
         verifier = Verifier(sampling, self.eos_ids)
         st = GenerationStats(prompt_tokens=len(prompt))
         t0 = time.perf_counter()
+        prompt_start = len(self.tokens)
         logits = self.prefill(prompt)
         st.prefill_s = time.perf_counter() - t0
+        drafter.start(self.tokens, prompt_start)
 
         out: list[int] = []
         t0 = time.perf_counter()
@@ -175,6 +177,11 @@ class GuildSession:
         st.decode_s = time.perf_counter() - t0
         st.generated_tokens = len(out)
         return out, st
+
+    def rewind(self, n: int) -> None:
+        """Keep the first n tokens of the conversation (and of the cache)."""
+        self.tokens = self.tokens[:n]
+        self.state.truncate(n)
 
     def _emit(self, toks: list[int], out: list[int], on_token) -> None:
         for t in toks:

@@ -49,6 +49,15 @@ class KVCache:
             self.v[:, :, self.pos : end] = 0.0
         self.pending = 0
 
+    def truncate(self, n: int) -> None:
+        """Forget committed rows >= n (a conversation re-tokenised differently from what was fed)."""
+        if self.pending:
+            raise RuntimeError("KVCache.truncate: a window is open")
+        n = max(0, min(n, self.pos))
+        self.k[:, :, :, n : self.pos] = 0.0
+        self.v[:, :, n : self.pos] = 0.0
+        self.pos = n
+
     def reset(self) -> None:
         self.k[:, :, :, : self.pos + self.pending] = 0.0
         self.v[:, :, : self.pos + self.pending] = 0.0

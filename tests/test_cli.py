@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from guild.run import run
+from guild.run import DecodeOptions, run
 from guild.session import GuildSession
 
 
@@ -30,7 +30,8 @@ def test_run_json_matches_session(dense_path, dense_model):
 
 def test_run_streams_and_stops_at_eos(moe_path):
     pieces = []
-    res = run("smollm2-135m-moe", "Say hi.", chat=True, max_tokens=48, threads=2, on_text=pieces.append)
+    res = run("smollm2-135m-moe", ["Say hi."], chat=True, opts=DecodeOptions(max_tokens=48), threads=2,
+              on_text=pieces.append)
     assert res.text == "".join(pieces) and res.text.strip()
     assert res.stats.stop_reason in ("eos", "max_tokens")
     if res.stats.stop_reason == "eos":
