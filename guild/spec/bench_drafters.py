@@ -1,0 +1,124 @@
+"""Micro-benchmarks of the drafters' latencies (benchmarks, not tests).
+
+Run: ``python -m guild.spec.bench_drafters``. Each ``bench_*`` function returns a dict of numbers and prints
+one line per measurement; `main()` runs whichever ones exist in this module.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def text_like_tokens(n: int, vocab: int = 49152, seed: int = 0) -> np.ndarray:
+    """Zipf-distributed tokens with repeated spans (copies of earlier stretches, a few tokens mutated)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty(n, np.int64)
+    i = 0
+    while i < n:
+        if i > 256 and rng.random() < 0.3:  # copy an earlier span
+            length = int(rng.integers(8, 96))
+            src = int(rng.integers(0, i - length)) if i > length else 0
+            span = out[src : src + length].copy()
+            flips = rng.random(span.size) < 0.05
+            span[flips] = rng.zipf(1.2, int(flips.sum())) % vocab
+        else:  # fresh text
+            span = rng.zipf(1.2, int(rng.integers(16, 128))) % vocab
+        m = min(span.size, n - i)
+        out[i : i + m] = span[:m]
+        i += m
+    return out.astype(np.int32)
+
+
+def _pct(xs, q):
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def bench_lookup(n: int = 65536, steps: int = 4000, seed: int = 0) -> dict:
+    """SuffixDrafter at an n-token history: append cost (amortised) and propose latency (median, p90)."""
+    from guild.spec.suffix_drafter import SuffixDrafter
+
+    toks = text_like_tokens(n + 4 * n, seed=seed)
+    as_list = toks.tolist()
+    SuffixDrafter(max_history=64).propose(as_list[:100], 4)  # JIT / cache load outside the timings
+    res: dict = {}
+
+    # append, one token per call (the session's step), into a window that never compacts
+    d = SuffixDrafter(max_history=n)
+    t0 = time.perf_counter()
+    for t in as_list[:n]:
+        d.append(t)
+    res["append_1_us"] = (time.perf_counter() - t0) / n * 1e6
+    # append in chunks of 4 (a window's commit)
+    d = SuffixDrafter(max_history=n)
+    t0 = time.perf_counter()
+    for i in range(0, n, 4):
+        d.append(as_list[i : i + 4])
+    res["append_4_us"] = (time.perf_counter() - t0) / n * 1e6
+    # append one at a time through 4 n tokens: includes the compactions (drop half + re-index)
+    d = SuffixDrafter(max_history=n)
+    t0 = time.perf_counter()
+    for t in as_list[n:]:
+        d.append(t)
+    res["append_1_compacting_us"] = (time.perf_counter() - t0) / (4 * n) * 1e6
+    res["nbytes_mib"] = d.nbytes / 2**20
+
+    # propose on a growing history list as the session does: the last `steps` windows of an n-token history
+    d = SuffixDrafter(max_history=n)
+    hist = as_list[: n - steps * 3]
+    d.start(hist, 0)
+    rng = np.random.default_rng(seed)
+    lat, hits = [], 0
+    src = n - steps * 3
+    while len(lat) < steps and src < n:
+        step = int(rng.integers(1, 5))  # tokens committed by the previous window
+        hist.extend(as_list[src : src + step])
+        src += step
+        t0 = time.perf_counter()
+        p = d.propose(hist, 4)
+        lat.append(time.perf_counter() - t0)
+        hits += p.size > 0
+    res["propose_sync_median_us"] = _pct(lat, 50) * 1e6
+    res["propose_sync_p90_us"] = _pct(lat, 90) * 1e6
+    res["propose_hit_rate"] = hits / len(lat)
+    # propose again on an unchanged history (no sync work)
+    lat = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        d.propose(hist, 4)
+        lat.append(time.perf_counter() - t0)
+    res["propose_nosync_median_us"] = _pct(lat, 50) * 1e6
+    res["history_tokens"] = len(hist)
+    # worst case for the backward extension: a 500-token block repeated (every candidate extends to max_match)
+    rep = (toks[:500].tolist() * (n // 500 + 1))[:n]
+    d = SuffixDrafter(max_history=n)
+    d.start(rep, 0)
+    lat = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        d.propose(rep, 4)
+        lat.append(time.perf_counter() - t0)
+    res["propose_repetitive_median_us"] = _pct(lat, 50) * 1e6
+    res["propose_repetitive_match_len"] = d.last_match_len
+
+    print(f"lookup  n={n}: append {res['append_1_us']:.2f} us/token (1 per call), "
+          f"{res['append_4_us']:.2f} us/token (4 per call), {res['append_1_compacting_us']:.2f} us/token "
+          f"(1 per call, with compactions over {4 * n} tokens)")
+    print(f"lookup  n={n}: propose median {res['propose_sync_median_us']:.2f} us (p90 "
+          f"{res['propose_sync_p90_us']:.2f}) incl. 1-4 token sync, {res['propose_nosync_median_us']:.2f} us "
+          f"without; hit rate {res['propose_hit_rate']:.2f}; nbytes {res['nbytes_mib']:.2f} MiB")
+    print(f"lookup  n={n}: propose on a repeated 500-token block (match length "
+          f"{res['propose_repetitive_match_len']}) median {res['propose_repetitive_median_us']:.2f} us")
+    return res
+
+
+def main() -> None:
+    for name in ("bench_lookup", "bench_retrieval"):
+        fn = globals().get(name)
+        if fn is not None:
+            fn()
+
+
+if __name__ == "__main__":
+    main()
