@@ -1,0 +1,53 @@
+"""Real drafters on the embedded MoE model: token-ID parity with plain decoding, greedy and seeded sampling."""
+
+import pytest
+
+from guild.chat import Conversation
+from guild.run import load
+from guild.sampling import SamplingParams
+from guild.session import GuildSession
+from guild.spec import make_drafter
+
+DOC = (
+    "Python was created in the early 1990s by Guido van Rossum at Stichting Mathematisch Centrum in the "
+    "Netherlands as a successor of a language called ABC. In 1995, Guido continued his work on Python at the "
+    "Corporation for National Research Initiatives in Reston, Virginia, where he released several versions of "
+    "the software. In May 2000, Guido and the Python core development team moved to BeOpen.com to form the "
+    "BeOpen PythonLabs team. In 2001, the Python Software Foundation was formed, a non-profit organization "
+    "created specifically to own Python-related Intellectual Property."
+)
+PROMPT = "Repeat the first two sentences of this text word for word, then summarise the rest.\n\n" + DOC
+SAMPLED = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=12345, repeat_penalty=1.05)
+
+
+@pytest.fixture(scope="module")
+def lm(moe_path):
+    return load(moe_path)
+
+
+def _say(lm, strategy, sampling, k=4, n=48, corpus=()):
+    s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
+    d = make_drafter(strategy)
+    for text in corpus:
+        d.ingest(lm.tokenizer.encode(text))
+    t = Conversation(s, lm.tokenizer).say(PROMPT, n, sampling=sampling, drafter=d, max_draft=k)
+    return t.tokens, t.stats.summary()
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("strategy", ["lookup", "retrieval"])
+def test_parity_with_plain(lm, strategy, sampling):
+    plain, _ = _say(lm, "normal", sampling)
+    for k in (2, 4, 7):
+        got, summ = _say(lm, strategy, sampling, k=k, corpus=[DOC] if strategy == "retrieval" else ())
+        assert got == plain, f"{strategy} k={k}"
+        if sampling.greedy and k == 4:
+            assert summ["accepted"] > 0  # the copy task gives the drafter something to find
+
+
+def test_min_match_two(lm):
+    plain, _ = _say(lm, "normal", SamplingParams())
+    s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
+    d = make_drafter("lookup", min_match=2)
+    t = Conversation(s, lm.tokenizer).say(PROMPT, 48, drafter=d, max_draft=3)
+    assert t.tokens == plain
