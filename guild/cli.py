@@ -162,6 +162,45 @@ def run(
 
 
 @app.command()
+def bench(
+    model: str | None = typer.Argument(None, help=MODEL_HELP),
+    workloads: str = typer.Option("W1,W2,W3,W4,W5,W6,W7,W8,W9", "--workloads", help="Comma-separated ids (W1..W10)."),
+    strategies: str = typer.Option("normal,lookup,retrieval", "--strategies", help="Comma-separated strategies."),
+    repeats: int = typer.Option(1, "--repeats", help="Repeats (strategies interleaved within each)."),
+    max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most."),
+    max_tokens: int | None = typer.Option(None, "-n", "--max-tokens", help="Override each workload's length."),
+    context: int = typer.Option(8192, "--context", help="Context length (W10 sizes above it are skipped)."),
+    threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Override workloads' sampling."),
+    seed: int = typer.Option(12345, "--seed", help="Seed when --temperature is given."),
+    sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions (only 1 for now)."),
+    out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
+):
+    """Run workloads x strategies in one process, check token parity with normal, write a table."""
+    from .bench import bench as run_bench
+    from .run import set_threads
+    from .sampling import SamplingParams
+
+    try:
+        if sessions != 1:
+            raise GuildError("--sessions > 1 is not built yet (batched concurrent sessions: issue 5)")
+        set_threads(threads)
+        sampling = None if temperature is None else SamplingParams(
+            temperature=temperature, top_k=40, top_p=0.9, min_p=0.05, seed=seed)
+        rep = run_bench(model, [w for w in workloads.split(",") if w], [s for s in strategies.split(",") if s],
+                        repeats=repeats, sampling=sampling, max_draft=max_draft, context=context,
+                        max_tokens=max_tokens, out=out)
+    except GuildError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps({k: v for k, v in rep.items() if k != "markdown"}, default=str))
+    else:
+        print(rep["markdown"])
+        err.print(f"[dim]written to {out}/bench.md and {out}/bench.json[/]")
+
+
+@app.command()
 def upcycle(
     dense: str | None = typer.Argument(None, help="Dense llama GGUF (default: the embedded SmolLM2-135M)."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Output GGUF (default: the user cache)."),

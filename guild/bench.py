@@ -1,0 +1,201 @@
+"""`guild bench`: workloads × strategies in one process, token-ID parity against normal, a table.
+
+Strategies run interleaved within each repeat (normal first) so that machine noise hits them alike; every
+strategy's tokens must equal normal's for the same workload and repeat, or the bench stops with an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .chat import Conversation
+from .errors import BadFlagError, GuildError
+from .sampling import SamplingParams
+from .session import GuildSession
+from .spec import STRATEGIES, make_drafter
+
+
+class ParityError(GuildError):
+    pass
+
+
+@dataclass
+class RunRecord:
+    workload: str
+    strategy: str
+    repeat: int
+    tokens: list[list[int]]  # per turn
+    generated: int  # tokens emitted by windows (the first token of each turn comes from its prefill)
+    decode_s: float
+    drafted: int
+    accepted: int
+    windows: Counter = field(default_factory=Counter)  # per window strategy
+    window_sizes: list[int] = field(default_factory=list)  # T of every window
+    distinct_experts: float = 0.0  # mean over windows of the mean over layers
+
+    @property
+    def tok_s(self) -> float:
+        return self.generated / self.decode_s if self.decode_s else 0.0
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import numba
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": numba.get_num_threads(),
+            "python": platform.python_version(), "guild": __version__}
+
+
+def run_workload(lm, w, strategy: str, sampling: SamplingParams, max_draft: int, context: int,
+                 max_tokens: int | None = None) -> RunRecord:
+    """One workload (all its turns) on a fresh session with the strategy's drafter."""
+    tok = lm.tokenizer
+    session = GuildSession(lm.model, n_ctx=context, eos_ids=tok.eos_ids)
+    drafter = make_drafter(strategy)
+    if strategy == "retrieval":
+        for text in w.corpus_texts():
+            drafter.ingest(tok.encode(text))
+    conv = Conversation(session, tok)
+    rec = RunRecord(w.key, strategy, 0, [], 0, 0.0, 0, 0)
+    experts = []
+    n = max_tokens or w.max_tokens
+    for turn in w.render_turns():
+        kw = dict(sampling=sampling, drafter=drafter, max_draft=max_draft)
+        if w.chat:
+            t = conv.say(turn, n, **kw)
+            out, st = t.tokens, t.stats
+        else:
+            out, st = session.generate(tok.encode(turn, add_special=not session.tokens), n, **kw)
+        rec.tokens.append(out)
+        rec.generated += max(st.generated_tokens - 1, 0)
+        rec.decode_s += st.decode_s
+        for r in st.windows:
+            rec.drafted += r.k
+            rec.accepted += r.emitted - 1
+            rec.windows[r.strategy] += 1
+            rec.window_sizes.append(r.k + 1)
+            if r.distinct_experts:
+                experts.append(sum(r.distinct_experts) / len(r.distinct_experts))
+    rec.distinct_experts = sum(experts) / len(experts) if experts else 0.0
+    return rec
+
+
+def _check_parity(rec: RunRecord, ref: RunRecord) -> None:
+    for i, (a, b) in enumerate(zip(rec.tokens, ref.tokens, strict=True)):
+        if a != b:
+            at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            raise ParityError(
+                f"parity failure: {rec.workload} {rec.strategy} repeat {rec.repeat} turn {i + 1} differs from "
+                f"normal at generated token {at}"
+            )
+
+
+def summarise(records: list[RunRecord]) -> list[dict]:
+    """Per workload × strategy: medians over repeats, speedup vs normal of the same repeat."""
+    base = {(r.workload, r.repeat): r.tok_s for r in records if r.strategy == "normal"}
+    rows = []
+    for key in dict.fromkeys((r.workload, r.strategy) for r in records):
+        rs = [r for r in records if (r.workload, r.strategy) == key]
+        tok_s = statistics.median(r.tok_s for r in rs)
+        speed = [r.tok_s / base[(r.workload, r.repeat)] for r in rs if base.get((r.workload, r.repeat))]
+        drafted = sum(r.drafted for r in rs)
+        sizes = [s for r in rs for s in r.window_sizes]
+        wins = sum((r.windows for r in rs), Counter())
+        rows.append({
+            "workload": key[0], "strategy": key[1], "tok_s": round(tok_s, 2),
+            "ms_per_token": round(1000 / tok_s, 2) if tok_s else None,
+            "speedup": round(statistics.median(speed), 3) if speed else None,
+            "acceptance": round(sum(r.accepted for r in rs) / drafted, 3) if drafted else None,
+            "mean_T": round(sum(sizes) / len(sizes), 2) if sizes else None,
+            "windows": {k: round(v / len(rs), 1) for k, v in sorted(wins.items())},
+            "distinct_experts": round(statistics.mean(r.distinct_experts for r in rs), 2),
+            "generated": rs[0].generated,
+        })
+    return rows
+
+
+def markdown(rows: list[dict], info: dict) -> str:
+    head = (f"guild {info['guild']} · {info['model']} · {info['cpu']} · {info['threads']} threads · "
+            f"{info['repeats']} repeats · {info['sampling']}\n\n"
+            "| workload | strategy | tok/s | ms/token | vs normal | acceptance | mean T | windows | experts/layer |\n"
+            "|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        acc = f"{r['acceptance'] * 100:.0f}%" if r["acceptance"] is not None else "–"
+        wins = ", ".join(f"{k} {v:g}" for k, v in r["windows"].items())
+        lines.append(
+            f"| {r['workload']} | {r['strategy']} | {r['tok_s']:.1f} | {r['ms_per_token'] or 0:.1f} | "
+            f"{r['speedup'] or 0:.2f}× | {acc} | {r['mean_T'] or 1:.2f} | {wins} | "
+            f"{r['distinct_experts']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequence[str], repeats: int = 1,
+          sampling: SamplingParams | None = None, max_draft: int = 4, context: int = 8192,
+          max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True) -> dict:
+    from .run import load
+    from .workloads import load_workloads
+
+    strategies = list(dict.fromkeys(["normal", *strategies]))
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise BadFlagError(f"--strategies: unknown strategy '{s}' (choose from {', '.join(STRATEGIES)})")
+        make_drafter(s)  # refuses strategies not built yet, before any work
+    if repeats < 1:
+        raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
+    lm = load(model)
+    ws = []
+    for w in load_workloads(workloads):
+        ws += w.instances(lm.tokenizer, context)
+    jobs = [(rep, w, s) for rep in range(repeats) for w in ws for s in strategies]
+    records: list[RunRecord] = []
+    ref: dict = {}
+    t_start = time.time()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not progress, transient=True) as bar:
+        task = bar.add_task("bench", total=len(jobs))
+        for rep, w, s in jobs:
+            bar.update(task, description=f"repeat {rep + 1} · {w.key} · {s}")
+            samp = sampling or w.sampling_params()
+            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens)
+            rec.repeat = rep
+            if s == "normal":
+                ref[(w.key, rep)] = rec
+            else:
+                _check_parity(rec, ref[(w.key, rep)])
+            records.append(rec)
+            bar.advance(task)
+    info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft,
+            "sampling": "workload defaults" if sampling is None else str(sampling),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.time() - t_start, 1)}
+    rows = summarise(records)
+    report = {"info": info, "rows": rows,
+              "runs": [{**asdict(r), "windows": dict(r.windows), "tok_s": r.tok_s, "tokens": None, "window_sizes": None}
+                       for r in records]}
+    md = markdown(rows, info)
+    if out is not None:
+        o = Path(out)
+        o.mkdir(parents=True, exist_ok=True)
+        (o / "bench.md").write_text(md)
+        (o / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+    report["markdown"] = md
+    return report
