@@ -20,7 +20,7 @@ from . import __version__
 from .chat import Conversation
 from .errors import BadFlagError, GuildError
 from .sampling import SamplingParams
-from .session import GuildSession
+from .session import GuildSession, generate_concurrent
 from .spec import STRATEGIES, make_drafter
 
 
@@ -63,35 +63,52 @@ def machine() -> dict:
 
 
 def run_workload(lm, w, strategy: str, sampling: SamplingParams, max_draft: int, context: int,
-                 max_tokens: int | None = None) -> RunRecord:
-    """One workload (all its turns) on a fresh session with the strategy's drafter."""
+                 max_tokens: int | None = None, sessions: int = 1) -> RunRecord:
+    """One workload (all its turns) on fresh sessions with the strategy's drafter; with sessions > 1, that
+    many copies run concurrently (one batched forward per round) and must agree token for token."""
     tok = lm.tokenizer
-    session = GuildSession(lm.model, n_ctx=context, eos_ids=tok.eos_ids)
-    drafter = make_drafter(strategy)
-    if strategy == "retrieval":
-        for text in w.corpus_texts():
-            drafter.ingest(tok.encode(text))
-    conv = Conversation(session, tok)
+    convs, drafters = [], []
+    for _ in range(sessions):
+        d = make_drafter(strategy)
+        if strategy == "retrieval":
+            for text in w.corpus_texts():
+                d.ingest(tok.encode(text))
+        convs.append(Conversation(GuildSession(lm.model, n_ctx=context, eos_ids=tok.eos_ids), tok))
+        drafters.append(d)
     rec = RunRecord(w.key, strategy, 0, [], 0, 0.0, 0, 0)
     experts = []
     n = max_tokens or w.max_tokens
     for turn in w.render_turns():
-        kw = dict(sampling=sampling, drafter=drafter, max_draft=max_draft)
-        if w.chat:
-            t = conv.say(turn, n, **kw)
-            out, st = t.tokens, t.stats
+        reqs = []
+        for c, d in zip(convs, drafters, strict=True):
+            prompt = c.prepare(turn) if w.chat else tok.encode(turn, add_special=not c.session.tokens)
+            reqs.append((c.session, dict(prompt=prompt, max_tokens=n, sampling=sampling, drafter=d,
+                                         max_draft=max_draft)))
+        if sessions == 1:
+            s, kw = reqs[0]
+            results = [s.generate(kw.pop("prompt"), kw.pop("max_tokens"), **kw)]
+            rec.decode_s += results[0][1].decode_s
+            rec.generated += max(results[0][1].generated_tokens - 1, 0)
         else:
-            out, st = session.generate(tok.encode(turn, add_special=not session.tokens), n, **kw)
+            results, cs = generate_concurrent(reqs)
+            rec.decode_s += cs.decode_s
+            rec.generated += cs.generated_tokens
+        out, st = results[0]
+        for i, (o, _) in enumerate(results[1:], 1):
+            if o != out:
+                raise ParityError(f"parity failure: {w.key} {strategy}: concurrent session {i} differs from session 0")
+        if w.chat:
+            for c, (o, _) in zip(convs, results, strict=True):
+                c.record(tok.decode([t for t in o if t not in tok.eos_ids]))
         rec.tokens.append(out)
-        rec.generated += max(st.generated_tokens - 1, 0)
-        rec.decode_s += st.decode_s
-        for r in st.windows:
-            rec.drafted += r.k
-            rec.accepted += r.emitted - 1
-            rec.windows[r.strategy] += 1
-            rec.window_sizes.append(r.k + 1)
-            if r.distinct_experts:
-                experts.append(sum(r.distinct_experts) / len(r.distinct_experts))
+        for _, st in results:
+            for r in st.windows:
+                rec.drafted += r.k
+                rec.accepted += r.emitted - 1
+                rec.windows[r.strategy] += 1
+                rec.window_sizes.append(r.k + 1)
+                if r.distinct_experts:
+                    experts.append(sum(r.distinct_experts) / len(r.distinct_experts))
     rec.distinct_experts = sum(experts) / len(experts) if experts else 0.0
     return rec
 
@@ -132,7 +149,7 @@ def summarise(records: list[RunRecord]) -> list[dict]:
 
 def markdown(rows: list[dict], info: dict) -> str:
     head = (f"guild {info['guild']} · {info['model']} · {info['cpu']} · {info['threads']} threads · "
-            f"{info['repeats']} repeats · {info['sampling']}\n\n"
+            f"{info['sessions']} session(s) (tok/s aggregate) · {info['repeats']} repeats · {info['sampling']}\n\n"
             "| workload | strategy | tok/s | ms/token | vs normal | acceptance | mean T | windows | experts/layer |\n"
             "|---|---|---|---|---|---|---|---|---|")
     lines = [head]
@@ -149,7 +166,8 @@ def markdown(rows: list[dict], info: dict) -> str:
 
 def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequence[str], repeats: int = 1,
           sampling: SamplingParams | None = None, max_draft: int = 4, context: int = 8192,
-          max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True) -> dict:
+          max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True,
+          sessions: int = 1) -> dict:
     from .run import load
     from .workloads import load_workloads
 
@@ -160,6 +178,8 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
         make_drafter(s)  # refuses strategies not built yet, before any work
     if repeats < 1:
         raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
+    if not 1 <= sessions <= 8:
+        raise BadFlagError(f"--sessions must be in 1..8, got {sessions}")
     lm = load(model)
     ws = []
     for w in load_workloads(workloads):
@@ -176,7 +196,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
         for rep, w, s in jobs:
             bar.update(task, description=f"repeat {rep + 1} · {w.key} · {s}")
             samp = sampling or w.sampling_params()
-            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens)
+            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens, sessions)
             rec.repeat = rep
             if s == "normal":
                 ref[(w.key, rep)] = rec
@@ -184,7 +204,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
                 _check_parity(rec, ref[(w.key, rep)])
             records.append(rec)
             bar.advance(task)
-    info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft,
+    info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft, "sessions": sessions,
             "sampling": "workload defaults" if sampling is None else str(sampling),
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.time() - t_start, 1)}
     rows = summarise(records)

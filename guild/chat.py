@@ -50,7 +50,9 @@ class Conversation:
         self.session, self.tok = session, tokenizer
         self.messages: list[dict] = []
 
-    def say(self, text: str, max_tokens: int, on_text: Callable[[str], None] | None = None, **generate_kw) -> Turn:
+    def prepare(self, text: str) -> list[int]:
+        """Add a user turn; returns the prompt ids the session still has to be fed (rewinding any tail that
+        the full rendering tokenises differently)."""
         msgs = [*self.messages, {"role": "user", "content": text}]
         full = self.tok.encode(self.tok.apply_chat_template(msgs, add_generation_prompt=True), add_special=True)
         held = self.session.tokens
@@ -61,8 +63,16 @@ class Conversation:
             n += 1
         if n < len(held):
             self.session.rewind(n)
+        self.messages = msgs
+        return full[n:]
+
+    def record(self, reply: str) -> None:
+        self.messages = [*self.messages, {"role": "assistant", "content": reply}]
+
+    def say(self, text: str, max_tokens: int, on_text: Callable[[str], None] | None = None, **generate_kw) -> Turn:
+        prompt = self.prepare(text)
         on_token, finish = stream_text(self.tok, on_text)
-        out, stats = self.session.generate(full[n:], max_tokens, on_token, **generate_kw)
+        out, stats = self.session.generate(prompt, max_tokens, on_token, **generate_kw)
         reply = finish()
-        self.messages = [*msgs, {"role": "assistant", "content": reply}]
+        self.record(reply)
         return Turn(reply, out, stats)

@@ -80,6 +80,7 @@ def run(
     conversation: Path | None = typer.Option(
         None, "--conversation", help="JSON/YAML list of user turns, run as one chat (implies --chat)."),
     interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat on stdin, one line per turn."),
+    sessions: int = typer.Option(1, "--sessions", help="Run N sessions concurrently (seeds seed+i), batched."),
     max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most (per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     context: int = typer.Option(4096, "--context", help="Context length in tokens (KV cache size)."),
@@ -149,6 +150,19 @@ def run(
         if conversation is not None:
             prompts += _conversation(conversation)
             chat = True
+        if sessions != 1:
+            from .run import run_sessions
+
+            rep = run_sessions(model, prompts, sessions, chat=chat, opts=opts, threads=threads)
+            if as_json:
+                print(json.dumps(rep))
+                return
+            for i, texts in enumerate(rep["texts"]):
+                sys.stdout.write(f"--- session {i + 1}\n" + "\n".join(texts) + "\n")
+            for j, t in enumerate(rep["turns"]):
+                err.print(f"[dim]turn {j + 1}: {t['rounds']} rounds · median round {t['round_ms_median']:.1f} ms · "
+                          f"aggregate decode {t['aggregate_tok_s']:.1f} tok/s over {sessions} sessions[/]")
+            return
         res = run_prompts(model, prompts, chat=chat, opts=opts, threads=threads,
                           on_text=None if as_json else stream, on_turn=turn_header)
     except GuildError as e:
@@ -173,7 +187,7 @@ def bench(
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     temperature: float | None = typer.Option(None, "--temperature", help="Override workloads' sampling."),
     seed: int = typer.Option(12345, "--seed", help="Seed when --temperature is given."),
-    sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions (only 1 for now)."),
+    sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions per run, batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
 ):
@@ -183,14 +197,12 @@ def bench(
     from .sampling import SamplingParams
 
     try:
-        if sessions != 1:
-            raise GuildError("--sessions > 1 is not built yet (batched concurrent sessions: issue 5)")
         set_threads(threads)
         sampling = None if temperature is None else SamplingParams(
             temperature=temperature, top_k=40, top_p=0.9, min_p=0.05, seed=seed)
         rep = run_bench(model, [w for w in workloads.split(",") if w], [s for s in strategies.split(",") if s],
                         repeats=repeats, sampling=sampling, max_draft=max_draft, context=context,
-                        max_tokens=max_tokens, out=out)
+                        max_tokens=max_tokens, out=out, sessions=sessions)
     except GuildError as e:
         _fail(e)
     if as_json:

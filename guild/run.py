@@ -153,3 +153,45 @@ def run(model: str | None, prompts: Sequence[str], *, chat: bool = False, opts: 
             on_turn(i, p)
         turns.append(r.say(p, on_text) if chat else r.complete(p, on_text))
     return r.result(turns)
+
+
+def run_sessions(model: str | None, prompts: Sequence[str], n: int, *, chat: bool = False,
+                 opts: DecodeOptions = DecodeOptions(), threads: int | None = None) -> dict:
+    """`--sessions N`: N sessions run the same turns concurrently, each with its own cache, drafter and
+    sampling seed (seed + i), batched into one forward per round. Returns texts per session and the rounds."""
+    from dataclasses import replace
+
+    from .session import generate_concurrent
+
+    if not 1 <= n <= 8:
+        raise BadFlagError(f"--sessions must be in 1..8, got {n}")
+    if not prompts:
+        raise BadFlagError("no prompt: give -p/--prompt or --conversation")
+    n_threads = set_threads(threads)
+    slots = []
+    lm = None
+    for i in range(n):
+        d = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)
+        lm = lm or load(model)
+        for f in opts.corpus:
+            d.ingest(lm.tokenizer.encode(Path(f).read_text(errors="replace")))
+        s = GuildSession(lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch, eos_ids=lm.tokenizer.eos_ids)
+        slots.append((Conversation(s, lm.tokenizer), d, replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64)))
+    tok = lm.tokenizer
+    texts: list[list[str]] = [[] for _ in range(n)]
+    turns = []
+    for p in prompts:
+        reqs = []
+        for c, d, samp in slots:
+            ids = c.prepare(p) if chat else tok.encode(p, add_special=not c.session.tokens)
+            reqs.append((c.session, dict(prompt=ids, max_tokens=opts.max_tokens, sampling=samp, drafter=d,
+                                         max_draft=opts.max_draft)))
+        results, cs = generate_concurrent(reqs)
+        for i, ((c, _, _), (out, _)) in enumerate(zip(slots, results, strict=True)):
+            text = tok.decode([t for t in out if t not in tok.eos_ids])
+            texts[i].append(text)
+            if chat:
+                c.record(text)
+        turns.append({"sessions": [{"tokens": out, **st.as_dict()} for out, st in results], **cs.as_dict()})
+    return {"model": lm.path, "threads": n_threads, "strategy": opts.strategy, "sessions": n,
+            "texts": texts, "turns": turns}

@@ -138,63 +138,146 @@ class GuildSession:
         strategy: str | None = None,
     ) -> tuple[list[int], GenerationStats]:
         """Decode up to max_tokens after `prompt`; returns the emitted ids and the stats."""
-        if max_tokens < 1:
-            raise BadFlagError(f"--max-tokens must be >= 1, got {max_tokens}")
-        if not 0 <= max_draft <= MAX_DRAFT:
-            raise BadFlagError(f"--spec-max-draft must be in 0..{MAX_DRAFT}, got {max_draft}")
-        drafter = drafter or NoDrafter()
-        strategy = strategy or drafter.name
-        verifier = Verifier(sampling, self.eos_ids)
-        st = GenerationStats(prompt_tokens=len(prompt))
-        t0 = time.perf_counter()
-        prompt_start = len(self.tokens)
-        logits = self.prefill(prompt)
-        st.prefill_s = time.perf_counter() - t0
-        drafter.start(self.tokens, prompt_start)
-
-        out: list[int] = []
-        t0 = time.perf_counter()
-        first = sample(logits, self.tokens, len(self.tokens), sampling)
-        self._emit([first], out, on_token)
-        st.stop_reason = self._stop_reason(first, out, max_tokens)
-        while not st.stop_reason:
-            pos0 = self.state.pos  # the root (last emitted token) goes here
-            room = min(max_tokens - len(out) - 1, self.n_ctx - pos0 - 1, max_draft)
-            td = time.perf_counter()
-            draft = np.asarray(drafter.propose(self.tokens, room), np.int64)[:room] if room > 0 else ()
-            tv = time.perf_counter()
-            window = [self.tokens[-1], *(int(d) for d in draft)]
-            logits = self.model.forward(window, self.state)
-            res = verifier.verify(logits, window, self.tokens, pos0, max_tokens - len(out))
-            self.state.commit(res.keep)
-            te = time.perf_counter()
-            st.windows.append(WindowRecord(
-                strategy if len(window) > 1 else "normal", len(window) - 1, (tv - td) * 1e3, (te - tv) * 1e3,
-                res.keep, len(res.tokens), tuple(int(x) for x in self.state.distinct_experts),
-            ))
-            self._emit(res.tokens, out, on_token)
-            st.stop_reason = res.stop or ("context" if self.state.pos >= self.n_ctx else "")
-        st.decode_s = time.perf_counter() - t0
-        st.generated_tokens = len(out)
-        return out, st
+        g = Generation(self, prompt, max_tokens, on_token, sampling, drafter, max_draft, strategy)
+        while not g.done:
+            window = g.window()
+            t = time.perf_counter()
+            g.finish(self.model.forward(window, self.state), t)
+        return g.result()
 
     def rewind(self, n: int) -> None:
         """Keep the first n tokens of the conversation (and of the cache)."""
         self.tokens = self.tokens[:n]
         self.state.truncate(n)
 
-    def _emit(self, toks: list[int], out: list[int], on_token) -> None:
-        for t in toks:
-            self.tokens.append(t)
-            out.append(t)
-            if on_token is not None:
-                on_token(t)
 
-    def _stop_reason(self, tok: int, out: list[int], max_tokens: int) -> str:
-        if tok in self.eos_ids:
+
+class Generation:
+    """One generation in progress on a session: prefilled at construction, then `window()` proposes the next
+    verification window and `finish(logits, t_forward_start)` verifies and commits it. Split this way so that
+    several sessions' windows can share one batched forward (generate_concurrent)."""
+
+    def __init__(self, session: GuildSession, prompt: Sequence[int], max_tokens: int, on_token=None,
+                 sampling: SamplingParams = GREEDY, drafter: Drafter | None = None, max_draft: int = 4,
+                 strategy: str | None = None):
+        if max_tokens < 1:
+            raise BadFlagError(f"--max-tokens must be >= 1, got {max_tokens}")
+        if not 0 <= max_draft <= MAX_DRAFT:
+            raise BadFlagError(f"--spec-max-draft must be in 0..{MAX_DRAFT}, got {max_draft}")
+        self.s, self.max_tokens, self.on_token, self.max_draft = session, max_tokens, on_token, max_draft
+        self.drafter = drafter or NoDrafter()
+        self.strategy = strategy or self.drafter.name
+        self.sampling = sampling
+        self.verifier = Verifier(sampling, session.eos_ids)
+        self.st = GenerationStats(prompt_tokens=len(prompt))
+        t0 = time.perf_counter()
+        prompt_start = len(session.tokens)
+        logits = session.prefill(prompt)
+        self.st.prefill_s = time.perf_counter() - t0
+        if hasattr(self.drafter, "start"):  # optional hook
+            self.drafter.start(session.tokens, prompt_start)
+        self.out: list[int] = []
+        self.t0 = time.perf_counter()
+        first = sample(logits, session.tokens, len(session.tokens), sampling)
+        self._emit([first])
+        self.st.stop_reason = self._stop_reason(first)
+        self._pending: tuple | None = None
+
+    @property
+    def done(self) -> bool:
+        return bool(self.st.stop_reason)
+
+    def window(self) -> list[int]:
+        """[root, d1..dk]: the drafter's proposal cropped to the remaining tokens and context."""
+        s = self.s
+        room = min(self.max_tokens - len(self.out) - 1, s.n_ctx - s.state.pos - 1, self.max_draft)
+        td = time.perf_counter()
+        draft = np.asarray(self.drafter.propose(s.tokens, room), np.int64)[:room] if room > 0 else ()
+        window = [s.tokens[-1], *(int(d) for d in draft)]
+        self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3)
+        return window
+
+    def finish(self, logits: np.ndarray, t_forward: float) -> None:
+        """Verify the window's logits [T, vocab] (forward started at perf_counter() == t_forward), commit."""
+        window, pos0, draft_ms = self._pending
+        s = self.s
+        res = self.verifier.verify(logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
+        s.state.commit(res.keep)
+        verify_ms = (time.perf_counter() - t_forward) * 1e3
+        self.st.windows.append(WindowRecord(
+            self.strategy if len(window) > 1 else "normal", len(window) - 1, draft_ms, verify_ms,
+            res.keep, len(res.tokens), tuple(int(x) for x in s.state.distinct_experts),
+        ))
+        self._emit(res.tokens)
+        self.st.stop_reason = res.stop or ("context" if s.state.pos >= s.n_ctx else "")
+
+    def result(self) -> tuple[list[int], GenerationStats]:
+        self.st.decode_s = time.perf_counter() - self.t0
+        self.st.generated_tokens = len(self.out)
+        return self.out, self.st
+
+    def _emit(self, toks: list[int]) -> None:
+        for t in toks:
+            self.s.tokens.append(t)
+            self.out.append(t)
+            if self.on_token is not None:
+                self.on_token(t)
+
+    def _stop_reason(self, tok: int) -> str:
+        if tok in self.s.eos_ids:
             return "eos"
-        if len(out) >= max_tokens:
+        if len(self.out) >= self.max_tokens:
             return "max_tokens"
-        if self.state.pos >= self.n_ctx:
+        if self.s.state.pos >= self.s.n_ctx:
             return "context"
         return ""
+
+
+@dataclass
+class ConcurrentStats:
+    rounds_ms: list[float] = field(default_factory=list)  # wall time of each batched round
+    decode_s: float = 0.0
+    generated_tokens: int = 0  # over all sessions, first tokens (from prefill) excluded
+
+    @property
+    def aggregate_tok_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s else 0.0
+
+    def as_dict(self) -> dict:
+        r = sorted(self.rounds_ms)
+        return {"rounds": len(r), "round_ms_median": round(r[len(r) // 2], 3) if r else None,
+                "decode_s": round(self.decode_s, 4), "aggregate_tok_s": round(self.aggregate_tok_s, 2)}
+
+
+def generate_concurrent(requests: Sequence[tuple[GuildSession, dict]]) -> tuple[list, ConcurrentStats]:
+    """Run several sessions' generations together: each round, every active session proposes its window and
+    one batched forward serves them all (experts read once for every row). `requests` holds
+    (session, generate keyword arguments incl. prompt and max_tokens); the sessions share one model."""
+    from .kernels.cpu.quant import ROW_INVARIANT_ROWS
+
+    model = requests[0][0].model
+    if any(s.model is not model for s, _ in requests):
+        raise BadFlagError("concurrent sessions must share one model")
+    gens = [Generation(s, **kw) for s, kw in requests]  # prefills, one session after another
+    cs = ConcurrentStats()
+    t0 = time.perf_counter()
+    while active := [g for g in gens if not g.done]:
+        tr = time.perf_counter()
+        windows = [g.window() for g in active]
+        # batches within the kernels' row-invariant size, so each session's logits equal its solo run
+        i = 0
+        while i < len(active):
+            j, rows = i, 0
+            while j < len(active) and (j == i or rows + len(windows[j]) <= ROW_INVARIANT_ROWS):
+                rows += len(windows[j])
+                j += 1
+            t = time.perf_counter()
+            logits = model.forward_batch([(windows[n], active[n].s.state) for n in range(i, j)])
+            for n in range(i, j):
+                active[n].finish(logits[n - i], t)
+            i = j
+        cs.rounds_ms.append((time.perf_counter() - tr) * 1e3)
+    cs.decode_s = time.perf_counter() - t0
+    results = [g.result() for g in gens]
+    cs.generated_tokens = sum(max(st.generated_tokens - 1, 0) for _, st in results)
+    return results, cs

@@ -38,3 +38,10 @@ def test_cli_bench_errors_are_one_line():
     r = subprocess.run([sys.executable, "-m", "guild", "bench", "smollm2-135m", "--workloads", "W99"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "W99" in r.stderr
+
+
+def test_bench_two_sessions(tmp_path, dense_path):
+    rep = bench("smollm2-135m", ["W9"], ["lookup"], max_tokens=10, out=None, progress=False, sessions=2)
+    rows = {r["strategy"]: r for r in rep["rows"]}
+    assert rep["info"]["sessions"] == 2 and rows["normal"]["generated"] == rows["lookup"]["generated"]
+    assert rows["normal"]["generated"] == 2 * 9  # two sessions x (10 tokens - the prefill's first)

@@ -107,48 +107,63 @@ class Llama:
     def forward(self, tokens, state: KVCache, last_only: bool = False) -> np.ndarray:
         """Run a window of T tokens at the state's committed position; returns logits [T, vocab] ([1, vocab]
         if last_only). The rows are written to the cache but not committed: call state.commit(keep)."""
+        return self.forward_batch([(tokens, state)], last_only)[0]
+
+    def forward_batch(self, windows, last_only: bool = False) -> list[np.ndarray]:
+        """Windows of several sessions [(tokens, state), ...] in one pass: the rows of all windows go through
+        every matmul and expert together (weights read once), attention runs per session over its own cache.
+        Row invariance makes each session's logits bitwise those of running it alone (while the total stays
+        within the kernels' row-invariant batch)."""
         a = self.args
-        tokens = np.ascontiguousarray(tokens, np.int64)
-        T = tokens.shape[0]
-        pos0 = state.begin(T)
+        toks = [np.ascontiguousarray(t, np.int64).reshape(-1) for t, _ in windows]
+        states = [st for _, st in windows]
+        sizes = [t.size for t in toks]
+        pos0s = [st.begin(n) for st, n in zip(states, sizes, strict=True)]
+        offs = np.concatenate([[0], np.cumsum(sizes)])
+        R = int(offs[-1])
+        tokens = np.concatenate(toks)
         H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
-        positions = np.arange(pos0, pos0 + T, dtype=np.int64)
-        x = np.empty((T, a.dim), np.float32)  # [T, dim] residual stream
+        positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(pos0s, sizes, strict=True)])
+        x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream, sessions' rows side by side
         dequantize_rows(self.embed, tokens, x)
         h = np.empty_like(x)
-        att = np.empty((T, H, hd), np.float32)
-        scores = np.empty((T * H, pos0 + T), np.float32)
+        att = np.empty((R, H, hd), np.float32)
+        scores = np.empty((max(sizes) * H, max(p + n for p, n in zip(pos0s, sizes, strict=True))), np.float32)
         scale = np.float32(1.0 / np.sqrt(hd))
         for li, L in enumerate(self.layers):
             ops.rmsnorm(x, L.attn_norm, a.norm_eps, h)
-            qkv = L.qkv(h)  # [T, (H + 2 Hkv) hd]
-            q = np.ascontiguousarray(qkv[:, : H * hd]).reshape(T, H, hd)
-            k = np.ascontiguousarray(qkv[:, H * hd : (H + Hkv) * hd]).reshape(T, Hkv, hd)
-            v = np.ascontiguousarray(qkv[:, (H + Hkv) * hd :]).reshape(T, Hkv, hd)
+            qkv = L.qkv(h)  # [R, (H + 2 Hkv) hd]
+            q = np.ascontiguousarray(qkv[:, : H * hd]).reshape(R, H, hd)
+            k = np.ascontiguousarray(qkv[:, H * hd : (H + Hkv) * hd]).reshape(R, Hkv, hd)
+            v = np.ascontiguousarray(qkv[:, (H + Hkv) * hd :]).reshape(R, Hkv, hd)
             if L.q_norm is not None:
                 ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
                 ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
             ops.rope(q, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
             ops.rope(k, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
-            state.write(li, k, v)
-            ops.attention(q, state.k[li], state.v[li], pos0, scale, att, scores)
-            x += L.wo(att.reshape(T, H * hd))
+            for i, st in enumerate(states):
+                r0, r1 = offs[i], offs[i + 1]
+                st.write(li, k[r0:r1], v[r0:r1])
+                ops.attention(q[r0:r1], st.k[li], st.v[li], pos0s[i], scale, att[r0:r1], scores)
+            x += L.wo(att.reshape(R, H * hd))
             ops.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
             if a.is_moe:
                 ffn = np.empty_like(h)
-                state.distinct_experts[li] = moe_ffn(
-                    h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn
-                )
+                n = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
+                for st in states:  # the union over the batch is what this forward paid for
+                    st.distinct_experts[li] = n
                 x += ffn
             else:
                 gu = L.gu(h)
-                act = np.empty((T, gu.shape[1] // 2), np.float32)
+                act = np.empty((R, gu.shape[1] // 2), np.float32)
                 ops.swiglu(gu, act)
                 x += L.down(act)
         if last_only:
-            x = x[-1:]
-            h = h[-1:]
+            rows = offs[1:] - 1
+            x, h = x[rows], h[rows]
         ops.rmsnorm(x, self.out_norm, a.norm_eps, h)
         logits = np.empty((x.shape[0], a.vocab_size), np.float32)
         matmul(self.output, h, logits)
-        return logits
+        if last_only:
+            return [logits[i : i + 1] for i in range(len(windows))]
+        return [logits[offs[i] : offs[i + 1]] for i in range(len(windows))]

@@ -3,8 +3,8 @@
 A drafter is a plain object with no I/O and no clock, owned by one session:
 - `propose(history, k)` returns up to k token ids (int32; empty = a plain one-token step this window)
   continuing `history` (every token so far, ending with the root that the window will feed first);
-- `start(history, prompt_start)` is called when a generation starts (history[prompt_start:] is the new prompt;
-  earlier tokens are previous turns), so the drafter can re-sync its indexes.
+- `start(history, prompt_start)` (optional) is called when a generation starts (history[prompt_start:] is the
+  new prompt; earlier tokens are previous turns), so the drafter can re-sync its indexes.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ _PREFILL_ROWS = 1024  # features dequantised per BLAS call in the prefill path
 # only T <= GEMV_MAX_ROWS is promised): the BLAS path pays a dequantisation of the whole matrix per call and
 # only wins beyond ~64 rows here (measured on 1536x576 / 576x1536, Q4_1 and Q4_K).
 _GEMV_PATH_ROWS = 64
+ROW_INVARIANT_ROWS = _GEMV_PATH_ROWS  # up to this many rows per call, every row is bitwise the same as alone
 
 _KV = KVALUES_IQ4NL.astype(np.float32)
 
