@@ -41,6 +41,7 @@ class RunRecord:
     windows: Counter = field(default_factory=Counter)  # per window strategy
     window_sizes: list[int] = field(default_factory=list)  # T of every window
     distinct_experts: float = 0.0  # mean over windows of the mean over layers
+    rounds_ms: list[float] = field(default_factory=list)  # concurrent sessions: wall time of each batched round
 
     @property
     def tok_s(self) -> float:
@@ -91,6 +92,7 @@ def run_workload(lm, w, strategy: str, sampling: SamplingParams, max_draft: int,
             rec.generated += max(results[0][1].generated_tokens - 1, 0)
         else:
             results, cs = generate_concurrent(reqs)
+            rec.rounds_ms += cs.rounds_ms
             rec.decode_s += cs.decode_s
             rec.generated += cs.generated_tokens
         out, st = results[0]
@@ -142,6 +144,7 @@ def summarise(records: list[RunRecord]) -> list[dict]:
             "mean_T": round(sum(sizes) / len(sizes), 2) if sizes else None,
             "windows": {k: round(v / len(rs), 1) for k, v in sorted(wins.items())},
             "distinct_experts": round(statistics.mean(r.distinct_experts for r in rs), 2),
+            "round_ms": round(statistics.median(x for r in rs for x in r.rounds_ms), 2) if rs[0].rounds_ms else None,
             "generated": rs[0].generated,
         })
     return rows
@@ -159,8 +162,10 @@ def markdown(rows: list[dict], info: dict) -> str:
         lines.append(
             f"| {r['workload']} | {r['strategy']} | {r['tok_s']:.1f} | {r['ms_per_token'] or 0:.1f} | "
             f"{r['speedup'] or 0:.2f}× | {acc} | {r['mean_T'] or 1:.2f} | {wins} | "
-            f"{r['distinct_experts']:.2f} |"
+            f"{r['distinct_experts']:.2f} |" + (f" {r['round_ms']:.1f} |" if r.get("round_ms") else "")
         )
+    if any(r.get("round_ms") for r in rows):
+        lines[0] = lines[0].replace("experts/layer |\n|", "experts/layer | round ms |\n|---|", 1)
     return "\n".join(lines) + "\n"
 
 
@@ -209,7 +214,8 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.time() - t_start, 1)}
     rows = summarise(records)
     report = {"info": info, "rows": rows,
-              "runs": [{**asdict(r), "windows": dict(r.windows), "tok_s": r.tok_s, "tokens": None, "window_sizes": None}
+              "runs": [{**asdict(r), "windows": dict(r.windows), "tok_s": r.tok_s, "tokens": None, "window_sizes": None,
+                        "rounds_ms": None}
                        for r in records]}
     md = markdown(rows, info)
     if out is not None:

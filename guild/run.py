@@ -105,20 +105,25 @@ class RunResult:
         return {**head, **turns[0]} if len(turns) == 1 else {**head, "turns": turns}
 
 
+def _slot(lm: Loaded, opts: DecodeOptions):
+    """A session with its own drafter (corpus ingested) and conversation."""
+    drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)
+    for f in opts.corpus:
+        drafter.ingest(lm.tokenizer.encode(Path(f).read_text(errors="replace")))
+    s = GuildSession(lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch, eos_ids=lm.tokenizer.eos_ids)
+    return Conversation(s, lm.tokenizer), drafter
+
+
 class Runner:
     """A loaded model with one session and its drafter: one-shot prompts or a multi-turn conversation."""
 
     def __init__(self, model: str | None, opts: DecodeOptions, threads: int | None = None):
         self.opts = opts
         self.threads = set_threads(threads)
-        drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)
+        make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)  # flags first
         self.lm = load(model)
-        self.session = GuildSession(self.lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch,
-                                    eos_ids=self.lm.tokenizer.eos_ids)
-        self.drafter = drafter
-        for f in opts.corpus:
-            drafter.ingest(self.lm.tokenizer.encode(Path(f).read_text(errors="replace")))
-        self.conversation = Conversation(self.session, self.lm.tokenizer)
+        self.conversation, self.drafter = _slot(self.lm, opts)
+        self.session = self.conversation.session
 
     def _kw(self) -> dict:
         o = self.opts
@@ -168,15 +173,9 @@ def run_sessions(model: str | None, prompts: Sequence[str], n: int, *, chat: boo
     if not prompts:
         raise BadFlagError("no prompt: give -p/--prompt or --conversation")
     n_threads = set_threads(threads)
-    slots = []
-    lm = None
-    for i in range(n):
-        d = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)
-        lm = lm or load(model)
-        for f in opts.corpus:
-            d.ingest(lm.tokenizer.encode(Path(f).read_text(errors="replace")))
-        s = GuildSession(lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch, eos_ids=lm.tokenizer.eos_ids)
-        slots.append((Conversation(s, lm.tokenizer), d, replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64)))
+    make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)  # flags first
+    lm = load(model)
+    slots = [(*_slot(lm, opts), replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64)) for i in range(n)]
     tok = lm.tokenizer
     texts: list[list[str]] = [[] for _ in range(n)]
     turns = []
