@@ -32,9 +32,13 @@ def moe_ffn(
     w = np.empty((T, k), np.float32)
     ops.softmax_topk(logits, k, renorm, ids, w)
     y = np.empty((T, k, D), np.float32)  # each (row, rank) expert output
-    experts = np.unique(ids)
-    for e in experts:
-        rows, ranks = np.nonzero(ids == e)
+    flat = ids.ravel()  # (row, rank) pairs, row-major
+    order = np.argsort(flat, kind="stable")  # grouped by expert, rows ascending within a group
+    bounds = [0, *(np.flatnonzero(flat[order[1:]] != flat[order[:-1]]) + 1).tolist(), order.size]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        pairs = order[a:b]
+        e = flat[pairs[0]]
+        rows, ranks = pairs // k, pairs % k
         xe = h[rows]  # the rows that chose e, in row order
         gu = np.empty((rows.size, experts_gu[e].n_rows), np.float32)
         matmul(experts_gu[e], xe, gu)
@@ -44,4 +48,4 @@ def moe_ffn(
         matmul(experts_down[e], act, ye)
         y[rows, ranks] = ye
     ops.combine_experts(y, w, out)
-    return experts.size
+    return len(bounds) - 1
