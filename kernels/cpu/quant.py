@@ -1468,11 +1468,13 @@ def _kernel_address(kind: int) -> int:
     return addr
 
 
-_MAX_CHUNKS = 64
+# one chunk of tiles per launched Numba thread (asking numba for the current thread count from Python costs
+# ~3 µs a call); with fewer threads in use, prange hands each thread several chunks
+_N_CHUNKS = max(1, int(numba.config.NUMBA_NUM_THREADS))
 
 
 @njit(parallel=True, cache=True)
-def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out):
+def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out, nchunks):
     """out [T, N] = W x for T <= _GEMV_PATH_ROWS: one parallel region; each thread runs the kernel `fn` (an
     address) on its own contiguous range of tiles. xp [T, Kp] is the caller's buffer for the permuted
     activations (owned by the caller, so that it outlives the kernels, which only see addresses)."""
@@ -1481,9 +1483,7 @@ def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out):
     nt, nb = dims[0], dims[1]
     Kp = perm.shape[0]
     _permute_x(x, perm, xp)
-    # chunks of tiles; prange hands each thread a contiguous share of them (asking numba for the thread count
-    # from Python costs ~3 µs a call, and inside it makes the function uncachable)
-    nc = min(_MAX_CHUNKS, nt)
+    nc = min(nchunks, nt)
     p0 = a0.ctypes.data
     p1 = a1.ctypes.data
     p2 = a2.ctypes.data
@@ -1514,10 +1514,10 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         fn = _KADDR.get(w.kind) or _kernel_address(w.kind)
         xp = np.empty((T, w.perm.shape[0]), np.float32)
         if out.flags.c_contiguous and out.dtype == np.float32:
-            _launch(fn, *w.flat, w.dims, w.perm, x, xp, out)
+            _launch(fn, *w.flat, w.dims, w.perm, x, xp, out, _N_CHUNKS)
         else:
             tmp = np.empty((T, w.n_rows), np.float32)
-            _launch(fn, *w.flat, w.dims, w.perm, x, xp, tmp)
+            _launch(fn, *w.flat, w.dims, w.perm, x, xp, tmp, _N_CHUNKS)
             out[...] = tmp
         return
     # prefill: the same kernels dequantise chunks of tiles to float32 [K, cols] (mode T = 0), BLAS multiplies;
