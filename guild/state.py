@@ -58,11 +58,6 @@ class KVCache:
         self.v[:, :, n : self.pos] = 0.0
         self.pos = n
 
-    def reset(self) -> None:
-        self.k[:, :, :, : self.pos + self.pending] = 0.0
-        self.v[:, :, : self.pos + self.pending] = 0.0
-        self.pos = self.pending = 0
-
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes

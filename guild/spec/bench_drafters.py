@@ -35,6 +35,23 @@ def _pct(xs, q):
     return float(np.percentile(np.asarray(xs), q))
 
 
+def _replay(drafter, hist, src_list, src, steps, seed):
+    """Propose as a session does: before each call append the 1-4 tokens the previous window committed.
+    Returns (latencies in s, calls that drafted, tokens drafted)."""
+    lat, hits, drafted = [], 0, 0
+    r = np.random.default_rng(seed)
+    while len(lat) < steps and src < len(src_list):
+        step = int(r.integers(1, 5))
+        hist.extend(src_list[src : src + step])
+        src += step
+        t0 = time.perf_counter()
+        p = drafter.propose(hist, 4)
+        lat.append(time.perf_counter() - t0)
+        hits += p.size > 0
+        drafted += p.size
+    return lat, hits, drafted
+
+
 def bench_lookup(n: int = 65536, steps: int = 4000, seed: int = 0) -> dict:
     """SuffixDrafter at an n-token history: append cost (amortised) and propose latency (median, p90)."""
     from guild.spec.suffix_drafter import SuffixDrafter
@@ -68,17 +85,7 @@ def bench_lookup(n: int = 65536, steps: int = 4000, seed: int = 0) -> dict:
     d = SuffixDrafter(max_history=n)
     hist = as_list[: n - steps * 3]
     d.start(hist, 0)
-    rng = np.random.default_rng(seed)
-    lat, hits = [], 0
-    src = n - steps * 3
-    while len(lat) < steps and src < n:
-        step = int(rng.integers(1, 5))  # tokens committed by the previous window
-        hist.extend(as_list[src : src + step])
-        src += step
-        t0 = time.perf_counter()
-        p = d.propose(hist, 4)
-        lat.append(time.perf_counter() - t0)
-        hits += p.size > 0
+    lat, hits, _ = _replay(d, hist, as_list, n - steps * 3, steps, seed)
     res["propose_sync_median_us"] = _pct(lat, 50) * 1e6
     res["propose_sync_p90_us"] = _pct(lat, 90) * 1e6
     res["propose_hit_rate"] = hits / len(lat)
@@ -147,21 +154,7 @@ def bench_retrieval(n_stream: int = 65536, n_corpus: int = 262144, steps: int = 
     d.start(hist, 0)
     res["start_ms"] = (time.perf_counter() - t0) * 1e3
 
-    def run(drafter, hist, src_list, src):
-        lat, hits, drafted = [], 0, 0
-        r = np.random.default_rng(seed)
-        while len(lat) < steps and src < len(src_list):
-            step = int(r.integers(1, 5))  # tokens committed by the previous window
-            hist.extend(src_list[src : src + step])
-            src += step
-            t0 = time.perf_counter()
-            p = drafter.propose(hist, 4)
-            lat.append(time.perf_counter() - t0)
-            hits += p.size > 0
-            drafted += p.size
-        return lat, hits, drafted
-
-    lat, hits, drafted = run(d, hist, as_list, len(hist))
+    lat, hits, drafted = _replay(d, hist, as_list, len(hist), steps, seed)
     res["propose_median_us"] = _pct(lat, 50) * 1e6
     res["propose_p90_us"] = _pct(lat, 90) * 1e6
     res["propose_p99_us"] = _pct(lat, 99) * 1e6
@@ -182,7 +175,7 @@ def bench_retrieval(n_stream: int = 65536, n_corpus: int = 262144, steps: int = 
         d.ingest(corpus[s : s + 4096])
     hist = rep[:n_stream]
     d.start(hist, 0)
-    lat, _, _ = run(d, hist, rep, n_stream)
+    lat, _, _ = _replay(d, hist, rep, n_stream, steps, seed)
     res["propose_repetitive_median_us"] = _pct(lat, 50) * 1e6
     res["propose_repetitive_p90_us"] = _pct(lat, 90) * 1e6
 
