@@ -39,8 +39,9 @@ class NoDrafter:
         pass
 
 
-def make_drafter(strategy: str, *, min_match: int = 3, lookup_window: int = 65536) -> Drafter:
-    """The drafter for `--decode-strategy`; strategies not built yet are refused, not faked."""
+def make_drafter(strategy: str, *, min_match: int = 3, lookup_window: int = 65536, costs=None) -> Drafter:
+    """The drafter for `--decode-strategy`; strategies not built yet are refused, not faked. `costs`
+    (a SpecCosts from a plan, or None) seeds the adaptive scheduler's cost model."""
     if strategy == "normal":
         return NoDrafter()
     if strategy == "lookup":
