@@ -39,3 +39,31 @@ class ModelNotFoundError(GuildError):
 
 class ChatTemplateError(GuildError):
     """The chat template failed to compile or render (or raised via `raise_exception`)."""
+
+
+class PlanError(GuildError):
+    """A `.gexec` plan is missing, unreadable or of another format version."""
+
+
+class PlanSealError(PlanError):
+    """A plan's bytes do not match its seal or a section its digest: the file was changed after `optimize`."""
+
+
+class PlanMismatchError(PlanError):
+    """A sealed plan was calibrated for another machine or model (base of the four typed mismatches)."""
+
+
+class CpuIsaMismatch(PlanMismatchError):
+    pass
+
+
+class NumaTopologyMismatch(PlanMismatchError):
+    pass
+
+
+class GpuArchitectureMismatch(PlanMismatchError):
+    pass
+
+
+class ModelMismatch(PlanMismatchError):
+    pass

@@ -1,0 +1,167 @@
+"""`guild optimize`: the four calibration passes (DESIGN.md "Calibration passes") → a sealed `.gexec` plan, and
+the plan handling of `run`/`bench --gexec` (validate, or regenerate a local plan next to a mismatched one)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import BadFlagError, PlanMismatchError
+from ..plan import MODES, Header, ModelIdentity, Plan, load_plan, read_plan, write_plan
+
+err = Console(stderr=True, highlight=False)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """How hard each pass measures; `--mode auto` is the default, `quick` is for tests and CI."""
+
+    repeats: int = 9  # windows timed per T (pass 4)
+    fill_cap: int = 1024  # real tokens prefilled before the KV rows are extended by copies (pass 4)
+    draft_steps: int = 400  # propose calls timed per drafter (pass 4)
+    cpu_repeats: int = 5  # passes over the timed matrices per thread count (pass 3)
+    per_type: int = 6  # matrices timed per quant type (pass 3)
+    bandwidth_mib: int = 128  # array size of the bandwidth probe (pass 1)
+
+    @classmethod
+    def for_mode(cls, mode: str, **overrides) -> Knobs:
+        if mode not in MODES:
+            raise BadFlagError(f"--mode must be one of {', '.join(MODES)}, got '{mode}'")
+        base = cls() if mode == "auto" else cls(repeats=3, fill_cap=128, draft_steps=40, cpu_repeats=2, per_type=2,
+                                                bandwidth_mib=16)
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    def __post_init__(self):
+        for k in ("repeats", "fill_cap", "draft_steps", "cpu_repeats", "per_type", "bandwidth_mib"):
+            if getattr(self, k) < 1:
+                raise BadFlagError(f"optimize: {k} must be >= 1, got {getattr(self, k)}")
+
+
+def size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _mtp_note(g) -> str:
+    n = int(g.get(f"{g.architecture}.nextn_predict_layers", int, 0))
+    return f"model has {n} MTP layer(s); guild has no MTP drafter yet" if n else "model has no MTP head"
+
+
+def _probe_summary(r) -> str:
+    hw, bw = r
+    isa = " ".join(x for x in hw.isa if x in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile"))
+    return (f"{hw.cpu_model} · {isa} · {hw.physical_cores} cores / {hw.logical_cpus} threads · "
+            f"{hw.numa_nodes} NUMA node(s) · {bw:.1f} GB/s · GPU {hw.gpu.describe() if hw.gpu else 'none'}")
+
+
+class _Passes:
+    """One progress line per pass: a spinner while it runs, then its summary and duration (kept on screen)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.seconds: dict[str, float] = {}
+
+    def run(self, i: int, name: str, fn, summary):
+        label = f"pass {i}/4 {name}" if i else name
+        t0 = time.perf_counter()
+        if self.enabled:
+            with err.status(f"{label} …", spinner="dots"):
+                out = fn()
+        else:
+            out = fn()
+        self.seconds[name] = dt = time.perf_counter() - t0
+        if self.enabled:
+            err.print(f"[green]✓[/] {label} [dim]({dt:.1f} s)[/]: {escape(summary(out))}", soft_wrap=True)
+        return out
+
+
+def optimize(model: str | None, out: str | Path | None, *, mode: str = "auto", context: int = 4096,
+             prefill_batch: int = 512, spec: int = 0, progress: bool = True, loaded=None, **knobs) -> Plan:
+    """Calibrate `model` (path or tag; or `loaded`, a guild.run.Loaded) on this machine and write the sealed
+    plan to `out` (atomically; None = do not write). `knobs` override the mode's Knobs."""
+    from .. import __version__
+    from ..run import load
+    from .cpu import tune_cpu
+    from .placement import placement_for
+    from .probe import hardware_identity, memory_bandwidth_gbs
+    from .spec import calibrate_spec
+
+    k = Knobs.for_mode(mode, **knobs)
+    if context < 16:
+        raise BadFlagError(f"--context must be >= 16, got {context}")
+    if prefill_batch < 1:
+        raise BadFlagError(f"--prefill-batch must be >= 1, got {prefill_batch}")
+    if spec != 0:
+        raise BadFlagError(f"--spec {spec}: MTP calibration needs an MTP drafter, which guild does not have yet; "
+                           "use --spec 0")
+    import numba
+
+    threads_before = numba.get_num_threads()
+    p = _Passes(progress)
+    lm = loaded or p.run(0, "model loaded", lambda: load(model), lambda m: Path(m.path).name)
+    g = lm.gguf
+
+    def probe():
+        return hardware_identity(), memory_bandwidth_gbs(k.bandwidth_mib)
+
+    hw, bw = p.run(1, "probe", probe, _probe_summary)
+    placement = p.run(2, "placement", lambda: placement_for(g, hw.gpu, context), lambda pl: (
+        f"{size(pl.gpu_bytes)} on the GPU, {size(pl.cpu_bytes)} on the CPU · {pl.note}"))
+    cpu = p.run(3, "CPU kernels", lambda: tune_cpu(lm.model, repeats=k.cpu_repeats, per_type=k.per_type,
+                                                   bandwidth_gbs=bw), lambda c: (
+        f"{c.threads} threads · " + ", ".join(f"{kt.qtype} {kt.gweights_s:.2f} Gw/s ({kt.role})"
+                                              for kt in c.kernels)))
+    try:
+        numba.set_num_threads(cpu.threads)  # pass 4 runs as `run --gexec` will
+        sc = p.run(4, "speculative costs", lambda: calibrate_spec(
+            lm.model, lm.tokenizer, context=context, prefill_batch=prefill_batch, repeats=k.repeats,
+            fill_cap=k.fill_cap, draft_steps=k.draft_steps, mtp_note=_mtp_note(g)), lambda s: (
+            f"V(1) {s.verify_window_ms[0]:.1f} ms, V(8) {s.verify_window_ms[-1]:.1f} ms at {s.context} tokens"
+            + (f" · U(8)/U(1) {s.distinct_expert_ratio[-1]:.2f}" if s.distinct_expert_ratio else "")
+            + f" · lookup {s.lookup_draft_ms * 1e3:.0f} µs, retrieval {s.retrieval_draft_ms * 1e3:.0f} µs"
+            + f" · CV {s.noise_cv:.2f}"))
+    finally:
+        numba.set_num_threads(threads_before)
+    header = Header(__version__, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), mode, context,
+                    prefill_batch, spec)
+    plan = Plan(header, hw, ModelIdentity.of(g), placement, cpu, sc)
+    if out is not None:
+        path = write_plan(plan, out)
+        plan = replace(plan, path=str(path))
+    return plan
+
+
+def local_plan_path(path: str | Path) -> Path:
+    """Where `run` regenerates a plan that does not match this machine or model: next to it."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.local{p.suffix or '.gexec'}")
+
+
+def plan_for(path: str | Path, lm, *, strict: bool = False, progress: bool = True) -> Plan:
+    """The plan `run`/`bench --gexec` use for the loaded model `lm`. Seal errors always raise (a changed file is
+    not a plan for another machine: re-run optimize or delete it). On an identity mismatch: raise with
+    `strict`; else say why, reuse a valid local plan next to it or regenerate one, and go on."""
+    mine = ModelIdentity.of(lm.gguf)
+    try:
+        return load_plan(path, model=mine)
+    except PlanMismatchError as e:
+        if strict:
+            raise
+        err.print(str(e), style="yellow", markup=False, soft_wrap=True)
+    local = local_plan_path(path)
+    if local.is_file():
+        try:
+            plan = load_plan(local, model=mine)
+            err.print(f"using the local plan {local}", style="dim", markup=False)
+            return plan
+        except PlanMismatchError as e:
+            err.print(str(e), style="yellow", markup=False, soft_wrap=True)
+    h = read_plan(path).header
+    err.print(f"regenerating a plan for this machine and model: {local}", style="dim", markup=False)
+    # --spec > 0 (MTP depth) needs an MTP drafter, which guild has not: the local plan calibrates without
+    return optimize(None, local, mode=h.mode, context=h.context, prefill_batch=h.prefill_batch, spec=0,
+                    progress=progress, loaded=lm)

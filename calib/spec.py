@@ -1,0 +1,194 @@
+"""Pass 4 of `guild optimize`: the speculative costs (seed 000, 3.5), measured with the real model.
+
+- V(T), T = 1..8: one verification window (forward, greedy accept rule, KV commit) at the target context.
+  The context is filled with real calibration text up to `fill_cap` tokens; the KV rows beyond are copies of
+  those rows (attention costs the same whatever the keys hold), so a 32k-token target costs seconds, not
+  minutes. Window tokens are real consecutive text, so the routing is real. States other than a plain KV
+  cache (hybrid recurrent models) are measured at the filled length; `context` records what was measured.
+- the CPU-expert share of V(T): the time inside the MoE FFN kernel (kernels/cpu/moe.moe_ffn) in those windows.
+- U(T)/U(1): the union of routed experts per layer over the window's T rows (KVCache.distinct_experts), mean.
+- lookup / retrieval propose latency: the session's drafters replayed over `context` tokens of history.
+- KV commit: committing a rejected 8-row window (the rows are cleared).
+- noise: the coefficient of variation of the window times.
+- MTP: none of the supported models has an MTP drafter in guild yet, so those fields stay null.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from ..plan import MAX_T, SpecCalibration
+from ..state import KVCache
+
+
+def calibration_text() -> str:
+    """Real text shipped with guild (the workloads' documents: prose, code, JSON), else Python's own sources."""
+    from ..workloads import default_root
+
+    root = default_root() / "texts"
+    files = sorted(root.glob("*.txt")) if root.is_dir() else []
+    if not files:
+        import json
+        import textwrap
+
+        files = [Path(textwrap.__file__), Path(json.__file__)]
+    return "\n\n".join(f.read_text(errors="replace").strip() for f in files)
+
+
+def calibration_tokens(tokenizer, n: int) -> list[int]:
+    """At least n tokens of calibration text (repeated if it is shorter)."""
+    toks = tokenizer.encode(calibration_text(), add_special=True)
+    base = toks[1:] if len(toks) > 1 else toks
+    while len(toks) < n:
+        toks += base
+    return toks
+
+
+@contextmanager
+def timed_experts(acc: list[float]):
+    """Add the seconds spent in the CPU expert kernels (kernels/cpu/moe: moe_ffn, or experts_ffn for rows
+    routed elsewhere) to acc[0] while active, wherever a guild module outside the kernels imported them."""
+    from ..kernels.cpu import moe
+
+    def wrap(orig):
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **kw)
+            finally:
+                acc[0] += time.perf_counter() - t0
+
+        return timed
+
+    patched = []
+    for fname in ("moe_ffn", "experts_ffn"):
+        orig = getattr(moe, fname, None)
+        if orig is None:
+            continue
+        timed = wrap(orig)
+        for name, m in list(sys.modules.items()):
+            if (m is not None and name.startswith("guild.") and not name.startswith("guild.kernels")
+                    and getattr(m, fname, None) is orig):
+                setattr(m, fname, timed)
+                patched.append((m, fname, orig))
+    try:
+        yield
+    finally:
+        for m, fname, orig in patched:
+            setattr(m, fname, orig)
+
+
+def _fill_copies(state: KVCache, filled: int, target: int) -> None:
+    """Rows filled..target-1 of the cache become copies of rows 0..filled-1 (committed)."""
+    pos = filled
+    while pos < target:
+        n = min(filled, target - pos)
+        state.k[:, :, :, pos : pos + n] = state.k[:, :, :, :n]
+        state.v[:, :, pos : pos + n] = state.v[:, :, :n]
+        pos += n
+    state.pos = target
+
+
+def _median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def _cv(xs) -> float:
+    m = statistics.fmean(xs)
+    return statistics.pstdev(xs) / m if len(xs) > 1 and m > 0 else 0.0
+
+
+def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> tuple[float, float]:
+    """Median propose latency (ms) of the lookup and retrieval drafters over `context` tokens of history, as a
+    session calls them (1-4 committed tokens appended before each call); retrieval has the text as corpus."""
+    from ..spec import make_drafter
+    from ..spec.bench_drafters import _replay
+
+    need = context + 5 * steps + 8
+    stream = (tokens * (need // len(tokens) + 1))[:need]
+    out = []
+    for name in ("lookup", "retrieval"):
+        d = make_drafter(name)
+        if name == "retrieval":
+            d.ingest(tokens[: min(len(tokens), 65536)])
+        hist = list(stream[:context])
+        if hasattr(d, "start"):
+            d.start(hist, 0)
+        d.propose(hist, 4)  # indexes the history (and compiles), outside the timings
+        lat, _, _ = _replay(d, hist, stream, context, steps, 0)
+        out.append(_median(lat) * 1e3)
+    return out[0], out[1]
+
+
+def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, repeats: int = 9,
+                   fill_cap: int = 1024, draft_steps: int = 400, mtp_note: str = "") -> SpecCalibration:
+    """Pass 4 on a loaded model (see the module docstring)."""
+    from ..sampling import GREEDY
+    from ..verify import Verifier
+
+    state = model.new_state(context + MAX_T + 1)
+    ctx = max(1, min(context, state.n_ctx - MAX_T - 1))
+    copies = isinstance(state, KVCache)
+    fill = min(fill_cap, ctx)
+    if not copies:  # other states (recurrent layers) cannot be extended by copies: measured at what was filled
+        ctx = fill
+    toks = calibration_tokens(tokenizer, fill + 2 * MAX_T * (repeats + 1) + MAX_T)
+    t0 = time.perf_counter()
+    for s in range(0, fill, prefill_batch):
+        chunk = np.asarray(toks[s : min(s + prefill_batch, fill)], np.int64)
+        model.forward(chunk, state, last_only=True)
+        state.commit(chunk.size)
+    prefill_tok_s = fill / (time.perf_counter() - t0)
+    if copies and ctx > fill:
+        _fill_copies(state, fill, ctx)
+    history = (toks * (ctx // len(toks) + 1))[:ctx]  # what the accept rule copies per window, as in a session
+    verifier = Verifier(GREEDY)
+    moe = bool(getattr(getattr(model, "args", None), "is_moe", False))
+    v_ms = {T: [] for T in range(1, MAX_T + 1)}
+    e_ms = {T: [] for T in range(1, MAX_T + 1)}
+    distinct = {T: [] for T in range(1, MAX_T + 1)}
+    commit_ms = []
+    acc = [0.0]
+    pos0 = state.pos
+    with timed_experts(acc):
+        for r in range(repeats):
+            order = list(range(1, MAX_T + 1))
+            order = order[r % MAX_T:] + order[: r % MAX_T]  # rotate, so no T always runs first
+            for T in order:
+                o = fill + (r * MAX_T + T) * 2  # real consecutive text after the fill, a new place each time
+                window = toks[o : o + T]
+                acc[0] = 0.0
+                t0 = time.perf_counter()
+                logits = model.forward(window, state)
+                e = acc[0]
+                verifier.verify(logits, window, history, pos0, T)
+                if moe:
+                    distinct[T].append(float(np.mean(state.distinct_experts)))
+                tc = time.perf_counter()
+                state.commit(0)
+                t1 = time.perf_counter()
+                v_ms[T].append((t1 - t0) * 1e3)
+                e_ms[T].append(e * 1e3)
+                if T == MAX_T:
+                    commit_ms.append((t1 - tc) * 1e3)
+    lookup_ms, retrieval_ms = drafter_latency_ms(toks, ctx, draft_steps)
+    verify = tuple(round(_median(v_ms[T]), 4) for T in range(1, MAX_T + 1))
+    experts = tuple(round(_median(e_ms[T]), 4) for T in range(1, MAX_T + 1)) if moe else None
+    if experts is not None and not any(experts):  # this model's MoE does not go through kernels/cpu/moe
+        experts = None
+    u = tuple(round(statistics.fmean(distinct[T]), 4) for T in range(1, MAX_T + 1)) if moe else None
+    return SpecCalibration(
+        context=ctx, filled_tokens=fill, repeats=repeats, verify_window_ms=verify,
+        verify_cpu_expert_ms=experts,
+        distinct_experts=u, distinct_expert_ratio=tuple(round(x / u[0], 4) for x in u) if moe else None,
+        lookup_draft_ms=round(lookup_ms, 5), retrieval_draft_ms=round(retrieval_ms, 5),
+        kv_commit_ms=round(_median(commit_ms), 5),
+        noise_cv=round(_median([_cv(v_ms[T]) for T in range(1, MAX_T + 1)]), 4),
+        prefill_tok_s=round(prefill_tok_s, 2), mtp_note=mtp_note,
+    )

@@ -1,0 +1,246 @@
+"""`guild inspect`: a `.gexec` plan (identity, placement, CPU tuning, speculative costs, a terminal chart of the
+verify curve; `--json`, `--plot`) or a GGUF model (architecture, experts, quant types, tensors, layer pattern),
+the latter from metadata and the tensor index only: no weights are read."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import BadFlagError, GuildError, PlanMismatchError
+from .plan import MAX_T, Plan, read_plan
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------
+# models
+def layer_pattern(n_layers: int, interval: int, nextn: int = 0) -> str:
+    """Hybrid layer schedule as llama.cpp derives it: layer i is recurrent (R) unless (i + 1) % interval == 0
+    (full attention, A); the last `nextn` layers are MTP layers (M)."""
+    base = n_layers - nextn
+    s = "".join("R" if (i + 1) % interval else "A" for i in range(base))
+    return s + "M" * nextn
+
+
+def compress_pattern(s: str) -> str:
+    """'RRRARRRA' → 'RRRA × 2' (the shortest repeating unit; a trailing MTP run kept apart)."""
+    core, tail = s.rstrip("M"), s[len(s.rstrip("M")):]
+    for p in range(1, len(core) + 1):
+        if len(core) % p == 0 and core[:p] * (len(core) // p) == core:
+            out = f"{core[:p]} × {len(core) // p}" if len(core) // p > 1 else core
+            return out + (f" + {tail}" if tail else "")
+    return s
+
+
+def model_summary(path: str | os.PathLike) -> dict:
+    from .gguf import GGUFFile
+
+    g = GGUFFile(path)
+    a = g.architecture
+    n_layers = int(g.get(f"{a}.block_count", int, 0))
+    n_exp = int(g.get(f"{a}.expert_count", int, 0))
+    quant = Counter(t.qtype.name for t in g.tensors.values())
+    d = {
+        "path": str(path), "name": g.get("general.name", str, ""), "architecture": a, "layers": n_layers,
+        "context_length": g.get(f"{a}.context_length", int, None), "embedding_length": g.get(f"{a}.embedding_length",
+                                                                                              int, None),
+        "expert_count": n_exp, "expert_used_count": int(g.get(f"{a}.expert_used_count", int, 0)) if n_exp else 0,
+        "tensor_count": len(g.tensors), "quant_types": dict(sorted(quant.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "parameters": int(sum(t.n_elements for t in g.tensors.values())),
+        "file_bytes": os.path.getsize(g.path), "sha256": g.identity_digest(),
+    }
+    interval = g.get(f"{a}.full_attention_interval", None, None)
+    nextn = int(g.get(f"{a}.nextn_predict_layers", int, 0))
+    if isinstance(interval, int) and interval > 0 and n_layers:
+        pat = layer_pattern(n_layers, interval, nextn)
+        d.update(full_attention_interval=interval, layer_pattern=pat, layer_pattern_short=compress_pattern(pat))
+    if nextn:
+        d["nextn_predict_layers"] = nextn
+    return d
+
+
+def print_model(d: dict, console: Console) -> None:
+    t = Table(title=f"{Path(d['path']).name}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("name", d["name"] or "—")
+    t.add_row("architecture", d["architecture"])
+    t.add_row("layers", str(d["layers"]))
+    if "layer_pattern" in d:
+        t.add_row("layer pattern", f"{d['layer_pattern_short']}  (R recurrent, A full attention"
+                  + (", M MTP" if "M" in d["layer_pattern"] else "") + f"; interval {d['full_attention_interval']})")
+    t.add_row("experts", f"{d['expert_count']} (top-{d['expert_used_count']})" if d["expert_count"] else "dense")
+    t.add_row("context length", str(d["context_length"]))
+    t.add_row("parameters", f"{d['parameters'] / 1e6:.1f} M")
+    t.add_row("tensors", str(d["tensor_count"]))
+    t.add_row("quant types", ", ".join(f"{k} × {v}" for k, v in d["quant_types"].items()))
+    t.add_row("file", f"{d['file_bytes'] / 2**20:.1f} MiB · identity sha256 {d['sha256'][:16]}…")
+    console.print(t)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# plans
+def plan_json(plan: Plan, hardware=None) -> dict:
+    """Every calibrated field, plus whether the plan matches this machine (the model is not checked here)."""
+    from .calib.probe import hardware_identity
+
+    try:
+        plan.hardware.check(hardware or hardware_identity(), plan.path)
+        here = {"matches": True, "mismatch": None}
+    except PlanMismatchError as e:
+        here = {"matches": False, "mismatch": {"type": type(e).__name__, "message": str(e)}}
+    return {"path": plan.path, "seal": "ok", "this_machine": here, **plan.to_dict()}
+
+
+def verify_chart(plan: Plan, width: int = 40) -> list[str]:
+    """The verify curve V(T) as text bars: █ the CPU-expert share, ░ the rest."""
+    s = plan.spec
+    top = max(s.verify_window_ms)
+    lines = []
+    for t in range(MAX_T):
+        v = s.verify_window_ms[t]
+        n = max(1, round(v / top * width))
+        e = round(s.verify_cpu_expert_ms[t] / top * width) if s.verify_cpu_expert_ms else 0
+        e = min(e, n)
+        lines.append(f"T={t + 1} {'█' * e}{'░' * (n - e)}{' ' * (width - n)} {v:8.2f} ms "
+                     f"{v / s.verify_window_ms[0]:5.2f}×")
+    return lines
+
+
+def _ms(x: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    return "—" if x is None else fmt.format(x * scale)
+
+
+def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
+    from .calib.optimize import size
+
+    h, hw, m = plan.header, plan.hardware, plan.model
+    t = Table(title=f"plan {plan.path}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("format", f"{h.format} v{h.version} · guild {h.guild_version} · {h.created} · seal ok")
+    t.add_row("optimize", f"--mode {h.mode} --context {h.context} --prefill-batch {h.prefill_batch} --spec {h.spec}")
+    t.add_row("CPU", f"{hw.cpu_model} · {hw.physical_cores} cores / {hw.logical_cpus} threads · "
+              f"{hw.numa_nodes} NUMA node(s)")
+    t.add_row("ISA", " ".join(hw.isa))
+    t.add_row("GPU", hw.gpu.describe() if hw.gpu else "none")
+    t.add_row("model", f"{m.file} · {m.architecture} · {m.layers} layers · "
+              + (f"{m.expert_count} experts (top-{m.expert_used_count})" if m.expert_count else "dense")
+              + f" · sha256 {m.sha256[:16]}…")
+    here = d["this_machine"]
+    t.add_row("this machine", "matches" if here["matches"] else f"[yellow]{escape(here['mismatch']['message'])}[/]")
+    console.print(t)
+    s = plan.spec
+    if not full:
+        console.print(f"threads {plan.cpu.threads} · V(1) {s.verify_window_ms[0]:.2f} ms, V(8) "
+                      f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens · --plan for every table")
+        return
+    p = plan.placement
+    t = Table(title=f"placement at --context {p.context}", caption=p.note, title_justify="left",
+              caption_justify="left")
+    for c in ("group", "device", "tensors", "size", "on the GPU"):
+        t.add_column(c, justify="left" if c in ("group", "device") else "right")
+    for g in p.groups:
+        t.add_row(g.name, g.device, str(g.tensors), size(g.bytes), size(g.gpu_bytes) if p.gpu else "—")
+    t.add_row("total", "", "", size(p.gpu_bytes + p.cpu_bytes), size(p.gpu_bytes) if p.gpu else "—", style="bold")
+    console.print(t)
+    c = plan.cpu
+    t = Table(title=f"CPU tuning: {c.threads} threads · memory {c.memory_bandwidth_gbs:.1f} GB/s (copy, 1 thread)",
+              title_justify="left")
+    tried = sorted({n for k in c.kernels for n in k.threads_tried})
+    for col in ("quant", "kernel", "timed on", *(f"{n} thr ms" for n in tried), "best", "G weights/s"):
+        t.add_column(col, justify="left" if col in ("quant", "kernel", "timed on") else "right")
+    for k in c.kernels:
+        by_n = dict(zip(k.threads_tried, k.ms, strict=True))
+        t.add_row(k.qtype, k.kernel, f"{k.timed} of {k.matrices} {k.role}",
+                  *(f"{by_n[n]:.3f}" if n in by_n else "—" for n in tried), str(k.best_threads), f"{k.gweights_s:.2f}")
+    console.print(t)
+    t = Table(title=f"speculative costs at {s.context} tokens ({s.filled_tokens} prefilled, median of {s.repeats})",
+              title_justify="left")
+    for col in ("T", "verify ms", "V(T)/V(1)", "CPU-expert ms", "distinct experts", "U(T)/U(1)"):
+        t.add_column(col, justify="right")
+    for i in range(MAX_T):
+        t.add_row(str(i + 1), f"{s.verify_window_ms[i]:.2f}", f"{s.verify_window_ms[i] / s.verify_window_ms[0]:.2f}",
+                  _ms(s.verify_cpu_expert_ms and s.verify_cpu_expert_ms[i]),
+                  _ms(s.distinct_experts and s.distinct_experts[i]),
+                  _ms(s.distinct_expert_ratio and s.distinct_expert_ratio[i]))
+    console.print(t)
+    console.print(f"lookup {s.lookup_draft_ms * 1e3:.1f} µs · retrieval {s.retrieval_draft_ms * 1e3:.1f} µs · "
+                  f"KV commit {s.kv_commit_ms * 1e3:.1f} µs · MTP step {_ms(s.mtp_draft_step_ms)} ms, catch-up "
+                  f"{_ms(s.mtp_kv_catchup_ms)} ms" + (f" ({s.mtp_note})" if s.mtp_note else "")
+                  + f" · noise CV {s.noise_cv:.3f} · prefill {s.prefill_tok_s:.0f} tok/s")
+    console.print("\nverify curve V(T)" + (" (█ CPU experts, ░ the rest)" if s.verify_cpu_expert_ms else ""))
+    for line in verify_chart(plan):
+        console.print(line, highlight=False)
+
+
+def plot(plan: Plan, out: str | os.PathLike) -> Path:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GuildError("--plot needs matplotlib (guild's 'plot' extra): pip install matplotlib") from None
+    s = plan.spec
+    T = list(range(1, MAX_T + 1))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    axes[0].plot(T, s.verify_window_ms, "o-", label="verify window V(T)")
+    if s.verify_cpu_expert_ms:
+        axes[0].plot(T, s.verify_cpu_expert_ms, "s--", label="CPU experts")
+    axes[0].set(xlabel="window rows T", ylabel="ms", title=f"window cost at {s.context} tokens")
+    axes[0].legend()
+    axes[1].plot(T, [v / s.verify_window_ms[0] for v in s.verify_window_ms], "o-", label="V(T)/V(1)")
+    if s.distinct_expert_ratio:
+        axes[1].plot(T, s.distinct_expert_ratio, "s--", label="U(T)/U(1) distinct experts")
+    axes[1].plot(T, T, ":", color="grey", label="T (no sharing)")
+    axes[1].set(xlabel="window rows T", ylabel="ratio to T=1", title="growth with T")
+    axes[1].legend()
+    fig.suptitle(f"{plan.model.file} · {plan.hardware.cpu_model} · {plan.cpu.threads} threads")
+    fig.tight_layout()
+    out = Path(out)
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as e:
+        raise GuildError(f"--plot {out}: cannot write ({e.strerror})") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def inspect(path: str | os.PathLike, *, full: bool = False, as_json: bool = False, plot_to: str | None = None,
+            console: Console | None = None) -> dict:
+    """Show a plan or a GGUF model; returns what `--json` prints."""
+    console = console or Console(highlight=False)
+    from .upcycle import TAGS, resolve_model
+
+    if str(path) in TAGS and not Path(path).is_file():  # a model tag: the embedded models
+        path = resolve_model(str(path))
+    if not Path(path).is_file():
+        raise GuildError(f"{path}: no such file")
+    if is_gguf(path):
+        if plot_to:
+            raise BadFlagError("--plot needs a .gexec plan, not a GGUF model")
+        d = model_summary(path)
+        if not as_json:
+            print_model(d, console)
+        return d
+    plan = read_plan(path)
+    d = plan_json(plan)
+    if not as_json:
+        print_plan(plan, d, console, full)
+    if plot_to:
+        plot(plan, plot_to)
+    return d

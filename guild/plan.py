@@ -1,0 +1,453 @@
+"""The `.gexec` execution plan (DESIGN.md "Plans"): what `guild optimize` measured on this machine for one model,
+sealed so that `run`/`bench` can trust it.
+
+File layout (YAML, written by `write_plan`)::
+
+    # comment line
+    header:    {format, version, guild_version, created, mode, context, prefill_batch, spec}
+    hardware:  {cpu_model, isa, physical_cores, logical_cpus, numa_nodes, gpu}
+    model:     {sha256, architecture, layers, expert_count, expert_used_count, file}
+    placement: {sha256: <digest of the section>, ...}
+    cpu:       {sha256: ..., ...}
+    spec:      {sha256: ..., ...}
+    seal: <SHA-256 of every byte above this line>
+
+Loading checks the seal first, over the exact bytes (any changed byte, whitespace and comments included, is a
+`PlanSealError`), then each section's digest (over its canonical JSON form: an edit that also re-seals the file
+still fails), then the format, then identity against this machine and the model: `CpuIsaMismatch` (CPU model or
+ISA flags), `NumaTopologyMismatch` (NUMA nodes, cores), `GpuArchitectureMismatch` (GPU present or not, name,
+compute capability, VRAM), `ModelMismatch` (GGUF header+metadata+tensor-index digest, architecture, expert
+geometry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import (
+    CpuIsaMismatch,
+    GpuArchitectureMismatch,
+    ModelMismatch,
+    NumaTopologyMismatch,
+    PlanError,
+    PlanSealError,
+)
+
+FORMAT = "guild.gexec"
+FORMAT_VERSION = 1
+MAX_T = 8  # spec tables cover verification windows of T = 1..8 rows
+MODES = ("auto", "quick")  # `optimize --mode`: full calibration, or fewer repeats (tests, CI)
+SECTIONS = ("placement", "cpu", "spec")  # the sealed sections that carry their own digest
+_SEAL_RE = re.compile(rb"seal: ([0-9a-f]{64})\n\Z")
+
+
+def _fail(where: str, msg: str) -> PlanError:
+    return PlanError(f"plan {where}: {msg}")
+
+
+def _mismatch(cls, where: str, msg: str):
+    """A typed identity mismatch whose message names its type (what `run` prints before regenerating)."""
+    return cls(f"{where}: {cls.__name__}: {msg}")
+
+
+def _check(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise _fail(where, msg)
+
+
+def _floats(xs, where: str, n: int | None = MAX_T, positive: bool = False) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in xs)
+    except (TypeError, ValueError):
+        raise _fail(where, f"expected a list of numbers, got {xs!r}") from None
+    _check(n is None or len(out) == n, where, f"expected {n} values, got {len(out)}")
+    _check(all(x > 0 if positive else x >= 0 for x in out), where, f"values must be {'> 0' if positive else '>= 0'}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# identity
+@dataclass(frozen=True)
+class Header:
+    guild_version: str
+    created: str  # ISO-8601 UTC
+    mode: str = "auto"
+    context: int = 4096
+    prefill_batch: int = 512
+    spec: int = 0  # MTP draft depth calibrated (0 = none)
+    format: str = FORMAT
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self):
+        _check(self.format == FORMAT, "header.format", f"expected '{FORMAT}', got {self.format!r}")
+        _check(self.version == FORMAT_VERSION, "header.version",
+               f"format version {self.version} is not {FORMAT_VERSION} (re-run guild optimize)")
+        _check(self.mode in MODES, "header.mode", f"expected one of {', '.join(MODES)}, got {self.mode!r}")
+        _check(self.context >= 16 and self.prefill_batch >= 1 and self.spec >= 0, "header",
+               "context >= 16, prefill_batch >= 1 and spec >= 0 expected")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    compute_capability: str  # "major.minor", e.g. "9.0"
+    vram_bytes: int
+
+    def describe(self) -> str:
+        return f"{self.name} (sm_{self.compute_capability.replace('.', '')}, {self.vram_bytes / 2**30:.1f} GiB)"
+
+
+@dataclass(frozen=True)
+class HardwareIdentity:
+    cpu_model: str
+    isa: tuple[str, ...]  # sorted subset of calib.probe.ISA_FLAGS
+    physical_cores: int
+    logical_cpus: int
+    numa_nodes: int
+    gpu: GpuInfo | None = None
+
+    def __post_init__(self):
+        _check(self.physical_cores >= 1 and self.logical_cpus >= self.physical_cores and self.numa_nodes >= 1,
+               "hardware", "cores, logical CPUs and NUMA nodes must be >= 1 (logical >= physical)")
+        object.__setattr__(self, "isa", tuple(sorted(self.isa)))
+
+    def check(self, here: HardwareIdentity, where: str) -> None:
+        """Raise the typed mismatch if `here` (this machine) is not the machine the plan was calibrated on."""
+        if self.cpu_model != here.cpu_model or self.isa != here.isa:
+            missing = sorted(set(self.isa) - set(here.isa))
+            extra = sorted(set(here.isa) - set(self.isa))
+            diff = "; ".join(x for x in (f"missing here: {' '.join(missing)}" if missing else "",
+                                         f"new here: {' '.join(extra)}" if extra else "") if x)
+            raise _mismatch(CpuIsaMismatch, where, f"calibrated on '{self.cpu_model}', this machine is "
+                            f"'{here.cpu_model}' (ISA flags: {diff or 'the same'})")
+        if (self.numa_nodes, self.physical_cores, self.logical_cpus) != (
+                here.numa_nodes, here.physical_cores, here.logical_cpus):
+            raise _mismatch(
+                NumaTopologyMismatch, where, f"calibrated on {self.numa_nodes} NUMA node(s), {self.physical_cores} "
+                f"cores / {self.logical_cpus} threads; this machine has {here.numa_nodes} NUMA node(s), "
+                f"{here.physical_cores} cores / {here.logical_cpus} threads")
+        if self.gpu != here.gpu:
+            a = self.gpu.describe() if self.gpu else "no GPU"
+            b = here.gpu.describe() if here.gpu else "no GPU"
+            raise _mismatch(GpuArchitectureMismatch, where, f"calibrated with {a}, this machine has {b}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HardwareIdentity:
+        g = d.get("gpu")
+        gpu = None if g is None else GpuInfo(str(g["name"]), str(g["compute_capability"]), int(g["vram_bytes"]))
+        return cls(str(d["cpu_model"]), tuple(str(x) for x in d["isa"]), int(d["physical_cores"]),
+                   int(d["logical_cpus"]), int(d["numa_nodes"]), gpu)
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    sha256: str  # of the GGUF header, metadata and tensor index (GGUFFile.identity_digest)
+    architecture: str
+    layers: int
+    expert_count: int
+    expert_used_count: int
+    file: str = ""  # file name when calibrated (informational, not compared)
+
+    def __post_init__(self):
+        _check(bool(re.fullmatch(r"[0-9a-f]{64}", self.sha256)), "model.sha256", "expected 64 hex digits")
+
+    @classmethod
+    def of(cls, g) -> ModelIdentity:
+        """The identity of an opened GGUFFile."""
+        a = g.architecture
+        n_exp = int(g.get(f"{a}.expert_count", int, 0))
+        return cls(g.identity_digest(), a, int(g.get(f"{a}.block_count", int, 0)), n_exp,
+                   int(g.get(f"{a}.expert_used_count", int, 0)) if n_exp else 0, Path(g.path).name)
+
+    def check(self, here: ModelIdentity, where: str) -> None:
+        mine = (self.architecture, self.layers, self.expert_count, self.expert_used_count)
+        theirs = (here.architecture, here.layers, here.expert_count, here.expert_used_count)
+        if mine != theirs:
+            def geometry(m):
+                return f"{m.architecture}, {m.layers} layers, {m.expert_count} experts (top-{m.expert_used_count})"
+
+            raise _mismatch(ModelMismatch, where, f"calibrated for {geometry(self)}; the model is {geometry(here)}")
+        if self.sha256 != here.sha256:
+            raise _mismatch(ModelMismatch, where, f"calibrated for {self.file} (sha256 {self.sha256[:16]}…), the "
+                            f"model {here.file} has sha256 {here.sha256[:16]}…")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sections
+DEVICES = ("cpu", "gpu", "split")
+
+
+@dataclass(frozen=True)
+class PlacementGroup:
+    name: str  # attention, recurrent, kv_cache, norms, router, dense_ffn, shared_experts, routed_experts, ...
+    device: str  # cpu | gpu | split (some layers on each)
+    tensors: int  # tensors in the group (0 for the KV cache)
+    bytes: int
+    gpu_bytes: int
+
+    def __post_init__(self):
+        _check(self.device in DEVICES, f"placement.{self.name}.device", f"expected one of {DEVICES}")
+        _check(0 <= self.gpu_bytes <= self.bytes, f"placement.{self.name}", "gpu_bytes must be in 0..bytes")
+        _check(self.name != "routed_experts" or self.gpu_bytes == 0, "placement.routed_experts",
+               "routed experts always run on the CPU")
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpu: str | None  # the GPU's name, None on a CPU-only machine
+    vram_budget_bytes: int
+    context: int
+    groups: tuple[PlacementGroup, ...]
+    note: str = ""
+
+    def __post_init__(self):
+        _check(self.gpu is not None or self.gpu_bytes == 0, "placement", "a CPU-only plan places nothing on a GPU")
+        _check(self.gpu_bytes <= self.vram_budget_bytes or self.gpu is None, "placement",
+               f"{self.gpu_bytes} bytes on the GPU exceed the budget {self.vram_budget_bytes}")
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(g.gpu_bytes for g in self.groups)
+
+    @property
+    def cpu_bytes(self) -> int:
+        return sum(g.bytes - g.gpu_bytes for g in self.groups)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Placement:
+        return cls(d["gpu"], int(d["vram_budget_bytes"]), int(d["context"]),
+                   tuple(PlacementGroup(**g) for g in d["groups"]), str(d.get("note", "")))
+
+
+@dataclass(frozen=True)
+class KernelTuning:
+    """Pass 3 for one quant type: the GEMV kernel timed on the model's own matrices at each thread count."""
+
+    qtype: str
+    kernel: str  # the variant chosen
+    variants: tuple[str, ...]  # the variants that exist for this type and were timed
+    role: str  # "experts" when routed-expert matrices were timed, else "dense"
+    matrices: int  # matrices of this type in the model
+    timed: int  # of them, how many were timed per pass
+    threads_tried: tuple[int, ...]
+    ms: tuple[float, ...]  # one pass over the timed matrices (T = 1 and T = 2 rows), per thread count
+    best_threads: int
+    gweights_s: float  # weights read per second at best_threads, T = 1
+
+    def __post_init__(self):
+        _check(len(self.ms) == len(self.threads_tried) > 0, f"cpu.{self.qtype}", "one time per thread count")
+        _check(self.best_threads in self.threads_tried and self.kernel in self.variants, f"cpu.{self.qtype}",
+               "best_threads and kernel must be among those tried")
+
+
+@dataclass(frozen=True)
+class CpuTuning:
+    threads: int  # what `run --gexec` uses when -t is not given
+    memory_bandwidth_gbs: float  # pass 1: numpy copy, one thread (read + write)
+    kernels: tuple[KernelTuning, ...]
+
+    def __post_init__(self):
+        _check(self.threads >= 1 and self.memory_bandwidth_gbs >= 0, "cpu", "threads >= 1 expected")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CpuTuning:
+        ks = tuple(KernelTuning(**{**k, "variants": tuple(k["variants"]), "threads_tried": tuple(k["threads_tried"]),
+                                   "ms": tuple(float(x) for x in k["ms"])}) for k in d["kernels"])
+        return cls(int(d["threads"]), float(d["memory_bandwidth_gbs"]), ks)
+
+
+@dataclass(frozen=True)
+class SpecCalibration:
+    """Pass 4 (seed 000, 3.5): the costs the adaptive scheduler trades, measured with the real model."""
+
+    context: int  # KV rows the windows attended over
+    filled_tokens: int  # of them, real calibration text prefilled (the rest: copies of those rows)
+    repeats: int  # windows timed per T
+    verify_window_ms: tuple[float, ...]  # V(T), T = 1..8: forward + commit, median
+    verify_cpu_expert_ms: tuple[float, ...] | None  # the CPU-expert share of V(T) (None: dense model)
+    distinct_experts: tuple[float, ...] | None  # U(T): union of routed experts per layer over T rows, mean
+    distinct_expert_ratio: tuple[float, ...] | None  # U(T) / U(1)
+    lookup_draft_ms: float  # SuffixDrafter.propose, median over a replay at `context` tokens of history
+    retrieval_draft_ms: float  # RetrievalDrafter.propose, same replay, calibration text as its corpus
+    kv_commit_ms: float  # KVCache.commit of a rejected 8-row window, median
+    noise_cv: float  # timing noise: coefficient of variation of the window times (median over T)
+    prefill_tok_s: float  # while filling the context, at header.prefill_batch rows per forward
+    mtp_draft_step_ms: float | None = None  # None: the model has no MTP drafter
+    mtp_kv_catchup_ms: float | None = None
+    mtp_note: str = ""
+    spec_calibrated: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "verify_window_ms", _floats(self.verify_window_ms, "spec.verify_window_ms",
+                                                             positive=True))
+        for name in ("verify_cpu_expert_ms", "distinct_experts", "distinct_expert_ratio"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, _floats(v, f"spec.{name}"))
+        for name in ("lookup_draft_ms", "retrieval_draft_ms", "kv_commit_ms", "noise_cv", "prefill_tok_s"):
+            _check(float(getattr(self, name)) >= 0, f"spec.{name}", "must be >= 0")
+        for name in ("mtp_draft_step_ms", "mtp_kv_catchup_ms"):
+            v = getattr(self, name)
+            _check(v is None or float(v) >= 0, f"spec.{name}", "must be >= 0 or null")
+        _check(0 < self.filled_tokens <= self.context and self.repeats >= 1, "spec",
+               "0 < filled_tokens <= context and repeats >= 1 expected")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpecCalibration:
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the plan
+@dataclass(frozen=True)
+class Plan:
+    header: Header
+    hardware: HardwareIdentity
+    model: ModelIdentity
+    placement: Placement
+    cpu: CpuTuning
+    spec: SpecCalibration
+    path: str = field(default="", compare=False)  # where it was read from or written to
+
+    def spec_costs(self):
+        """The calibrated costs in the form the adaptive scheduler consumes."""
+        from .spec.costs import SpecCosts
+
+        s = self.spec
+        draft = {"lookup": s.lookup_draft_ms, "retrieval": s.retrieval_draft_ms}
+        if s.mtp_draft_step_ms is not None:
+            draft["mtp"] = s.mtp_draft_step_ms
+        return SpecCosts(verify_ms=tuple(s.verify_window_ms), context=s.context, draft_ms=draft,
+                         mtp_catchup_ms=s.mtp_kv_catchup_ms or 0.0, commit_ms=s.kv_commit_ms)
+
+    def check(self, hardware: HardwareIdentity, model: ModelIdentity | None = None) -> None:
+        """Identity: this machine, then the model (skipped when None)."""
+        where = self.path or "plan"
+        self.hardware.check(hardware, where)
+        if model is not None:
+            self.model.check(model, where)
+
+    def to_dict(self) -> dict:
+        """Every field, sections without their digests (the JSON of `inspect --json`)."""
+        d = {f.name: asdict(getattr(self, f.name)) for f in fields(self) if f.name != "path"}
+        d["placement"]["gpu_bytes"] = self.placement.gpu_bytes
+        d["placement"]["cpu_bytes"] = self.placement.cpu_bytes
+        return d
+
+
+def _canonical(d: Any) -> bytes:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def section_digest(d: dict) -> str:
+    """SHA-256 of a section's canonical JSON form, its own `sha256` key left out."""
+    return hashlib.sha256(_canonical({k: v for k, v in d.items() if k != "sha256"})).hexdigest()
+
+
+def _plain(x: Any) -> Any:
+    """Tuples → lists, recursively (YAML safe_dump writes no Python tags)."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def render(plan: Plan) -> bytes:
+    """The sealed file's bytes."""
+    d = _plain({f.name: asdict(getattr(plan, f.name)) for f in fields(plan) if f.name != "path"})
+    for name in SECTIONS:
+        sec = yaml.safe_load(yaml.safe_dump(d[name]))  # the digest covers exactly what a reader will parse
+        d[name] = {"sha256": section_digest(sec), **sec}
+    body = ("# guild execution plan (guild optimize): the seal covers every byte above it; do not edit\n"
+            + yaml.safe_dump(d, sort_keys=False, allow_unicode=True, width=120)).encode()
+    return body + f"seal: {hashlib.sha256(body).hexdigest()}\n".encode()
+
+
+def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
+    """Write atomically: a temp file in the same directory, fsync, rename over `path`."""
+    path = Path(path)
+    data = render(plan)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise PlanError(f"{path}: cannot write the plan ({e.strerror})") from None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a plan is an ordinary file
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise PlanError(f"{path}: cannot write the plan ({e.strerror})") from None
+    return path
+
+
+def read_plan(path: str | os.PathLike) -> Plan:
+    """Seal, section digests, format; no identity check (see load_plan)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise PlanError(f"{p}: cannot read the plan ({e.strerror})") from None
+    cut = data.rfind(b"\n", 0, max(0, len(data) - 1)) + 1  # start of the last line
+    m = _SEAL_RE.match(data, cut)
+    if m is None:
+        raise PlanSealError(f"{p}: no seal on the last line (truncated or not a .gexec plan)")
+    if hashlib.sha256(data[:cut]).hexdigest() != m.group(1).decode():
+        raise PlanSealError(f"{p}: seal mismatch: the file was changed after guild optimize wrote it")
+    try:
+        d = yaml.safe_load(data)
+    except yaml.YAMLError as e:  # a sealed file that does not parse was not written by write_plan
+        raise PlanSealError(f"{p}: sealed but not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict) or any(k not in d for k in ("header", "hardware", "model", *SECTIONS)):
+        raise PlanError(f"{p}: not a guild plan (expected header, hardware, model, {', '.join(SECTIONS)})")
+    for name in SECTIONS:
+        sec = d[name]
+        if not isinstance(sec, dict) or sec.get("sha256") != section_digest(sec):
+            raise PlanSealError(f"{p}: section '{name}' does not match its sha256 digest")
+    try:
+        plan = Plan(
+            Header(**d["header"]),
+            HardwareIdentity.from_dict(d["hardware"]),
+            ModelIdentity(**d["model"]),
+            Placement.from_dict({k: v for k, v in d["placement"].items() if k != "sha256"}),
+            CpuTuning.from_dict(d["cpu"]),
+            SpecCalibration.from_dict({k: v for k, v in d["spec"].items() if k != "sha256"}),
+            str(p),
+        )
+    except PlanError as e:
+        raise PlanError(f"{p}: {e}") from None
+    except (TypeError, KeyError, ValueError) as e:
+        raise PlanError(f"{p}: malformed plan ({type(e).__name__}: {e})") from None
+    return plan
+
+
+def load_plan(path: str | os.PathLike, model=None, hardware: HardwareIdentity | None = None) -> Plan:
+    """Read a plan (seal first) and check it against this machine (`hardware`, probed when None) and, when
+    given, the model (a GGUFFile, a path, or a ModelIdentity)."""
+    plan = read_plan(path)
+    if hardware is None:
+        from .calib.probe import hardware_identity
+
+        hardware = hardware_identity()
+    if model is not None and not isinstance(model, ModelIdentity):
+        from .gguf import GGUFFile
+
+        model = ModelIdentity.of(model if isinstance(model, GGUFFile) else GGUFFile(model))
+    plan.check(hardware, model)
+    return plan
