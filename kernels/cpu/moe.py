@@ -25,12 +25,27 @@ def moe_ffn(
 ) -> int:
     """out [T, D] = MoE(h [T, D]). experts_gu[e]: fused [gate; up] [2F, D]; experts_down[e]: [D, F].
     Returns the number of distinct experts the window used."""
-    T, D = h.shape
+    T = h.shape[0]
     logits = np.empty((T, router.n_rows), np.float32)  # [T, E]
     matmul(router, h, logits)
     ids = np.empty((T, k), np.int64)
     w = np.empty((T, k), np.float32)
     ops.softmax_topk(logits, k, renorm, ids, w)
+    return experts_ffn(h, ids, w, experts_gu, experts_down, out)
+
+
+def experts_ffn(
+    h: np.ndarray,
+    ids: np.ndarray,
+    w: np.ndarray,
+    experts_gu: list[PackedMatrix],
+    experts_down: list[PackedMatrix],
+    out: np.ndarray,
+) -> int:
+    """The expert half of moe_ffn for rows already routed (ids, w [T, k], e.g. by the GPU router): out [T, D].
+    Returns the number of distinct experts the window used."""
+    T, D = h.shape
+    k = ids.shape[1]
     y = np.empty((T, k, D), np.float32)  # each (row, rank) expert output
     flat = ids.ravel()  # (row, rank) pairs, row-major
     order = np.argsort(flat, kind="stable")  # grouped by expert, rows ascending within a group

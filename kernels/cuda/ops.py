@@ -1,0 +1,192 @@
+"""The CUDA kernels with the CPU kernels' signatures (kernels/cpu/quant.py, kernels/cpu/ops.py), on CuPy arrays.
+
+Arrays are float32 (int64 for ids/positions/rows) CuPy arrays whose innermost axis is contiguous; the first
+axis may have any stride (views of a fused q|k|v buffer need no copy). Kernels run on the current CuPy stream.
+`matmul(..., accumulate=True)` adds into `out` (the residual update x += W a, one kernel instead of two).
+Weights: `pack` uploads a matrix's GGUF bytes unchanged (DeviceMatrix); the kernels dequantise on the fly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from ...errors import UnsupportedQuantTypeError
+from ..ref_quant import row_bytes
+from . import kernel
+
+ROWS = 8  # rows per block along y in quant.cu (ROWS)
+WARPS = 4  # features per block in quant.cu (WARPS)
+ATT_THREADS = 256  # attention.cu
+_SUFFIX = {
+    Q.F32: "f32", Q.F16: "f16", Q.BF16: "bf16", Q.Q8_0: "q8_0", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q5_0: "q5_0",
+    Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k", Q.IQ4_NL: "iq4_nl", Q.IQ4_XS: "iq4_xs",
+}
+QTYPES = tuple(_SUFFIX)
+
+
+class DeviceMatrix:
+    """A [n_rows, n_cols] weight matrix on the GPU in its GGUF bytes (row-major blocks)."""
+
+    __slots__ = ("qtype", "n_rows", "n_cols", "row_bytes", "data", "suffix", "nbytes")
+
+    def __init__(self, qtype: int, n_rows: int, n_cols: int, data):
+        self.qtype, self.n_rows, self.n_cols = int(qtype), int(n_rows), int(n_cols)
+        self.row_bytes = row_bytes(self.qtype, self.n_cols)
+        self.data = data
+        self.suffix = _SUFFIX[Q(self.qtype)]
+        self.nbytes = int(data.nbytes)
+
+    def __repr__(self) -> str:
+        return f"DeviceMatrix({Q(self.qtype).name}, {self.n_rows}x{self.n_cols}, {self.nbytes} bytes)"
+
+
+def check_matrix(qtype: int, n_rows: int, n_cols: int, name: str = "tensor") -> None:
+    """Raise a GuildError if the GPU kernels cannot take this matrix."""
+    qt = Q(int(qtype))
+    if qt not in _SUFFIX:
+        raise UnsupportedQuantTypeError(f"{name}: no GPU kernel for quant type {qt.name}")
+    if n_cols % 8:
+        raise UnsupportedQuantTypeError(f"{name}: row length {n_cols} is not a multiple of 8 (GPU kernels)")
+
+
+def device_bytes(qtype: int, n_rows: int, n_cols: int) -> int:
+    return int(n_rows) * row_bytes(int(qtype), int(n_cols))
+
+
+def pack(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int) -> DeviceMatrix:
+    """Upload raw GGUF data of an [n_rows, n_cols] matrix (same bits)."""
+    import cupy
+
+    check_matrix(qtype, n_rows, n_cols)
+    rb = row_bytes(int(qtype), int(n_cols))
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(int(n_rows), rb)
+    return DeviceMatrix(qtype, n_rows, n_cols, cupy.asarray(b))
+
+
+def _ld(a, name: str) -> np.int64:
+    """Row stride (elements) of a 2-D+ float32/int64 array whose inner axes are contiguous."""
+    inner = a.itemsize
+    for n, s in zip(reversed(a.shape[1:]), reversed(a.strides[1:]), strict=True):
+        if n > 1 and s != inner:
+            raise ValueError(f"{name}: inner axes must be contiguous (shape {a.shape}, strides {a.strides})")
+        inner *= n
+    return np.int64(a.strides[0] // a.itemsize)
+
+
+def _f32(a, name: str) -> None:
+    if a.dtype != np.float32:
+        raise ValueError(f"{name}: float32 expected, got {a.dtype}")
+
+
+def matmul(w: DeviceMatrix, x, out, accumulate: bool = False) -> None:
+    """out[t, n] (+)= sum_k W[n, k] * x[t, k]. x [T, K], out [T, N] float32 (row strides free)."""
+    T = x.shape[0]
+    if x.ndim != 2 or x.shape[1] != w.n_cols or out.shape != (T, w.n_rows):
+        raise ValueError(
+            f"matmul: W is {w.n_rows}x{w.n_cols}, x {tuple(x.shape)}, out {tuple(out.shape)} "
+            f"(want x [T, {w.n_cols}], out [T, {w.n_rows}])"
+        )
+    _f32(x, "matmul x")
+    _f32(out, "matmul out")
+    if T == 0:
+        return
+    grid = (-(-w.n_rows // WARPS), -(-T // ROWS))
+    kernel("quant", "matmul_" + w.suffix)(
+        grid, (32 * WARPS,),
+        (w.data, np.int64(w.row_bytes), np.int32(w.n_rows), np.int32(w.n_cols), x, _ld(x, "x"), out,
+         _ld(out, "out"), np.int32(T), np.int32(bool(accumulate))),
+    )
+
+
+def dequantize_rows(w: DeviceMatrix, rows, out) -> None:
+    """out[r] = W[rows[r]] as float32 (embedding lookup); rows: int64 device array."""
+    n = rows.shape[0]
+    if out.shape != (n, w.n_cols):
+        raise ValueError(f"dequantize_rows: out is {tuple(out.shape)}, want ({n}, {w.n_cols})")
+    if rows.dtype != np.int64:
+        raise ValueError("dequantize_rows: rows must be int64")
+    if n:
+        kernel("quant", "get_rows_" + w.suffix)(
+            (n,), (128,), (w.data, np.int64(w.row_bytes), np.int32(w.n_cols), rows, out, _ld(out, "out"))
+        )
+
+
+def rmsnorm(x, w, eps, out) -> None:
+    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; x, out [T, D] (out may be x)."""
+    T, D = x.shape
+    if T:
+        kernel("ops", "rmsnorm")((T,), (256,), (x, _ld(x, "x"), w, np.float64(eps), out, _ld(out, "out"),
+                                                np.int32(D)))
+
+
+def rmsnorm_heads(x, w, eps) -> None:
+    """In place, every head vector of x [T, H, hd]."""
+    T, H, hd = x.shape
+    if T:
+        kernel("ops", "rmsnorm_heads")((H, T), (32,), (x, _ld(x, "x"), np.int32(hd), w, np.float64(eps)))
+
+
+def rope(x, positions, cos, sin, n_rot, neox) -> None:
+    """In-place rotary embedding of x [T, H, hd] at positions (int64 device array [T]); cos/sin [ctx, n_rot/2]."""
+    T, H, hd = x.shape
+    half = int(n_rot) // 2
+    if T and half:
+        kernel("ops", "rope")(
+            (-(-H * half // 128), T), (128,),
+            (x, _ld(x, "x"), np.int32(H), np.int32(hd), positions, cos, sin, np.int32(half), np.int32(bool(neox))),
+        )
+
+
+def attention(q, kt, vc, pos0, scale, out, scores=None) -> None:
+    """Causal GQA attention of q [T, H, hd] (positions pos0..pos0+T-1) over kt [Hkv, hd, ctx], vc [Hkv, ctx, hd];
+    out [T, H, hd]. `scores` (the CPU kernel's scratch) is not needed here."""
+    T, H, hd = q.shape
+    Hkv, _, ctx = kt.shape
+    if hd > ATT_THREADS:
+        raise ValueError(f"attention: head_dim {hd} > {ATT_THREADS} is not supported on the GPU")
+    if not (kt.flags.c_contiguous and vc.flags.c_contiguous):
+        raise ValueError("attention: kt and vc must be contiguous")
+    if T:
+        kernel("attention", "attention")(
+            (H, T), (ATT_THREADS,),
+            (q, _ld(q, "q"), kt, vc, out, _ld(out, "out"), np.int32(H), np.int32(Hkv), np.int32(hd), np.int32(ctx),
+             np.int32(pos0), np.float32(scale)),
+        )
+
+
+def swiglu(gu, out) -> None:
+    """out = silu(gu[:, :F]) * gu[:, F:]."""
+    R, F = out.shape
+    if R:
+        kernel("ops", "swiglu")((-(-F // 256), R), (256,), (gu, _ld(gu, "gu"), out, _ld(out, "out"), np.int32(F)))
+
+
+def add(x, y) -> None:
+    """x += y, [R, D]."""
+    R, D = x.shape
+    if R:
+        kernel("ops", "add_rows")((-(-D // 256), R), (256,), (x, _ld(x, "x"), y, _ld(y, "y"), np.int32(D)))
+
+
+def kv_write(kt, vc, k, v, pos0) -> None:
+    """One layer's cache: kt [Hkv, hd, ctx], vc [Hkv, ctx, hd] get the window's k, v [T, Hkv, hd] at pos0.."""
+    T, Hkv, hd = k.shape
+    ctx = kt.shape[2]
+    if T:
+        kernel("ops", "kv_write")(
+            (-(-Hkv * hd // 256), T), (256,),
+            (k, _ld(k, "k"), v, _ld(v, "v"), kt, vc, np.int32(Hkv), np.int32(hd), np.int32(ctx), np.int32(pos0)),
+        )
+
+
+def softmax_topk(logits, k, renorm, ids, weights) -> None:
+    """Router: softmax over experts -> top-k (ties to the lower id) -> optional renormalise; ids int64 [T, k]."""
+    T, E = logits.shape
+    if T:
+        kernel("ops", "softmax_topk")(
+            (T,), (32,),
+            (logits, _ld(logits, "logits"), np.int32(E), np.int32(k), np.int32(bool(renorm)), ids, _ld(ids, "ids"),
+             weights, _ld(weights, "weights")),
+            shared_mem=4 * E,
+        )

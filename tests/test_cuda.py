@@ -1,0 +1,338 @@
+"""GPU tests: each CUDA kernel against its NumPy twin, row invariance, the engine (windows, commit(keep),
+batched sessions, transfers), GPU vs CPU logits within a stated tolerance, and exact parity of speculative vs
+plain decoding with the GPU engine.
+
+Every test runs twice: on a CUDA GPU ("cuda", skipped without one; scripts/gpu_check.sh runs them where a GPU
+is lent) and on the CPU emulator ("emu", tests/cuda_emu: the same .cu sources built as C++, launched through
+the same kernels/cuda/ops.py and CudaBackend, so the kernels' logic is checked in CI). The embedded-model
+tests are too big for the emulator and run on a GPU only.
+
+Tolerances. Kernels: quantized matmul |err| <= 1e-4 * (|W| @ |x|) elementwise vs the float64 twin (the CPU
+kernels' bound); get_rows bit-exact; norms/rope/swiglu/router 1e-5 relative; attention 1e-5 on O(1) values.
+Models: GPU logits within 2e-3 * max|logit| of the float64 reference (the CPU engine's bound,
+tests/test_embedded.py), hence within 4e-3 * max|logit| of the CPU engine's logits; not bitwise (different
+summation orders). Rows: bitwise independent of T and of their neighbours, on the GPU as on the CPU.
+"""
+
+import types
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from guild.device import probe_cuda
+from guild.kernels import ref
+from guild.kernels.cpu import ops as cpu_ops
+from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
+
+DEV, WHY = probe_cuda()
+QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
+
+
+@pytest.fixture(scope="module", params=["cuda", "emu"])
+def gpu(request, tmp_path_factory):
+    """cp (CuPy or NumPy), g (kernels/cuda/ops.py), h (to host), backend() (a CudaBackend), emu (bool)."""
+    if request.param == "cuda":
+        if DEV is None:
+            pytest.skip(f"no usable CUDA GPU: {WHY}")
+        import cupy
+
+        from guild.engine_cuda import CudaBackend
+        from guild.kernels.cuda import ops
+
+        yield types.SimpleNamespace(cp=cupy, g=ops, h=cupy.asnumpy, backend=lambda: CudaBackend(DEV.index), emu=False)
+        return
+    import cuda_emu
+
+    lib = cuda_emu.build(tmp_path_factory.getbasetemp() / "cuda_emu")
+    if lib is None:
+        pytest.skip("no C++ compiler for the CUDA emulator")
+    emu = cuda_emu.Emulator(lib)
+    with pytest.MonkeyPatch.context() as mp:
+        cuda_emu.patch(mp, emu)
+        from guild.kernels.cuda import ops
+
+        yield types.SimpleNamespace(cp=emu.fake_cupy(), g=ops, h=np.asarray,
+                                    backend=lambda: cuda_emu.emu_backend_class()(0), emu=True)
+
+
+# -- kernels vs NumPy twins -----------------------------------------------------------------------------
+@pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
+def test_matmul_and_get_rows_vs_twins(gpu, qt):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(int(qt))
+    N, K = 90, 512  # N not a multiple of the 4 features per block
+    raw = random_raw(qt, N, K, rng)
+    w = dequantize(qt, raw, (N, K))
+    dm = g.pack(qt, raw, N, K)
+    rows = np.array([0, 89, 7, 7, 45], np.int64)
+    out = cp.empty((rows.size, K), cp.float32)
+    g.dequantize_rows(dm, cp.asarray(rows), out)
+    assert np.array_equal(h(out), w[rows]), "get_rows must be bit-exact with ref_quant.dequantize"
+    for T in (1, 3, 8, 13):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        y = cp.empty((T, N), cp.float32)
+        g.matmul(dm, cp.asarray(x), y)
+        bound = 1e-4 * (np.abs(w).astype(np.float64) @ np.abs(x).T.astype(np.float64)).T + 1e-30
+        assert (np.abs(h(y) - matmul_ref(w, x)) <= bound).all(), f"{qt.name} T={T}"
+
+
+def test_matmul_accumulate_and_strided_views(gpu):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(1)
+    N, K, T = 64, 256, 5
+    dm = g.pack(Q.Q4_K, random_raw(Q.Q4_K, N, K, rng), N, K)
+    big = cp.asarray(rng.standard_normal((T, K + 64)).astype(np.float32))
+    x = big[:, 32 : 32 + K]  # row stride K + 64
+    out = cp.asarray(rng.standard_normal((T, N + 16)).astype(np.float32))
+    before = h(out).copy()
+    y = cp.empty((T, N), cp.float32)
+    g.matmul(dm, cp.ascontiguousarray(x), y)
+    g.matmul(dm, x, out[:, 8 : 8 + N], accumulate=True)
+    got = h(out)
+    assert np.array_equal(got[:, 8 : 8 + N], before[:, 8 : 8 + N] + h(y))
+    assert np.array_equal(got[:, :8], before[:, :8]) and np.array_equal(got[:, 8 + N :], before[:, 8 + N :])
+
+
+def test_norms_rope_swiglu_vs_twins(gpu):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 576)).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(576)).astype(np.float32)
+    out = cp.empty((6, 576), cp.float32)
+    g.rmsnorm(cp.asarray(x), cp.asarray(w), 1e-5, out)
+    np.testing.assert_allclose(h(out), ref.rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    xin = cp.asarray(x)
+    g.rmsnorm(xin, cp.asarray(w), 1e-5, xin)  # in place
+    np.testing.assert_allclose(h(xin), ref.rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+
+    q = rng.standard_normal((5, 8, 128)).astype(np.float32)
+    wh = (1 + 0.1 * rng.standard_normal(128)).astype(np.float32)
+    qd = cp.asarray(q)
+    g.rmsnorm_heads(qd, cp.asarray(wh), 1e-6)
+    np.testing.assert_allclose(h(qd), ref.rmsnorm(q, wh, 1e-6), rtol=1e-5, atol=1e-6)
+
+    pos = np.array([0, 1, 17, 300, 511], np.int64)
+    qk = q[:, :, :64].copy()
+    for neox in (False, True):
+        for n_rot in (64, 32):
+            c, s = ref.rope_tables(512, n_rot, 10000.0)
+            xd = cp.asarray(qk)
+            g.rope(xd, cp.asarray(pos), cp.asarray(c), cp.asarray(s), n_rot, neox)
+            np.testing.assert_allclose(h(xd), ref.rope(qk, pos, c, s, n_rot, neox), rtol=1e-5, atol=1e-5)
+            mine = qk.copy()  # and the CPU kernel: the same rounded products, so the same bits
+            cpu_ops.rope(mine, pos, c, s, n_rot, neox)
+            assert np.array_equal(h(xd), mine), f"rope neox={neox} n_rot={n_rot}"
+
+    gu = rng.standard_normal((4, 2 * 96)).astype(np.float32)
+    act = cp.empty((4, 96), cp.float32)
+    g.swiglu(cp.asarray(gu), act)
+    np.testing.assert_allclose(h(act), ref.swiglu(gu), rtol=1e-5, atol=1e-6)
+    a = rng.standard_normal((3, 40)).astype(np.float32)
+    b = rng.standard_normal((3, 40)).astype(np.float32)
+    ad = cp.asarray(a)
+    g.add(ad, cp.asarray(b))
+    assert np.array_equal(h(ad), a + b)
+
+
+def test_router_vs_twin(gpu):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(3)
+    for E, k, renorm in ((8, 2, True), (128, 8, True), (64, 4, False)):
+        logits = (2 * rng.standard_normal((7, E))).astype(np.float32)
+        ids = cp.empty((7, k), cp.int64)
+        wts = cp.empty((7, k), cp.float32)
+        g.softmax_topk(cp.asarray(logits), k, renorm, ids, wts)
+        rid, rw = ref.softmax_topk(logits, k, renorm)
+        assert np.array_equal(h(ids), rid)
+        np.testing.assert_allclose(h(wts), rw, rtol=1e-5)
+        cid, cw = np.empty((7, k), np.int64), np.empty((7, k), np.float32)
+        cpu_ops.softmax_topk(logits, k, renorm, cid, cw)
+        assert np.array_equal(h(ids), cid)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_kv_write_and_attention_vs_twins(gpu, hd):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(hd)
+    H, Hkv, ctx = 8, 2, 640
+    kt = cp.zeros((Hkv, hd, ctx), cp.float32)
+    vc = cp.zeros((Hkv, ctx, hd), cp.float32)
+    k_all = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+    v_all = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+    for p0, p1 in ((0, 300), (300, 305), (305, 600)):  # windows, written in order
+        g.kv_write(kt, vc, cp.asarray(k_all[p0:p1]), cp.asarray(v_all[p0:p1]), p0)
+    assert np.array_equal(h(kt)[:, :, :600], k_all[:600].transpose(1, 2, 0))
+    assert np.array_equal(h(vc)[:, :600], v_all[:600].transpose(1, 0, 2))
+    scale = 1.0 / np.sqrt(hd)
+    cases = ((0, 1), (37, 5), (595, 5)) if gpu.emu else ((0, 1), (0, 8), (37, 5), (300, 1), (595, 5))
+    for pos0, T in cases:  # L crosses the 256-position chunks
+        q = rng.standard_normal((T, H, hd)).astype(np.float32)
+        out = cp.empty((T, H, hd), cp.float32)
+        g.attention(cp.asarray(q), kt, vc, pos0, scale, out)
+        want = ref.attention(q, k_all[: pos0 + T], v_all[: pos0 + T], pos0, scale)
+        np.testing.assert_allclose(h(out), want, rtol=1e-5, atol=1e-5)
+
+
+def test_emulator_checks_kernel_arguments(gpu):
+    """The emulator refuses launches whose arguments do not match the kernel's parameters (CuPy would not)."""
+    if not gpu.emu:
+        pytest.skip("emulator only")
+    x = np.zeros((2, 64), np.float32)
+    good = (x, np.int64(64), x[0], np.float64(1e-5), x, np.int64(64), np.int32(64))
+    gpu.g.kernel("ops", "rmsnorm")((2,), (256,), good)
+    for bad in (good[:-1], (*good[:3], np.float32(1e-5), *good[4:])):
+        with pytest.raises(RuntimeError, match="do not match"):
+            gpu.g.kernel("ops", "rmsnorm")((2,), (256,), bad)
+
+
+# -- row invariance ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("qt", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16], ids=lambda q: q.name)
+def test_matmul_rows_invariant(gpu, qt):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(4)
+    M = 24 if gpu.emu else 64
+    dm = g.pack(qt, random_raw(qt, 96, 512, rng), 96, 512)
+    x = cp.asarray(rng.standard_normal((M, 512)).astype(np.float32))
+    full = cp.empty((M, 96), cp.float32)
+    g.matmul(dm, x, full)
+    full = h(full)
+    for T in (1, 2, 3, 7, 8, 9, 17, 33, 64):
+        if T > M:
+            continue
+        part = cp.empty((T, 96), cp.float32)
+        g.matmul(dm, cp.ascontiguousarray(x[M - T :]), part)
+        assert np.array_equal(h(part), full[M - T :]), f"{qt.name} T={T}"
+
+
+def test_attention_rows_invariant(gpu):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(5)
+    H, Hkv, hd, ctx = 9, 3, 64, 400
+    kt = cp.asarray(rng.standard_normal((Hkv, hd, ctx)).astype(np.float32))
+    vc = cp.asarray(rng.standard_normal((Hkv, ctx, hd)).astype(np.float32))
+    q = rng.standard_normal((8, H, hd)).astype(np.float32)
+    pos0 = 290
+    win = cp.empty((8, H, hd), cp.float32)
+    g.attention(cp.asarray(q), kt, vc, pos0, 0.125, win)
+    win = h(win)
+    for t in (0, 3, 7):
+        one = cp.empty((1, H, hd), cp.float32)
+        g.attention(cp.asarray(q[t : t + 1]), kt, vc, pos0 + t, 0.125, one)
+        assert np.array_equal(h(one)[0], win[t]), f"row {t}"
+
+
+# -- the engine -------------------------------------------------------------------------------------------
+def _engine(gpu, model):
+    from guild.engine_cuda import GpuLlama, Placement
+
+    return GpuLlama(model, gpu.backend(), Placement(model.args.n_layers))
+
+
+@pytest.fixture(scope="module", params=[
+    dict(arch="llama", qtype="Q4_1"),
+    dict(arch="llama", qtype="Q8_0", n_experts=4, top_k=2),
+    dict(arch="qwen3moe", qtype="Q4_K", n_experts=4, top_k=2, dim=256, ffn=256, tied=True),
+], ids=lambda c: "-".join(str(v) for v in c.values()))
+def tiny(request, tmp_path_factory):
+    from guild.models import load_model
+    from guild.testing import write_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "m.gguf"
+    write_tiny_model(path, seed=3, **request.param)
+    return str(path), load_model(str(path))
+
+
+def test_tiny_engine_vs_reference_and_windows(gpu, tiny):
+    from reference import reference_forward
+
+    path, model = tiny
+    eng = _engine(gpu, model)
+    st = eng.new_state(64)
+    got = eng.forward(SEQ[:10], st)
+    want = reference_forward(path, SEQ[:10])
+    assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+    cpu = model.forward(SEQ[:10], model.new_state(64))
+    assert np.abs(got - cpu).max() <= 4e-3 * max(1.0, np.abs(cpu).max())
+    # windows = single steps, bitwise; after commit(keep) the next window is as if only `keep` rows were fed
+    n = 8 if gpu.emu else 12
+    plain = []
+    s = eng.new_state(64)
+    for t in SEQ[:n]:
+        plain.append(eng.forward([t], s)[0])
+        s.commit(1)
+    plain = np.stack(plain)
+    for T, keep in ((2, 1), (4, 4)) if gpu.emu else ((2, 1), (5, 2), (5, 5), (8, 1), (8, 6)):
+        s = eng.new_state(64)
+        eng.forward(SEQ[:2], s)
+        s.commit(2)
+        win = eng.forward(SEQ[2 : 2 + T], s)
+        assert np.array_equal(win, plain[2 : 2 + T]), f"T={T}"
+        s.commit(keep)
+        nxt = eng.forward(SEQ[2 + keep : 4 + keep], s)
+        assert np.array_equal(nxt, plain[2 + keep : 4 + keep]), f"T={T} keep={keep}"
+        s.commit(0)
+
+
+def test_tiny_engine_batched_sessions_and_transfers(gpu, tiny):
+    _, model = tiny
+    eng = _engine(gpu, model)
+    a, b = eng.new_state(64), eng.new_state(64)
+    eng.forward(SEQ[:5], a)
+    a.commit(5)
+    eng.forward(SEQ[5:8], b)
+    b.commit(3)
+    h2d, d2h = eng.dev.h2d, eng.dev.d2h
+    both = eng.forward_batch([(SEQ[12:15], a), (SEQ[15:16], b)])
+    n_moe = model.args.n_layers if model.args.is_moe else 0
+    assert (eng.dev.h2d - h2d, eng.dev.d2h - d2h) == (1 + n_moe, 1 + n_moe)
+    a.commit(0)
+    b.commit(0)
+    assert np.array_equal(both[0], eng.forward(SEQ[12:15], a))
+    a.commit(0)
+    assert np.array_equal(both[1], eng.forward(SEQ[15:16], b))
+
+
+# -- the embedded models (GPU only: too large for the emulator) ------------------------------------------
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_embedded_gpu_vs_cpu_logits(gpu, which, request):
+    from reference import reference_forward
+
+    if gpu.emu:
+        pytest.skip("embedded models: GPU only (too slow for the emulator)")
+    model = request.getfixturevalue(f"{which}_model")
+    path = request.getfixturevalue(f"{which}_path")
+    ids = [1, 504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 5165, 314]
+    cpu = model.forward(ids, model.new_state(64))
+    eng = _engine(gpu, model)
+    got = eng.forward(ids, eng.new_state(64))
+    m = np.abs(cpu).max()
+    assert np.abs(got - cpu).max() <= 4e-3 * m, f"max |gpu - cpu| = {np.abs(got - cpu).max():.4g}, max |logit| {m:.3g}"
+    assert (got.argmax(1) == cpu.argmax(1)).mean() >= 0.9
+    if which == "dense":
+        want = reference_forward(path, ids)
+        assert np.abs(got - want).max() < 2e-3 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_embedded_speculative_parity_on_gpu(gpu, which, request):
+    from guild.session import GuildSession
+    from guild.spec import make_drafter
+
+    if gpu.emu:
+        pytest.skip("embedded models: GPU only (too slow for the emulator)")
+    model = request.getfixturevalue(f"{which}_model")
+    eng = _engine(gpu, model)
+    text = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 5165, 314] * 3
+    plain, _ = GuildSession(eng, n_ctx=256).generate(text, 48)
+    ran = 0
+    for strategy in ("lookup", "retrieval", "adaptive"):
+        try:
+            d = make_drafter(strategy)
+        except Exception:  # a strategy not built yet
+            continue
+        got, _ = GuildSession(eng, n_ctx=256).generate(text, 48, drafter=d, max_draft=4)
+        assert got == plain, f"{strategy} on the GPU differs from plain decoding"
+        ran += 1
+    assert ran >= 1

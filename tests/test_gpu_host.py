@@ -1,0 +1,269 @@
+"""The GPU path's host side on the CPU: `--device` resolution, placement, and the engine's orchestration run
+against a NumPy "fake device" (HostBackend.fake_device: the CPU kernels, transfers copied and counted). The
+same forward that drives the CUDA kernels must give bitwise the CPU model's logits, move rows exactly once per
+direction per MoE layer, and keep the Window contract with a pointer-only KV cache."""
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from guild.device import Device, DeviceUnavailableError, probe_cuda, resolve_device
+from guild.engine_cuda import (
+    DeviceKVCache,
+    GpuLlama,
+    GpuPathError,
+    HostBackend,
+    Placement,
+    default_placement,
+    gpu_sizes,
+    placement_from_plan,
+)
+from guild.errors import BadFlagError, ContextOverflowError
+from guild.models import load_model
+from guild.session import GuildSession
+from guild.spec import make_drafter
+from guild.testing import write_tiny_model
+
+TINY = [
+    dict(arch="llama", qtype="Q4_1"),
+    dict(arch="llama", qtype="Q8_0", n_experts=4, top_k=2),
+    dict(arch="qwen3", qtype="F16", tied=True),
+    dict(arch="qwen3moe", qtype="Q4_0", n_experts=4, top_k=2),
+]
+PLACEMENTS = [Placement(2, True, True), Placement(1, False, True), Placement(1, True, False),
+              Placement(0, False, False)]
+SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
+
+
+@pytest.fixture(scope="module", params=TINY, ids=lambda c: "-".join(str(v) for v in c.values()))
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / "m.gguf"
+    write_tiny_model(path, seed=3, **request.param)
+    return load_model(str(path))
+
+
+def _plain(model, seq, n_ctx=64):
+    st = model.new_state(n_ctx)
+    rows = []
+    for t in seq:
+        rows.append(model.forward([t], st)[0])
+        st.commit(1)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("pl", PLACEMENTS, ids=lambda p: f"gpu{p.gpu_layers}-e{int(p.embed_gpu)}-o{int(p.output_gpu)}")
+def test_fake_device_is_bitwise_the_cpu_model(tiny, pl):
+    eng = GpuLlama(tiny, HostBackend.fake_device(), pl)
+    a, b = tiny.new_state(64), eng.new_state(64)
+    assert isinstance(b, DeviceKVCache)
+    assert np.array_equal(tiny.forward(SEQ[:9], a), eng.forward(SEQ[:9], b))
+    a.commit(9)
+    b.commit(9)
+    for T in (1, 3, 8):
+        x, y = tiny.forward(SEQ[9 : 9 + T], a), eng.forward(SEQ[9 : 9 + T], b)
+        assert np.array_equal(x, y), f"T={T}"
+        a.commit(1)
+        b.commit(1)
+        assert a.distinct_experts.tolist() == b.distinct_experts.tolist()
+    last = eng.forward(SEQ[10:14], b, last_only=True)
+    assert np.array_equal(last, tiny.forward(SEQ[10:14], a, last_only=True))
+
+
+def test_commit_keep_equals_plain_decoding(tiny):
+    """Pointer-only commit(keep): rows >= keep are left in the cache but never read again."""
+    eng = GpuLlama(tiny, HostBackend.fake_device(), Placement(2))
+    plain = _plain(tiny, SEQ)
+    P = 4
+    for T in (2, 5, 8):
+        for keep in (1, T // 2, T):
+            st = eng.new_state(64)
+            eng.forward(SEQ[:P], st)
+            st.commit(P)
+            win = eng.forward(SEQ[P : P + T] if keep == T else np.r_[SEQ[P : P + keep], [1] * (T - keep)], st)
+            assert np.array_equal(win[:keep], plain[P : P + keep])
+            st.commit(keep)
+            assert st.pos == P + keep
+            nxt = eng.forward(SEQ[P + keep : P + keep + 2], st)
+            assert np.array_equal(nxt, plain[P + keep : P + keep + 2]), f"T={T} keep={keep}"
+            st.commit(0)
+
+
+def test_batched_sessions_equal_solo(tiny):
+    eng = GpuLlama(tiny, HostBackend.fake_device(), Placement(2))
+    s1, s2 = eng.new_state(64), eng.new_state(64)
+    eng.forward(SEQ[:5], s1)
+    s1.commit(5)
+    eng.forward(SEQ[6:13], s2)
+    s2.commit(7)
+    w1, w2 = SEQ[5:8], SEQ[13:14]
+    both = eng.forward_batch([(w1, s1), (w2, s2)])
+    s1.commit(0)
+    s2.commit(0)
+    assert np.array_equal(both[0], eng.forward(w1, s1))
+    s1.commit(0)
+    assert np.array_equal(both[1], eng.forward(w2, s2))
+
+
+def test_one_transfer_each_way_per_moe_layer(tmp_path):
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, arch="llama", n_layers=3, n_experts=4, top_k=2, qtype="Q8_0", seed=1)
+    m = load_model(str(path))
+    dev = HostBackend.fake_device()
+    eng = GpuLlama(m, dev, Placement(3))
+    st = eng.new_state(64)
+    eng.forward(SEQ[:6], st)
+    st.commit(6)
+    h2d, d2h = dev.h2d, dev.d2h
+    d2h_bytes = dev.d2h_bytes
+    T = 4
+    eng.forward(SEQ[6 : 6 + T], st)
+    # per MoE layer: D2H of (ids, weights, h) and H2D of the expert output; plus the window's indices and logits
+    assert dev.h2d - h2d == 3 + 1
+    assert dev.d2h - d2h == 3 + 1
+    a = m.args
+    assert dev.d2h_bytes - d2h_bytes >= 3 * T * a.dim * 4 + T * a.vocab_size * 4
+
+
+def test_dense_model_moves_only_indices_and_logits(tmp_path):
+    path = tmp_path / "dense.gguf"
+    write_tiny_model(path, arch="llama", qtype="F32", seed=2)
+    dev = HostBackend.fake_device()
+    eng = GpuLlama(load_model(str(path)), dev, Placement(2))
+    st = eng.new_state(32)
+    eng.forward(SEQ[:5], st)
+    assert (dev.h2d, dev.d2h) == (1, 1)
+
+
+def test_session_parity_with_speculation(tmp_path):
+    """Greedy generation through the engine (fake device) with lookup drafts = the CPU model's plain stream."""
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, arch="qwen3moe", n_experts=4, top_k=2, qtype="Q4_0", seed=4)
+    m = load_model(str(path))
+    eng = GpuLlama(m, HostBackend.fake_device(), Placement(1, False, True))
+    prompt = [int(t) for t in np.r_[SEQ, SEQ, SEQ]]
+    ref, _ = GuildSession(m, n_ctx=128).generate(prompt, 24)
+    got, st = GuildSession(eng, n_ctx=128).generate(prompt, 24, drafter=make_drafter("lookup", min_match=2),
+                                                     max_draft=4)
+    assert got == ref
+    s = GuildSession(eng, n_ctx=128)
+    s.generate(prompt, 4)
+    s.rewind(len(prompt) - 3)  # truncate: pointer only
+    again, _ = s.generate(prompt[-3:], 24)
+    assert again == ref
+
+
+def test_kv_state_errors(tiny):
+    eng = GpuLlama(tiny, HostBackend.fake_device(), Placement(2))
+    st = eng.new_state(8)
+    assert st.n_ctx == 8 and st.nbytes > 0
+    eng.forward(SEQ[:3], st)
+    with pytest.raises(RuntimeError):
+        st.begin(1)
+    with pytest.raises(ValueError):
+        st.commit(4)
+    st.commit(3)
+    with pytest.raises(ContextOverflowError):
+        eng.forward(SEQ[:6], st)
+    st.truncate(1)
+    assert st.pos == 1
+
+
+# -- placement --------------------------------------------------------------------------------------------
+def test_default_placement_fills_layers_then_output_then_embeddings(tiny):
+    s = gpu_sizes(tiny, 64)
+    layers = sum(s["layers"])
+    reserve = 512 * 2**20
+    assert default_placement(tiny, reserve + layers + s["output"] + s["embed"], 64) == Placement(2, True, True)
+    assert default_placement(tiny, reserve + layers + s["output"], 64).output_gpu
+    assert default_placement(tiny, reserve + s["layers"][0], 64) == Placement(1, False, False)
+    assert default_placement(tiny, reserve, 64) == Placement(0, False, False)
+    assert s["kv_per_layer"] == 2 * tiny.args.n_kv_heads * tiny.args.head_dim * 64 * 4
+
+
+def test_placement_from_section():
+    assert Placement.from_section({"gpu_layers": 3, "embed": "cpu"}, 4) == Placement(3, False, True)
+    assert Placement.from_section({}, 4) == Placement(4, True, True)
+    assert Placement(2, False, True).as_section() == {"gpu_layers": 2, "embed": "cpu", "output": "gpu"}
+    with pytest.raises(Exception, match="placement"):
+        Placement.from_section({"gpu_layers": 9}, 4)
+
+
+def test_placement_from_plan(tiny):
+    placement_for = pytest.importorskip("guild.calib.placement").placement_for
+    GpuInfo = pytest.importorskip("guild.plan").GpuInfo
+
+    g = tiny.gguf
+    everything = placement_for(g, GpuInfo("Big GPU", "8.9", 2**34), 64)
+    assert placement_from_plan(everything, tiny, 64) == Placement(2, True, True)
+    assert placement_from_plan(placement_for(g, None, 64), tiny, 64) == Placement(0, False, False)
+    # a budget for about one layer's hot path: never more on the GPU than the plan budgeted
+    s = gpu_sizes(tiny, 64)
+    small = placement_for(g, GpuInfo("Small GPU", "6.1", int((s["layers"][0] * 1.5 + 256 * 2**20) / 0.9)), 64)
+    p = placement_from_plan(small, tiny, 64)
+    assert p.gpu_layers <= 1 and not p.embed_gpu
+
+
+# -- device resolution ------------------------------------------------------------------------------------
+def test_resolve_device(monkeypatch):
+    import guild.device as d
+
+    assert resolve_device("cpu") == Device("cpu")
+    with pytest.raises(BadFlagError, match="--device"):
+        resolve_device("tpu")
+    monkeypatch.setattr(d, "probe_cuda", lambda index=0: (None, "no CUDA device"))
+    auto = resolve_device("auto")
+    assert auto.kind == "cpu" and "no CUDA device" in auto.describe()
+    with pytest.raises(DeviceUnavailableError, match="--device cuda: no CUDA device"):
+        resolve_device("cuda")
+    gpu = Device("cuda", "GeForce GTX 1070", 61, 8 * 2**30, 7 * 2**30)
+    monkeypatch.setattr(d, "probe_cuda", lambda index=0: (gpu, ""))
+    assert resolve_device("auto") is gpu and "sm_61" in gpu.describe()
+
+
+def test_probe_without_cupy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    dev, why = probe_cuda()
+    assert dev is None and "CuPy is not installed" in why
+
+
+def test_probe_here_is_consistent():
+    dev, why = probe_cuda()
+    assert (dev is None) == bool(why)
+    if dev is not None:
+        assert dev.is_cuda and dev.cc >= 50 and dev.total_bytes > 0
+
+
+def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
+    """run.use_device end to end with a fake CUDA device: the default placement from the free VRAM, the
+    engine swapped in, the device said in words; auto falls back when the architecture has no GPU path."""
+    import guild.device as d
+    import guild.engine_cuda as ec
+    from guild.run import Loaded, use_device
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, arch="llama", n_experts=4, top_k=2, qtype="Q8_0", seed=6)
+    m = load_model(str(path))
+    gpu = Device("cuda", "Fake GPU", 61, 2**31, 2**31)
+    monkeypatch.setattr(d, "probe_cuda", lambda index=0: (gpu, ""))
+    monkeypatch.setattr(ec, "CudaBackend", lambda index=0: HostBackend.fake_device())
+    lm = Loaded(str(path), m.gguf, m, None, 0.0)
+    use_device(lm, "auto", 64)
+    assert isinstance(lm.model, GpuLlama) and lm.model.placement == Placement(2, True, True)
+    assert "Fake GPU" in lm.device and "experts on CPU" in lm.device
+    st = lm.model.new_state(32)
+    assert np.array_equal(lm.model.forward(SEQ[:4], st), m.forward(SEQ[:4], m.new_state(32)))
+
+    other = types.SimpleNamespace(args=types.SimpleNamespace(arch="qwen3next"), gguf=m.gguf)
+    lm2 = Loaded(str(path), m.gguf, other, None, 0.0)
+    use_device(lm2, "auto", 64)
+    assert lm2.model is other and lm2.device.startswith("cpu (auto:") and "qwen3next" in lm2.device
+    with pytest.raises(GpuPathError, match="qwen3next"):
+        use_device(lm2, "cuda", 64)
+
+
+def test_nothing_fits_is_a_clear_error(tiny):
+    tiny_gpu = Device("cuda", "Tiny GPU", 61, 2**20, 2**20)
+    with pytest.raises(GpuPathError, match="nothing fits on Tiny GPU"):
+        GpuLlama.build(tiny, tiny_gpu, 64)
