@@ -61,3 +61,142 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+class HybridState:
+    """State of a hybrid Gated-DeltaNet model (qwen3next, qwen35moe): a KV cache for the full-attention layers
+    and, per DeltaNet layer, the recurrent state S [Hv, dk, dv] and the conv history [K-1, C] (the last K-1
+    conv inputs). Same interface as KVCache, so guild/session.py drives it unchanged.
+
+    A window runs the recurrence from the committed S without modifying it. `rollback="snapshot"` (default):
+    the window writes S after every row into a pool of buffers (1 + the longest window, <= MAX_SNAPSHOT_ROWS)
+    and `commit(keep)` makes row keep-1's buffer the committed one (no copy). `rollback="replay"`: the window
+    writes only its final S, into a second buffer, and keeps each row's recurrence inputs (q, k, v, g, beta);
+    commit swaps buffers when every row is kept, else reruns the `keep` rows from the committed S with the same
+    kernel (bitwise what `keep` single steps leave). Windows longer than MAX_SNAPSHOT_ROWS (prefill chunks)
+    replay in both modes. Measured (guild.perf_hybrid, and 30 layers of 32 x 128 x 128 states, T = 5):
+    snapshots add ~5% to the window's recurrence, replaying costs a whole recurrence row per kept row (keep = 4:
+    ~75% of the window's), so snapshots win, at the price of up to 4.5x the state memory. The conv history
+    becomes the last K-1 of (history, first `keep` conv inputs). Nothing of rows >= keep survives (DESIGN.md
+    "Window").
+    """
+
+    MAX_SNAPSHOT_ROWS = 8
+
+    def __init__(self, n_layers: int, attn_layers, rec_layers, n_kv_heads: int, head_dim: int, n_ctx: int,
+                 kmap: np.ndarray, k_dim: int, v_dim: int, conv_dim: int, conv_kernel: int,
+                 rollback: str = "snapshot"):
+        if rollback not in ("replay", "snapshot"):
+            raise ValueError(f"rollback must be 'replay' or 'snapshot', got {rollback!r}")
+        self.rollback = rollback
+        self.kv = KVCache(max(len(attn_layers), 1), n_kv_heads, head_dim, n_ctx)
+        self.attn_slot = {li: i for i, li in enumerate(attn_layers)}  # model layer -> KV cache layer
+        self.rec_slot = {li: i for i, li in enumerate(rec_layers)}  # model layer -> recurrent slot
+        self.kmap = np.ascontiguousarray(kmap, np.int64)  # key head of each value head
+        self.scale = np.float32(1.0 / np.sqrt(k_dim))
+        # snapshot pools grow to 1 + the longest window seen (<= MAX_SNAPSHOT_ROWS), so plain decoding holds 2
+        self.S = np.zeros((len(rec_layers), 2, self.kmap.size, k_dim, v_dim), np.float32)
+        self.conv = np.zeros((len(rec_layers), conv_kernel - 1, conv_dim), np.float32)
+        self.cur = 0  # buffer of S holding the committed state
+        self.dst = np.zeros(0, np.int64)  # buffer each row of the open window writes
+        self._rows: list = [None] * len(rec_layers)  # per layer: (conv inputs, q, k, v, g, beta) of the window
+        self.distinct_experts = np.zeros(n_layers, np.int32)
+        self._checkpoint = None  # (pos, S, conv) after the last fully committed prefill window
+        self._prefill = False
+
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    @property
+    def pos(self) -> int:
+        return self.kv.pos
+
+    @property
+    def pending(self) -> int:
+        return self.kv.pending
+
+    def begin(self, T: int, prefill: bool = False) -> int:
+        """Open a window of T rows; `prefill` marks a prompt chunk (a rewind checkpoint once fully committed)."""
+        pos0 = self.kv.begin(T)
+        if self.rollback == "snapshot" and 1 < T <= self.MAX_SNAPSHOT_ROWS:
+            if self.S.shape[1] < T + 1:
+                grown = np.zeros((self.S.shape[0], T + 1, *self.S.shape[2:]), np.float32)
+                grown[:, : self.S.shape[1]] = self.S
+                self.S = grown
+            self.dst = np.array([b for b in range(T + 1) if b != self.cur][:T], np.int64)
+        else:
+            self.dst = np.full(T, 1 - self.cur if self.cur < 2 else 0, np.int64)
+        self._prefill = prefill
+        return pos0
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Keys/values [T, Hkv, hd] of an attention layer (model layer index)."""
+        self.kv.write(self.attn_slot[layer], k, v)
+
+    def kv_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        i = self.attn_slot[layer]
+        return self.kv.k[i], self.kv.v[i]
+
+    def recurrent(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(S pool [n_buf, Hv, dk, dv], conv history [K-1, C]) of a DeltaNet layer (model layer index)."""
+        i = self.rec_slot[layer]
+        return self.S[i], self.conv[i]
+
+    def keep_rows(self, layer: int, xconv, q, k, v, g, beta) -> None:
+        """The open window's conv inputs and recurrence inputs of a DeltaNet layer (references, for commit)."""
+        self._rows[self.rec_slot[layer]] = (xconv, q, k, v, g, beta)
+
+    def commit(self, keep: int) -> None:
+        from .kernels.cpu.deltanet import gdn_recurrence
+
+        T = self.pending
+        if not 0 <= keep <= T:
+            raise ValueError(f"commit({keep}) outside the open window of {T} rows")
+        self.kv.commit(keep)
+        if keep:
+            K1 = self.conv.shape[1]
+            snapshots = T > 1 and self.dst[0] != self.dst[1]
+            for i, rows in enumerate(self._rows):
+                xconv, q, k, v, g, beta = rows
+                if keep >= K1:
+                    self.conv[i] = xconv[keep - K1 : keep]
+                else:  # shift the history by keep rows (numpy copes with the overlap)
+                    self.conv[i, : K1 - keep] = self.conv[i, keep:]
+                    self.conv[i, K1 - keep :] = xconv[:keep]
+                if keep < T and not snapshots:
+                    gdn_recurrence(q[:keep], k[:keep], v[:keep], g[:keep], beta[:keep], self.kmap, self.scale,
+                                   self.S[i], self.cur, self.dst[:keep], _NO_OUT)
+            self.cur = int(self.dst[keep - 1])
+            if self._prefill and keep == T:
+                self._checkpoint = (self.pos, self.S[:, self.cur].copy(), self.conv.copy())
+        self._rows = [None] * len(self._rows)
+        self.dst = np.zeros(0, np.int64)
+        self._prefill = False
+
+    def truncate(self, n: int) -> None:
+        """Forget committed rows >= n. A recurrent state cannot be cut at an arbitrary n: it goes back to the
+        last prefill checkpoint at or before n, else to the start, and the session re-feeds tokens[pos:]
+        (GuildSession.prefill feeds everything past state.pos), so the result is exact."""
+        if self.pending:
+            raise RuntimeError("HybridState.truncate: a window is open")
+        n = max(0, min(n, self.pos))
+        if n == self.pos:
+            return
+        ck = self._checkpoint
+        if ck is not None and ck[0] <= n:
+            self.kv.truncate(ck[0])
+            self.S[:, self.cur] = ck[1]
+            self.conv[...] = ck[2]
+        else:
+            self.kv.truncate(0)
+            self.S[:, self.cur] = 0.0
+            self.conv[...] = 0.0
+            self._checkpoint = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + self.S.nbytes + self.conv.nbytes
+
+
+_NO_OUT = np.zeros((0, 1, 1), np.float32)  # gdn_recurrence without output (replay)

@@ -93,3 +93,54 @@ def combine_experts(y, w):
 
 def exp_shifted(x, m):
     return np.exp(np.asarray(x, np.float64) - m).astype(np.float32)
+
+
+# =========================================================================================================
+# Gated DeltaNet (qwen3next / qwen35moe) twins of guild.kernels.cpu.deltanet, float64 inside.
+# =========================================================================================================
+def conv1d_silu(x, hist, wt):
+    """x [T, C] window inputs, hist [K-1, C] inputs before the window, wt [K, C] → silu(causal conv) [T, C]."""
+    K = wt.shape[0]
+    src = np.concatenate([np.asarray(hist, np.float64), np.asarray(x, np.float64)])  # [K-1+T, C]
+    T = x.shape[0]
+    y = np.stack([(src[t : t + K] * wt).sum(0) for t in range(T)]) if T else np.zeros((0, x.shape[1]))
+    return (y / (1.0 + np.exp(-y))).astype(np.float32)
+
+
+def l2norm_heads(x, eps):
+    x = np.asarray(x, np.float64)
+    return (x / np.sqrt((x * x).sum(-1, keepdims=True) + eps)).astype(np.float32)
+
+
+def gdn_gates(alpha, b, dt_bias, a):
+    u = np.asarray(alpha, np.float64) + dt_bias
+    sp = np.where(u > 20.0, u, np.log1p(np.exp(np.minimum(u, 20.0))))
+    g = a * sp
+    beta = 1.0 / (1.0 + np.exp(-np.asarray(b, np.float64)))
+    return g.astype(np.float32), beta.astype(np.float32)
+
+
+def gdn_recurrence(q, k, v, g, beta, kmap, scale, S):
+    """torch_recurrent_gated_delta_rule: returns (out [T, Hv, dv], final S [Hv, dk, dv]) from S [Hv, dk, dv]."""
+    S = np.array(S, np.float64)
+    q = np.asarray(q, np.float64)[:, kmap] * scale  # [T, Hv, dk]
+    k = np.asarray(k, np.float64)[:, kmap]
+    v = np.asarray(v, np.float64)
+    out = np.zeros(v.shape)
+    for t in range(q.shape[0]):
+        S = S * np.exp(np.float64(g[t]))[:, None, None]
+        kv_mem = np.einsum("hij,hi->hj", S, k[t])
+        delta = (v[t] - kv_mem) * np.float64(beta[t])[:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hij,hi->hj", S, q[t])
+    return out.astype(np.float32), S
+
+
+def gated_rmsnorm(x, z, w, eps):
+    x, z = np.asarray(x, np.float64), np.asarray(z, np.float64)
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+    return (y * z / (1.0 + np.exp(-z))).astype(np.float32)
+
+
+def sigmoid_mul(x, gate):
+    return (np.asarray(x, np.float64) / (1.0 + np.exp(-np.asarray(gate, np.float64)))).astype(np.float32)

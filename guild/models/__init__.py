@@ -80,9 +80,10 @@ class ModelArgs:
 
 
 def _registry():
-    from . import llama, qwen3, qwen3moe
+    from . import llama, qwen3, qwen3moe, qwen3next, qwen35moe
 
-    return {"llama": llama.Llama, "qwen3": qwen3.Qwen3, "qwen3moe": qwen3moe.Qwen3Moe}
+    return {"llama": llama.Llama, "qwen3": qwen3.Qwen3, "qwen3moe": qwen3moe.Qwen3Moe,
+            "qwen3next": qwen3next.Qwen3Next, "qwen35moe": qwen35moe.Qwen35Moe}
 
 
 def load_model(path_or_file, **overrides):

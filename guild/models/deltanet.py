@@ -1,0 +1,308 @@
+"""Hybrid Gated-DeltaNet MoE decoder shared by qwen3next (Qwen3-Next) and qwen35moe (Qwen3.5-MoE).
+
+Layers are Gated DeltaNet (linear attention with a recurrent state) except every `full_attention_interval`-th,
+which is gated full attention; every layer has routed experts plus a sigmoid-gated shared expert. GGUF layout
+as llama.cpp's converter writes it (conversion/qwen.py): norms stored with the +1 folded in except
+`ssm_norm`, `ssm_a` = -exp(A_log), `ssm_conv1d` [C, K], `attn_q` = [query_h | gate_h] per head. Decode math per
+HF transformers' modeling_qwen3_next. The window forward keeps row invariance; the recurrent state rolls back
+per row through guild.state.HybridState.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import GuildError, MetadataError
+from ..gguf import GGUFFile, Tensor, f32
+from ..kernels.cpu import deltanet as gdn
+from ..kernels.cpu import ops
+from ..kernels.cpu.moe import moe_ffn
+from ..kernels.cpu.quant import dequantize_rows, matmul, pack
+from ..kernels.ref import rope_tables
+from ..state import HybridState
+from . import ModelArgs
+from .llama import Linear, _expert
+
+
+@dataclass(frozen=True)
+class DeltaNetArgs:
+    conv_kernel: int  # ssm.conv_kernel
+    head_dim: int  # ssm.state_size: dk = dv
+    k_heads: int  # ssm.group_count
+    v_heads: int  # ssm.time_step_rank
+    recurrent: tuple[bool, ...]  # per layer: DeltaNet (True) or full attention
+    shared_ffn_dim: int  # expert_shared_feed_forward_length
+    v_tiled: bool  # value head j reads key head j % k_heads (qwen35moe) instead of j // (v_heads / k_heads)
+
+    def __post_init__(self):
+        for f in ("conv_kernel", "head_dim", "k_heads", "v_heads"):
+            if getattr(self, f) <= 0:
+                raise GuildError(f"hybrid model: ssm {f} must be positive, got {getattr(self, f)}")
+        if self.v_heads % self.k_heads:
+            raise GuildError(f"hybrid model: ssm.time_step_rank {self.v_heads} not a multiple of group_count")
+
+    @property
+    def conv_dim(self) -> int:  # channels of the conv: [q | k | v]
+        return (2 * self.k_heads + self.v_heads) * self.head_dim
+
+    @property
+    def kmap(self) -> np.ndarray:
+        j = np.arange(self.v_heads)
+        return j % self.k_heads if self.v_tiled else j // (self.v_heads // self.k_heads)
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, n_layers: int, v_tiled: bool) -> DeltaNetArgs:
+        a = g.architecture
+        dk = g.get(f"{a}.ssm.state_size", int)
+        nv = g.get(f"{a}.ssm.time_step_rank", int)
+        inner = g.get(f"{a}.ssm.inner_size", int)
+        if inner != dk * nv:
+            raise MetadataError(f"{g.path}: {a}.ssm.inner_size {inner} != state_size {dk} x time_step_rank {nv}")
+        rec = g.get(f"{a}.attention.recurrent_layers", list, None)
+        if rec is None:
+            every = g.get(f"{a}.full_attention_interval", int, 4)
+            if every <= 0:
+                raise MetadataError(f"{g.path}: {a}.full_attention_interval must be positive, got {every}")
+            rec = [(i + 1) % every != 0 for i in range(n_layers)]
+        return cls(
+            conv_kernel=g.get(f"{a}.ssm.conv_kernel", int), head_dim=dk, k_heads=g.get(f"{a}.ssm.group_count", int),
+            v_heads=nv, recurrent=tuple(bool(x) for x in rec[:n_layers]),
+            shared_ffn_dim=g.get(f"{a}.expert_shared_feed_forward_length", int, 0), v_tiled=v_tiled,
+        )
+
+
+def _rows(t: Tensor, idx: np.ndarray) -> Tensor:
+    """Tensor made of rows idx of a 2-D tensor (rows stay whole quant blocks)."""
+    return Tensor(t.name, t.qtype, (idx.size, t.shape[1]), np.ascontiguousarray(t.data[idx]))
+
+
+class DeltaNetLayer:
+    """Weights of one Gated DeltaNet token mixer; `proj` fuses every input projection: [q k v | z | b | a]."""
+
+    def __init__(self, g: GGUFFile, p: str, d: DeltaNetArgs, ba_fused: bool):
+        nk, nv, dk = d.k_heads, d.v_heads, d.head_dim
+        r = nv // nk
+        if g.has(p + "ssm_in.weight"):  # older qwen3next files: [q, k, v, z] per key-head group
+            w = g.tensor(p + "ssm_in.weight")
+            grp = (2 + 2 * r) * dk
+            base = np.arange(nk)[:, None] * grp
+            part = [(base + off + np.arange(n)).ravel() for off, n in ((0, dk), (dk, dk), (2 * dk, r * dk))]
+            z_rows = (base + (2 + r) * dk + np.arange(r * dk)).ravel()
+            parts = [_rows(w, np.concatenate(part)), _rows(w, z_rows)]
+        else:
+            parts = [g.tensor(p + "attn_qkv.weight"), g.tensor(p + "attn_gate.weight")]
+        if ba_fused:  # qwen3next ssm_ba: [b (r), a (r)] per key-head group -> [b | a] in value-head order
+            ba = g.tensor(p + "ssm_ba.weight")
+            grp = np.arange(nk)[:, None] * 2 * r + np.arange(r)
+            parts += [_rows(ba, grp.ravel()), _rows(ba, (grp + r).ravel())]
+        else:
+            parts += [g.tensor(p + "ssm_beta.weight"), g.tensor(p + "ssm_alpha.weight")]
+        self.proj = Linear(parts)
+        if self.proj.n_out != d.conv_dim + nv * dk + 2 * nv:
+            raise GuildError(f"{g.path}: {p}DeltaNet projections have {self.proj.n_out} rows, "
+                             f"want {d.conv_dim + nv * dk + 2 * nv} from the ssm.* metadata")
+        conv = f32(g.tensor(p + "ssm_conv1d.weight")).reshape(d.conv_dim, d.conv_kernel)
+        self.conv_wt = np.ascontiguousarray(conv.T)  # [K, C]
+        self.dt_bias = f32(g.tensor(p + "ssm_dt.bias"))
+        self.a = f32(g.tensor(p + "ssm_a"))
+        self.norm = f32(g.tensor(p + "ssm_norm.weight"))
+        self.out = Linear([g.tensor(p + "ssm_out.weight")])
+
+
+class AttentionLayer:
+    """Gated full attention: attn_q gives [query | output gate] per head, QK-norm, partial rope."""
+
+    def __init__(self, g: GGUFFile, p: str):
+        self.qkv = Linear([g.tensor(p + f"attn_{n}.weight") for n in "qkv"])
+        self.q_norm = f32(g.tensor(p + "attn_q_norm.weight"))
+        self.k_norm = f32(g.tensor(p + "attn_k_norm.weight"))
+        self.wo = Linear([g.tensor(p + "attn_output.weight")])
+
+
+class MoeLayer:
+    """Routed experts (softmax -> top-k -> renormalise) plus the shared expert scaled by sigmoid(w . x)."""
+
+    def __init__(self, g: GGUFFile, p: str, args: ModelArgs):
+        self.router = Linear([g.tensor(p + "ffn_gate_inp.weight")]).parts[0]
+        gate, up, down = (g.tensor(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        self.experts_gu = [Linear([_expert(gate, e), _expert(up, e)]).parts[0] for e in range(args.n_experts)]
+        self.experts_down = [Linear([_expert(down, e)]).parts[0] for e in range(args.n_experts)]
+        self.shexp_gu = Linear([g.tensor(p + "ffn_gate_shexp.weight"), g.tensor(p + "ffn_up_shexp.weight")])
+        self.shexp_down = Linear([g.tensor(p + "ffn_down_shexp.weight")])
+        sg = g.tensor(p + "ffn_gate_inp_shexp.weight")
+        self.shexp_gate = Linear([Tensor(sg.name, sg.qtype, (1, args.dim), sg.data.reshape(1, -1))])
+
+
+class HybridMoe:
+    """Window forward of a hybrid DeltaNet/attention MoE; `V_TILED`, `BA_FUSED` set by the architecture."""
+
+    V_TILED = False
+    BA_FUSED = True
+
+    def __init__(self, g: GGUFFile, args: ModelArgs, d: DeltaNetArgs, rollback: str = "snapshot"):
+        self.gguf, self.args, self.d, self.rollback = g, args, d, rollback
+        self.n_mtp = 0  # MTP blocks after the trunk (set by from_gguf)
+        if len(d.recurrent) != args.n_layers:
+            raise MetadataError(f"{g.path}: recurrent_layers has {len(d.recurrent)} entries for "
+                                f"{args.n_layers} layers")
+        self.mixers = []
+        self.ffns = []
+        self.norms = []
+        for i in range(args.n_layers):
+            p = f"blk.{i}."
+            self.mixers.append(DeltaNetLayer(g, p, d, self.BA_FUSED) if d.recurrent[i] else AttentionLayer(g, p))
+            self.ffns.append(MoeLayer(g, p, args))
+            self.norms.append((f32(g.tensor(p + "attn_norm.weight")), f32(g.tensor(p + "post_attention_norm.weight"))))
+        emb = g.tensor("token_embd.weight")
+        self.embed = pack(emb.qtype, emb.data, emb.shape[0], emb.shape[1])
+        self.out_norm = f32(g.tensor("output_norm.weight"))
+        self.output = self.embed if not g.has("output.weight") else Linear([g.tensor("output.weight")]).parts[0]
+        self.n_rot = args.rope_dim or args.head_dim
+        self.cos, self.sin = rope_tables(args.context_length, self.n_rot, args.rope_base)
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, rollback: str = "snapshot", **overrides):
+        a = g.architecture
+        n_mtp = g.get(f"{a}.nextn_predict_layers", int, 0)  # MTP blocks appended after the trunk: not run here
+        overrides.setdefault("n_layers", g.get(f"{a}.block_count", int) - n_mtp)
+        overrides.setdefault("rope_neox", True)
+        overrides.setdefault("qk_norm", True)
+        overrides.setdefault("norm_topk_prob", True)  # llama.cpp hard-codes it for both architectures
+        args = ModelArgs.from_gguf(g, **overrides)
+        if not args.is_moe:
+            raise MetadataError(f"{g.path}: {a} needs {a}.expert_count > 0")
+        model = cls(g, args, DeltaNetArgs.from_gguf(g, args.n_layers, cls.V_TILED), rollback)
+        model.n_mtp = n_mtp
+        return model
+
+    @property
+    def layer_pattern(self) -> str:
+        """One letter per block: R Gated DeltaNet, A full attention, M an MTP block (in the file, not run), e.g.
+        "RRRARRRA": the string guild.inspect.layer_pattern derives from the metadata."""
+        return "".join("R" if r else "A" for r in self.d.recurrent) + "M" * self.n_mtp
+
+    def new_state(self, n_ctx: int | None = None, rollback: str | None = None) -> HybridState:
+        a, d = self.args, self.d
+        n_ctx = min(n_ctx or a.context_length, a.context_length)
+        rec = [i for i, r in enumerate(d.recurrent) if r]
+        att = [i for i, r in enumerate(d.recurrent) if not r]
+        return HybridState(a.n_layers, att, rec, a.n_kv_heads, a.head_dim, n_ctx, d.kmap, d.head_dim, d.head_dim,
+                           d.conv_dim, d.conv_kernel, rollback or self.rollback)
+
+    def forward(self, tokens, state: HybridState, last_only: bool = False) -> np.ndarray:
+        """Logits [T, vocab] ([1, vocab] if last_only) of a window at the state's position; the rows are
+        written but not committed: call state.commit(keep)."""
+        return self.forward_batch([(tokens, state)], last_only)[0]
+
+    def forward_batch(self, windows, last_only: bool = False) -> list[np.ndarray]:
+        """Windows of several sessions in one pass: rows side by side through every matmul and expert; the
+        recurrence, conv and attention run per session over its own state."""
+        a = self.args
+        toks = [np.ascontiguousarray(t, np.int64).reshape(-1) for t, _ in windows]
+        states = [st for _, st in windows]
+        sizes = [t.size for t in toks]
+        pos0s = [st.begin(n, prefill=last_only) for st, n in zip(states, sizes, strict=True)]
+        offs = np.concatenate([[0], np.cumsum(sizes)])
+        R = int(offs[-1])
+        positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(pos0s, sizes, strict=True)])
+        x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream
+        dequantize_rows(self.embed, np.concatenate(toks), x)
+        h = np.empty_like(x)
+        ctx = (states, offs, pos0s, positions, max(sizes), max(p + n for p, n in zip(pos0s, sizes, strict=True)))
+        for li in range(a.n_layers):
+            norm_in, norm_post = self.norms[li]
+            ops.rmsnorm(x, norm_in, a.norm_eps, h)
+            mixer = self.mixers[li]
+            if isinstance(mixer, DeltaNetLayer):
+                x += self._deltanet(li, mixer, h, ctx)
+            else:
+                x += self._attention(li, mixer, h, ctx)
+            ops.rmsnorm(x, norm_post, a.norm_eps, h)
+            x += self._moe(li, self.ffns[li], h, states)
+        if last_only:
+            rows = offs[1:] - 1
+            x, h = x[rows], h[rows]
+        ops.rmsnorm(x, self.out_norm, a.norm_eps, h)
+        logits = np.empty((x.shape[0], a.vocab_size), np.float32)
+        matmul(self.output, h, logits)
+        if last_only:
+            return [logits[i : i + 1] for i in range(len(windows))]
+        return [logits[offs[i] : offs[i + 1]] for i in range(len(windows))]
+
+    def _deltanet(self, li: int, L: DeltaNetLayer, h: np.ndarray, ctx) -> np.ndarray:
+        d, eps = self.d, self.args.norm_eps
+        states, offs = ctx[0], ctx[1]
+        R = h.shape[0]
+        nk, nv, dk = d.k_heads, d.v_heads, d.head_dim
+        C = d.conv_dim
+        proj = L.proj(h)  # [R, C + nv dk + 2 nv]: [q k v | z | b | a]
+        xconv = np.ascontiguousarray(proj[:, :C])
+        z = np.ascontiguousarray(proj[:, C : C + nv * dk]).reshape(R, nv, dk)
+        b = np.ascontiguousarray(proj[:, C + nv * dk : C + nv * dk + nv])
+        alpha = np.ascontiguousarray(proj[:, C + nv * dk + nv :])
+        g = np.empty((R, nv), np.float32)
+        beta = np.empty((R, nv), np.float32)
+        gdn.gdn_gates(alpha, b, L.dt_bias, L.a, g, beta)
+        conv = np.empty((R, C), np.float32)
+        for i, st in enumerate(states):
+            r0, r1 = offs[i], offs[i + 1]
+            gdn.conv1d_silu(xconv[r0:r1], st.recurrent(li)[1], L.conv_wt, conv[r0:r1])
+        q = np.ascontiguousarray(conv[:, : nk * dk]).reshape(R, nk, dk)
+        k = np.ascontiguousarray(conv[:, nk * dk : 2 * nk * dk]).reshape(R, nk, dk)
+        v = np.ascontiguousarray(conv[:, 2 * nk * dk :]).reshape(R, nv, dk)
+        gdn.l2norm_heads(q, 1e-6)  # HF l2norm: x / sqrt(sum x^2 + 1e-6)
+        gdn.l2norm_heads(k, 1e-6)
+        core = np.empty((R, nv, dk), np.float32)
+        for i, st in enumerate(states):
+            r0, r1 = offs[i], offs[i + 1]
+            pool = st.recurrent(li)[0]
+            gdn.gdn_recurrence(q[r0:r1], k[r0:r1], v[r0:r1], g[r0:r1], beta[r0:r1], st.kmap, st.scale, pool,
+                               st.cur, st.dst, core[r0:r1])
+            st.keep_rows(li, xconv[r0:r1], q[r0:r1], k[r0:r1], v[r0:r1], g[r0:r1], beta[r0:r1])
+        y = np.empty_like(core)
+        gdn.gated_rmsnorm(core, z, L.norm, eps, y)
+        return L.out(y.reshape(R, nv * dk))
+
+    def _attention(self, li: int, L: AttentionLayer, h: np.ndarray, ctx) -> np.ndarray:
+        a = self.args
+        states, offs, pos0s, positions, max_t, max_len = ctx
+        R = h.shape[0]
+        H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
+        qkv = L.qkv(h)  # [R, 2 H hd + 2 Hkv hd]
+        qg = qkv[:, : 2 * H * hd].reshape(R, H, 2 * hd)
+        q = np.ascontiguousarray(qg[:, :, :hd])
+        gate = np.ascontiguousarray(qg[:, :, hd:]).reshape(R, H * hd)
+        k = np.ascontiguousarray(qkv[:, 2 * H * hd : (2 * H + Hkv) * hd]).reshape(R, Hkv, hd)
+        v = np.ascontiguousarray(qkv[:, (2 * H + Hkv) * hd :]).reshape(R, Hkv, hd)
+        ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
+        ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
+        ops.rope(q, positions, self.cos, self.sin, self.n_rot, True)
+        ops.rope(k, positions, self.cos, self.sin, self.n_rot, True)
+        att = np.empty((R, H, hd), np.float32)
+        scores = np.empty((max_t * H, max_len), np.float32)
+        scale = np.float32(1.0 / np.sqrt(hd))
+        for i, st in enumerate(states):
+            r0, r1 = offs[i], offs[i + 1]
+            st.write(li, k[r0:r1], v[r0:r1])
+            kc, vc = st.kv_layer(li)
+            ops.attention(q[r0:r1], kc, vc, pos0s[i], scale, att[r0:r1], scores)
+        gated = np.empty((R, H * hd), np.float32)
+        gdn.sigmoid_mul(att.reshape(R, H * hd), gate, gated)
+        return L.wo(gated)
+
+    def _moe(self, li: int, L: MoeLayer, h: np.ndarray, states) -> np.ndarray:
+        a = self.args
+        ffn = np.empty_like(h)
+        n = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
+        for st in states:  # the union over the batch is what this forward paid for
+            st.distinct_experts[li] = n
+        gu = L.shexp_gu(h)
+        act = np.empty((h.shape[0], gu.shape[1] // 2), np.float32)
+        ops.swiglu(gu, act)
+        shared = L.shexp_down(act)
+        gated = np.empty_like(shared)
+        gdn.sigmoid_mul(shared, L.shexp_gate(h), gated)
+        ffn += gated  # llama.cpp: (routed + shared) + residual
+        return ffn
