@@ -30,12 +30,12 @@ test: setup
 # reduced set (a few minutes on 2 cores): engine speed vs llama.cpp, then workloads x strategies (parity-checked)
 bench: setup
 	$(BIN)/python -m guild.perf
-	$(BIN)/guild bench --workloads W2,W4,W7,W8,W9 --strategies normal,lookup,retrieval --repeats 1
+	$(BIN)/guild bench --workloads W2,W4,W7,W8,W9 --strategies normal,lookup,retrieval,adaptive --repeats 1
 
 bench-full: setup
 	$(BIN)/python -m guild.perf --full
 	$(BIN)/python -m guild.perf --spec
-	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval --repeats 3
+	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,adaptive --repeats 3
 
 lint: setup
 	$(BIN)/ruff check .

@@ -64,14 +64,14 @@ def machine() -> dict:
 
 
 def run_workload(lm, w, strategy: str, sampling: SamplingParams, max_draft: int, context: int,
-                 max_tokens: int | None = None, sessions: int = 1) -> RunRecord:
+                 max_tokens: int | None = None, sessions: int = 1, costs=None) -> RunRecord:
     """One workload (all its turns) on fresh sessions with the strategy's drafter; with sessions > 1, that
     many copies run concurrently (one batched forward per round) and must agree token for token."""
     tok = lm.tokenizer
     convs, drafters = [], []
     for _ in range(sessions):
-        d = make_drafter(strategy)
-        if strategy == "retrieval":
+        d = make_drafter(strategy, costs=costs)
+        if hasattr(d, "ingest"):  # retrieval, and adaptive's retrieval drafter
             for text in w.corpus_texts():
                 d.ingest(tok.encode(text))
         convs.append(Conversation(GuildSession(lm.model, n_ctx=context, eos_ids=tok.eos_ids), tok))
@@ -152,6 +152,7 @@ def summarise(records: list[RunRecord]) -> list[dict]:
 
 def markdown(rows: list[dict], info: dict) -> str:
     head = (f"guild {info['guild']} · {info['model']} · {info['cpu']} · {info['threads']} threads · "
+            f"device {info.get('device', 'cpu')} · "
             f"{info['sessions']} session(s) (tok/s aggregate) · {info['repeats']} repeats · {info['sampling']}\n\n"
             "| workload | strategy | tok/s | ms/token | vs normal | acceptance | mean T | windows | experts/layer |\n"
             "|---|---|---|---|---|---|---|---|---|")
@@ -172,8 +173,10 @@ def markdown(rows: list[dict], info: dict) -> str:
 def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequence[str], repeats: int = 1,
           sampling: SamplingParams | None = None, max_draft: int = 4, context: int = 8192,
           max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True,
-          sessions: int = 1) -> dict:
-    from .run import load
+          sessions: int = 1, gexec: str | None = None, strict_plan: bool = False, device: str = "cpu") -> dict:
+    """`gexec`: a `guild optimize` plan whose calibrated costs seed the adaptive drafters (checked against this
+    machine and model; regenerated next to it on a mismatch unless `strict_plan`)."""
+    from .run import load, use_device
     from .workloads import load_workloads
 
     strategies = list(dict.fromkeys(["normal", *strategies]))
@@ -185,7 +188,20 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
         raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
     if not 1 <= sessions <= 8:
         raise BadFlagError(f"--sessions must be in 1..8, got {sessions}")
+    if strict_plan and gexec is None:
+        raise BadFlagError("--strict-plan needs --gexec PLAN")
+    if device == "cuda":
+        from .device import resolve_device
+
+        resolve_device(device)  # fail before loading the model
     lm = load(model)
+    plan = None
+    if gexec is not None:
+        from .calib.optimize import plan_for
+
+        plan = plan_for(gexec, lm, strict=strict_plan, progress=progress)
+    costs = plan.spec_costs() if plan else None
+    use_device(lm, device, context, plan)  # --device: attention/dense on the GPU, experts on the CPU
     ws = []
     for w in load_workloads(workloads):
         ws += w.instances(lm.tokenizer, context)
@@ -201,7 +217,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
         for rep, w, s in jobs:
             bar.update(task, description=f"repeat {rep + 1} · {w.key} · {s}")
             samp = sampling or w.sampling_params()
-            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens, sessions)
+            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens, sessions, costs)
             rec.repeat = rep
             if s == "normal":
                 ref[(w.key, rep)] = rec
@@ -210,6 +226,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
             records.append(rec)
             bar.advance(task)
     info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft, "sessions": sessions,
+            "plan": plan.path if plan else None, "device": lm.device,
             "sampling": "workload defaults" if sampling is None else str(sampling),
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.time() - t_start, 1)}
     rows = summarise(records)

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .errors import GuildError
+from .errors import BadFlagError, GuildError
 
 app = typer.Typer(
     help="guild: run Mixture-of-Experts GGUF models on the CPU (and GPU), with exact speculative decoding.",
@@ -30,6 +30,11 @@ def _fail(e: GuildError) -> None:
 
 
 SPEC = "Speculative decoding (exact: the same tokens as --decode-strategy normal)"
+DEVICE_HELP = ("auto (a CUDA GPU when CuPy sees one, else the CPU), cpu or cuda: where attention and dense layers "
+               "run; routed experts always run on the CPU.")
+GEXEC_HELP = ("Plan from `guild optimize`: calibrated costs for the scheduler, tuned threads. A plan for another "
+              "machine or model is regenerated next to it (PLAN.local.gexec); a tampered one is an error.")
+STRICT_HELP = "Fail on a --gexec plan for another machine or model instead of regenerating it."
 
 
 def _conversation(path: Path) -> list[str]:
@@ -57,9 +62,11 @@ def _print_stats(res, sampling) -> None:
         summ = s.summary()
         spec = ""
         if summ["drafted"]:
+            per = " · ".join(f"{k} {v['windows']} windows/{v['tokens']} tok"
+                             for k, v in sorted(summ["strategies"].items()))
             spec = (f"\nwindows {summ['windows']} · drafted {summ['drafted']} · accepted {summ['accepted']} "
                     f"({summ['acceptance'] * 100:.0f}%) · {summ['tokens_per_window']:.2f} tokens/window · "
-                    f"T histogram {summ['t_histogram']}")
+                    f"T histogram {summ['t_histogram']}\nper strategy: {per}")
         turn_label = f"turn {i + 1}: " if len(res.turns) > 1 else ""
         err.print(
             f"[dim]{turn_label}prompt {s.prompt_tokens} tok · prefill {s.prefill_tok_s:.1f} tok/s · "
@@ -68,7 +75,8 @@ def _print_stats(res, sampling) -> None:
         )
     err.print(
         f"[dim]{Path(res.model).name} · {res.threads} threads · load {res.load_s:.2f} s · "
-        f"strategy {res.options.strategy}" + ("" if sampling.greedy else f" · seed {sampling.seed}") + "[/]"
+        f"strategy {res.options.strategy}" + ("" if sampling.greedy else f" · seed {sampling.seed}")
+        + f" · device {getattr(res, 'device', 'cpu')}[/]"
     )
 
 
@@ -86,15 +94,21 @@ def run(
     context: int = typer.Option(4096, "--context", help="Context length in tokens (KV cache size)."),
     prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text, tokens, stats) instead."),
-    strategy: str = typer.Option("normal", "--decode-strategy", help="normal, lookup or retrieval.",
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    strategy: str = typer.Option("adaptive", "--decode-strategy", help="adaptive (picks normal, lookup or "
+                                 "retrieval per window by expected ms/token), normal, lookup or retrieval.",
                                  rich_help_panel=SPEC),
     max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most (0..7).",
                                   rich_help_panel=SPEC),
+    trace: Path | None = typer.Option(None, "--trace", help="Append one JSON line per window (candidates, "
+                                      "predicted and measured ms, choice, kept) to this file.", rich_help_panel=SPEC),
     min_match: int = typer.Option(3, "--spec-min-match", help="Lookup anchor length (2 or 3).", rich_help_panel=SPEC),
     lookup_window: int = typer.Option(65536, "--spec-lookup-window", help="Tokens of history lookup indexes.",
                                       rich_help_panel=SPEC),
     corpus: list[Path] | None = typer.Option(None, "--retrieval-corpus", help="Text file the retrieval drafter "
                                              "ingests (repeatable).", rich_help_panel=SPEC),
+    gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP, rich_help_panel=SPEC),
+    strict_plan: bool = typer.Option(False, "--strict-plan", help=STRICT_HELP, rich_help_panel=SPEC),
     temperature: float = typer.Option(0.0, "--temperature", "--temp", help="0 = greedy.", rich_help_panel=SAMPLING),
     top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel=SAMPLING),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus: smallest set with this mass (1 = off).",
@@ -110,7 +124,7 @@ def run(
                                     rich_help_panel=SAMPLING),
 ):
     """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
-    from .run import DecodeOptions, Runner
+    from .run import DecodeOptions, Runner, write_trace
     from .run import run as run_prompts
     from .sampling import SamplingParams
 
@@ -130,7 +144,8 @@ def run(
         )
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, min_match=min_match,
                              lookup_window=lookup_window, corpus=tuple(str(c) for c in corpus or ()),
-                             sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch)
+                             sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
+                             gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device)
         if interactive:
             runner = Runner(model, opts, threads)
             err.print("[dim]chat: one line per turn; empty line or Ctrl-D ends[/]")
@@ -142,6 +157,8 @@ def run(
                 if not line.strip():
                     break
                 turn = runner.say(line, stream)
+                if trace is not None:
+                    write_trace(trace, [turn])
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 _print_stats(runner.result([turn]), sampling)
@@ -153,6 +170,8 @@ def run(
         if sessions != 1:
             from .run import run_sessions
 
+            if trace is not None:
+                raise BadFlagError("--trace records one session's windows; drop --sessions or --trace")
             rep = run_sessions(model, prompts, sessions, chat=chat, opts=opts, threads=threads)
             if as_json:
                 print(json.dumps(rep))
@@ -165,6 +184,8 @@ def run(
             return
         res = run_prompts(model, prompts, chat=chat, opts=opts, threads=threads,
                           on_text=None if as_json else stream, on_turn=turn_header)
+        if trace is not None:
+            write_trace(trace, res.turns)
     except GuildError as e:
         _fail(e)
     if as_json:
@@ -179,7 +200,8 @@ def run(
 def bench(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
     workloads: str = typer.Option("W1,W2,W3,W4,W5,W6,W7,W8,W9", "--workloads", help="Comma-separated ids (W1..W10)."),
-    strategies: str = typer.Option("normal,lookup,retrieval", "--strategies", help="Comma-separated strategies."),
+    strategies: str = typer.Option("normal,lookup,retrieval,adaptive", "--strategies",
+                                   help="Comma-separated strategies."),
     repeats: int = typer.Option(1, "--repeats", help="Repeats (strategies interleaved within each)."),
     max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most."),
     max_tokens: int | None = typer.Option(None, "-n", "--max-tokens", help="Override each workload's length."),
@@ -190,6 +212,9 @@ def bench(
     sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions per run, batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
+    gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP),
+    strict_plan: bool = typer.Option(False, "--strict-plan", help=STRICT_HELP),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table."""
     from .bench import bench as run_bench
@@ -202,7 +227,8 @@ def bench(
             temperature=temperature, top_k=40, top_p=0.9, min_p=0.05, seed=seed)
         rep = run_bench(model, [w for w in workloads.split(",") if w], [s for s in strategies.split(",") if s],
                         repeats=repeats, sampling=sampling, max_draft=max_draft, context=context,
-                        max_tokens=max_tokens, out=out, sessions=sessions)
+                        max_tokens=max_tokens, out=out, sessions=sessions,
+                        gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device)
     except GuildError as e:
         _fail(e)
     if as_json:
@@ -210,6 +236,50 @@ def bench(
     else:
         print(rep["markdown"])
         err.print(f"[dim]written to {out}/bench.md and {out}/bench.json[/]")
+
+
+@app.command()
+def optimize(
+    model: str | None = typer.Argument(None, help=MODEL_HELP),
+    out: Path = typer.Option(..., "-o", "--out", help="The plan to write (.gexec, YAML, sealed)."),
+    mode: str = typer.Option("auto", "--mode", help="auto (full calibration) or quick (fewer repeats)."),
+    context: int = typer.Option(4096, "--context", help="Context length the costs are measured at."),
+    prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward."),
+    spec: int = typer.Option(0, "--spec", help="MTP draft depth to calibrate (0: none; needs an MTP drafter)."),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP + " Costs are measured on it."),
+):
+    """Calibrate this machine for a model (probe, placement, CPU kernels, speculative costs) → a .gexec plan."""
+    from .calib.optimize import optimize as run_optimize
+    from .run import load_on_device
+
+    try:
+        loaded = load_on_device(model, device, context)
+        plan = run_optimize(model, out, mode=mode, context=context, prefill_batch=prefill_batch, spec=spec,
+                            loaded=loaded)
+    except GuildError as e:
+        _fail(e)
+    print(plan.path)
+
+
+@app.command()
+def inspect(
+    path: Path = typer.Argument(..., help="A .gexec plan, or a GGUF model (path or tag)."),
+    plan: bool = typer.Option(False, "--plan", help="Every table of a plan: placement, CPU tuning, speculative "
+                              "costs and the verify curve."),
+    as_json: bool = typer.Option(False, "--json", help="Print every field as JSON."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write the cost curves as a PNG (needs matplotlib)."),
+):
+    """Show a plan (identity, placement, CPU tuning, speculative costs) or a GGUF model."""
+    from .inspect import inspect as run_inspect
+
+    try:
+        d = run_inspect(path, full=plan, as_json=as_json, plot_to=None if plot is None else str(plot))
+    except GuildError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(d))
+    elif plot is not None:
+        err.print(f"[dim]plot written to {plot}[/]")
 
 
 @app.command()

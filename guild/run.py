@@ -37,6 +37,7 @@ class Loaded:
     model: object
     tokenizer: Tokenizer
     load_s: float
+    device: str = "cpu"  # what runs the model, said in words (see use_device)
 
 
 def load(model: str | None) -> Loaded:
@@ -48,11 +49,64 @@ def load(model: str | None) -> Loaded:
     return Loaded(path, g, m, tok, time.perf_counter() - t0)
 
 
+def use_device(lm: Loaded, device: str | None, context: int, plan=None) -> None:
+    """`--device auto|cpu|cuda`: move the model's attention/dense share to the GPU (the plan's placement when
+    `plan` has one, else the default for the VRAM free now; routed experts stay on the CPU). `auto` falls back
+    to the CPU, saying why in lm.device, where `cuda` raises."""
+    from .device import resolve_device
+    from .errors import GuildError
+
+    dev = resolve_device(device)
+    if not dev.is_cuda:
+        lm.device = dev.describe()
+        return
+    from .engine_cuda import GpuLlama, placement_from_plan
+
+    t0 = time.perf_counter()
+    try:
+        pl = getattr(plan, "placement", None)
+        placement = placement_from_plan(pl, lm.model, context) if pl is not None and pl.gpu else None
+        lm.model = GpuLlama.build(lm.model, dev, context, placement)
+    except GuildError as e:
+        if (device or "auto").lower() == "cuda":
+            raise
+        lm.device = f"cpu (auto: {e})"
+        return
+    lm.load_s += time.perf_counter() - t0
+    lm.device = f"{dev.describe()} · {lm.model.describe()}"
+
+
+def _check_device(device: str | None) -> None:
+    """--device cuda without a usable GPU fails before the model loads."""
+    if (device or "").lower() == "cuda":
+        from .device import resolve_device
+
+        resolve_device(device)
+
+
+def load_on_device(model: str | None, device: str | None, context: int) -> Loaded | None:
+    """`optimize --device`: the model loaded and placed on the GPU as pass 2 (calib/placement.py) places it, so
+    that pass 4 measures the engine `run --gexec` will use; None when the device resolves to the CPU."""
+    from types import SimpleNamespace
+
+    from .device import resolve_device
+
+    if not resolve_device(device).is_cuda:
+        return None
+    from .calib.placement import placement_for
+    from .calib.probe import gpu_info
+
+    lm = load(model)
+    gi = gpu_info()
+    use_device(lm, device, context, SimpleNamespace(placement=placement_for(lm.gguf, gi, context)) if gi else None)
+    return lm
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """How `guild run` decodes: strategy and its knobs, sampling, limits."""
 
-    strategy: str = "normal"
+    strategy: str = "adaptive"
     max_draft: int = 4
     min_match: int = 3
     lookup_window: int = 65536
@@ -61,6 +115,9 @@ class DecodeOptions:
     max_tokens: int = 128
     context: int = 4096
     prefill_batch: int = 512
+    gexec: str | None = None  # a `guild optimize` plan: its spec costs seed the scheduler, its threads apply
+    strict_plan: bool = False  # fail on a plan for another machine/model instead of regenerating one
+    device: str = "cpu"  # auto | cpu | cuda (the CLI's default is auto)
 
     def __post_init__(self):
         if self.context < 16:
@@ -71,8 +128,14 @@ class DecodeOptions:
             raise BadFlagError(f"--prefill-batch must be >= 1, got {self.prefill_batch}")
         if not 0 <= self.max_draft <= 7:
             raise BadFlagError(f"--spec-max-draft must be in 0..7, got {self.max_draft}")
-        if self.corpus and self.strategy != "retrieval":
-            raise BadFlagError("--retrieval-corpus needs --decode-strategy retrieval")
+        if self.corpus and self.strategy not in ("retrieval", "adaptive"):
+            raise BadFlagError("--retrieval-corpus needs --decode-strategy retrieval or adaptive")
+        if self.strict_plan and self.gexec is None:
+            raise BadFlagError("--strict-plan needs --gexec PLAN")
+        from .device import DEVICES
+
+        if self.device not in DEVICES:
+            raise BadFlagError(f"--device must be one of {', '.join(DEVICES)}, got '{self.device}'")
         for f in self.corpus:
             if not Path(f).is_file():
                 raise BadFlagError(f"--retrieval-corpus: no such file: {f}")
@@ -85,6 +148,7 @@ class RunResult:
     threads: int
     load_s: float
     options: DecodeOptions = field(default_factory=DecodeOptions)
+    device: str = "cpu"
 
     @property
     def text(self) -> str:
@@ -100,14 +164,29 @@ class RunResult:
 
     def as_dict(self) -> dict:
         head = {"model": self.model, "threads": self.threads, "load_s": round(self.load_s, 3),
-                "strategy": self.options.strategy, "seed": self.options.sampling.seed}
+                "strategy": self.options.strategy, "seed": self.options.sampling.seed, "device": self.device}
         turns = [{"text": t.text, "tokens": t.tokens, **t.stats.as_dict()} for t in self.turns]
         return {**head, **turns[0]} if len(turns) == 1 else {**head, "turns": turns}
 
 
-def _slot(lm: Loaded, opts: DecodeOptions):
+def use_plan(lm: Loaded, opts: DecodeOptions, threads: int | None):
+    """`--gexec`: the plan checked against this machine and model (regenerated next to it on a mismatch,
+    unless --strict-plan); its tuned thread count applies when -t is not given. None without --gexec."""
+    if opts.gexec is None:
+        return None
+    import numba
+
+    from .calib.optimize import plan_for
+
+    plan = plan_for(opts.gexec, lm, strict=opts.strict_plan)
+    if threads is None:
+        set_threads(min(plan.cpu.threads, numba.config.NUMBA_NUM_THREADS))
+    return plan
+
+
+def _slot(lm: Loaded, opts: DecodeOptions, costs=None):
     """A session with its own drafter (corpus ingested) and conversation."""
-    drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)
+    drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window, costs=costs)
     for f in opts.corpus:
         drafter.ingest(lm.tokenizer.encode(Path(f).read_text(errors="replace")))
     s = GuildSession(lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch, eos_ids=lm.tokenizer.eos_ids)
@@ -121,8 +200,12 @@ class Runner:
         self.opts = opts
         self.threads = set_threads(threads)
         make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)  # flags first
+        _check_device(opts.device)
         self.lm = load(model)
-        self.conversation, self.drafter = _slot(self.lm, opts)
+        self.plan = use_plan(self.lm, opts, threads)
+        self.threads = set_threads(None)  # the count in use (the plan's, when it set one)
+        use_device(self.lm, opts.device, opts.context, self.plan)
+        self.conversation, self.drafter = _slot(self.lm, opts, self.plan.spec_costs() if self.plan else None)
         self.session = self.conversation.session
 
     def _kw(self) -> dict:
@@ -142,7 +225,7 @@ class Runner:
         return Turn(finish(), out, stats)
 
     def result(self, turns: list[Turn]) -> RunResult:
-        return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts)
+        return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts, self.lm.device)
 
 
 def run(model: str | None, prompts: Sequence[str], *, chat: bool = False, opts: DecodeOptions = DecodeOptions(),
@@ -174,8 +257,13 @@ def run_sessions(model: str | None, prompts: Sequence[str], n: int, *, chat: boo
         raise BadFlagError("no prompt: give -p/--prompt or --conversation")
     n_threads = set_threads(threads)
     make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)  # flags first
+    _check_device(opts.device)
     lm = load(model)
-    slots = [(*_slot(lm, opts), replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64)) for i in range(n)]
+    plan = use_plan(lm, opts, threads)
+    n_threads = set_threads(None)  # the count in use (the plan's, when it set one)
+    use_device(lm, opts.device, opts.context, plan)
+    costs = plan.spec_costs() if plan else None
+    slots = [(*_slot(lm, opts, costs), replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64)) for i in range(n)]
     tok = lm.tokenizer
     texts: list[list[str]] = [[] for _ in range(n)]
     turns = []
@@ -193,4 +281,20 @@ def run_sessions(model: str | None, prompts: Sequence[str], n: int, *, chat: boo
                 c.record(text)
         turns.append({"sessions": [{"tokens": out, **st.as_dict()} for out, st in results], **cs.as_dict()})
     return {"model": lm.path, "threads": n_threads, "strategy": opts.strategy, "sessions": n,
-            "texts": texts, "turns": turns}
+            "device": lm.device, "texts": texts, "turns": turns}
+
+
+def write_trace(path: str | Path, turns: Sequence, session: int | None = None) -> None:
+    """`--trace FILE`: one JSON line per window (strategy, k, measured ms, kept, emitted, distinct experts, and
+    the adaptive scheduler's candidates with predicted ms/token and its choice)."""
+    import json
+    from dataclasses import asdict
+
+    with open(path, "a") as f:
+        for i, t in enumerate(turns):
+            stats = t.stats if hasattr(t, "stats") else t
+            for j, w in enumerate(stats.windows):
+                rec = {"turn": i + 1, "window": j, **({"session": session} if session is not None else {}),
+                       **asdict(w), "decision": w.decision.as_dict() if w.decision else None}
+                rec["draft_ms"], rec["verify_ms"] = round(w.draft_ms, 4), round(w.verify_ms, 4)
+                f.write(json.dumps(rec) + "\n")

@@ -31,6 +31,7 @@ class WindowRecord:
     kept: int  # window inputs committed
     emitted: int  # tokens emitted (accepted drafts + 1)
     distinct_experts: tuple[int, ...]  # per layer, union of experts over the window's rows (MoE models)
+    decision: object | None = None  # the adaptive scheduler's Decision: candidates and choice (--trace)
 
 
 @dataclass
@@ -194,19 +195,24 @@ class Generation:
         td = time.perf_counter()
         draft = np.asarray(self.drafter.propose(s.tokens, room), np.int64)[:room] if room > 0 else ()
         window = [s.tokens[-1], *(int(d) for d in draft)]
-        self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3)
+        decision = getattr(self.drafter, "last_decision", None) if room > 0 else None
+        self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3, decision)
         return window
 
     def finish(self, logits: np.ndarray, t_forward: float) -> None:
         """Verify the window's logits [T, vocab] (forward started at perf_counter() == t_forward), commit."""
-        window, pos0, draft_ms = self._pending
+        window, pos0, draft_ms, decision = self._pending
         s = self.s
         res = self.verifier.verify(logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
         s.state.commit(res.keep)
         verify_ms = (time.perf_counter() - t_forward) * 1e3
+        k = len(window) - 1
+        strategy = getattr(self.drafter, "last_strategy", self.strategy) if k else "normal"
+        if hasattr(self.drafter, "observe"):  # the adaptive scheduler learns from measured windows
+            self.drafter.observe(k, draft_ms, verify_ms, len(res.tokens))
         self.st.windows.append(WindowRecord(
-            self.strategy if len(window) > 1 else "normal", len(window) - 1, draft_ms, verify_ms,
-            res.keep, len(res.tokens), tuple(int(x) for x in s.state.distinct_experts),
+            strategy, k, draft_ms, verify_ms, res.keep, len(res.tokens),
+            tuple(int(x) for x in s.state.distinct_experts), decision,
         ))
         self._emit(res.tokens)
         self.st.stop_reason = res.stop or ("context" if s.state.pos >= s.n_ctx else "")

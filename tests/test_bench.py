@@ -30,8 +30,8 @@ def test_parity_failure_is_loud():
 
 
 def test_unbuilt_strategy_refused():
-    with pytest.raises(BadFlagError, match="adaptive is not built yet"):
-        bench(None, ["W9"], ["adaptive"], out=None, progress=False)
+    with pytest.raises(BadFlagError, match="mtp is not built yet"):
+        bench(None, ["W9"], ["mtp"], out=None, progress=False)
 
 
 def test_cli_bench_errors_are_one_line():

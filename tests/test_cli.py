@@ -13,7 +13,7 @@ from guild.session import GuildSession
 def test_run_json_matches_session(dense_path, dense_model):
     r = subprocess.run(
         [sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "The capital of France is", "-n", "8",
-         "-t", "1", "--json"],
+         "-t", "1", "--device", "cpu", "--json"],
         capture_output=True, text=True, timeout=600,
     )
     assert r.returncode == 0, r.stderr

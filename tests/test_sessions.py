@@ -30,7 +30,7 @@ def _req(lm, i, strategy, sampling, n=20):
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("strategies", [("normal", "lookup"), ("lookup", "retrieval", "normal")])
+@pytest.mark.parametrize("strategies", [("normal", "lookup"), ("lookup", "retrieval", "adaptive")])
 def test_concurrent_equals_solo(lm, strategies, sampling):
     solo = []
     for i, strat in enumerate(strategies):

@@ -35,11 +35,11 @@ def _say(lm, strategy, sampling, k=4, n=48, corpus=()):
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("strategy", ["lookup", "retrieval"])
+@pytest.mark.parametrize("strategy", ["lookup", "retrieval", "adaptive"])
 def test_parity_with_plain(lm, strategy, sampling):
     plain, _ = _say(lm, "normal", sampling)
     for k in (2, 4, 7):
-        got, summ = _say(lm, strategy, sampling, k=k, corpus=[DOC] if strategy == "retrieval" else ())
+        got, summ = _say(lm, strategy, sampling, k=k, corpus=[DOC] if strategy != "lookup" else ())
         assert got == plain, f"{strategy} k={k}"
         if sampling.greedy and k == 4:
             assert summ["accepted"] > 0  # the copy task gives the drafter something to find

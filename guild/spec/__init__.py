@@ -56,6 +56,11 @@ def make_drafter(strategy: str, *, min_match: int = 3, lookup_window: int = 6553
         from .retrieval_drafter import RetrievalDrafter
 
         return RetrievalDrafter()
-    if strategy in ("mtp", "adaptive"):
-        raise BadFlagError(f"--decode-strategy {strategy} is not built yet (available: normal, lookup, retrieval)")
+    if strategy == "adaptive":
+        from .adaptive import AdaptiveDrafter
+
+        return AdaptiveDrafter([make_drafter("lookup", min_match=min_match, lookup_window=lookup_window),
+                                make_drafter("retrieval")], costs)
+    if strategy == "mtp":
+        raise BadFlagError("--decode-strategy mtp is not built yet (available: normal, lookup, retrieval, adaptive)")
     raise BadFlagError(f"--decode-strategy must be one of {', '.join(STRATEGIES)}, got '{strategy}'")

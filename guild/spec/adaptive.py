@@ -1,0 +1,93 @@
+"""`--decode-strategy adaptive`: every window asks each drafter for a proposal, the AdaptiveScheduler picks
+(strategy, k) — Normal included — and the session verifies it. Proposals not taken are still checked against
+the tokens decoding emits later (shadow verification), so every strategy's acceptance stays measured."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .adaptive_scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
+from .costs import SpecCosts
+
+MAX_PENDING = 64  # shadow proposals awaiting their tokens (each resolves within k emitted tokens)
+
+
+def _signals(d) -> dict:
+    if d.name == "lookup":
+        return {"match_len": d.last_match_len, "freq": d.last_freq, "group": d.last_group,
+                "consensus": d.last_consensus}
+    if d.name == "retrieval":
+        return {"match_len": d.last_match_len, "confidence": d.last_confidence}
+    return {"prob": getattr(d, "last_prob", 0.0)}
+
+
+class AdaptiveDrafter:
+    """Drafter protocol over several drafters and one scheduler. `clock` times each drafter's propose (the
+    scheduler itself reads no clock); the session reports each window through `observe`."""
+
+    name = "adaptive"
+
+    def __init__(self, drafters: Sequence, costs: SpecCosts | None = None, max_draft: int = 7,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.drafters = list(drafters)
+        self.scheduler = AdaptiveScheduler(SchedulerConfig(max_draft=max_draft), costs)
+        self.clock = clock
+        self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
+        self.last_strategy = "normal"
+        self.last_decision = None
+
+    @property
+    def max_draft(self) -> int:
+        return self.scheduler.cfg.max_draft
+
+    def ingest(self, tokens) -> None:
+        """Reference text for the drafters that keep a corpus (retrieval)."""
+        for d in self.drafters:
+            if hasattr(d, "ingest"):
+                d.ingest(tokens)
+
+    def start(self, history: Sequence[int], prompt_start: int) -> None:
+        self.pending.clear()  # what follows a new prompt is not the continuation they predicted
+        for d in self.drafters:
+            if hasattr(d, "start"):
+                d.start(history, prompt_start)
+
+    def _resolve(self, history: Sequence[int]) -> None:
+        n = len(history)
+        keep = []
+        for p, pos in self.pending:
+            avail = min(len(p.tokens), n - pos)
+            a = 0
+            while a < avail and history[pos + a] == p.tokens[a]:
+                a += 1
+            if a < avail or avail == len(p.tokens):
+                self.scheduler.observe_proposal(p, a)
+            else:
+                keep.append((p, pos))
+        self.pending = keep[-MAX_PENDING:]
+
+    def propose(self, history: Sequence[int], k: int) -> np.ndarray:
+        self._resolve(history)
+        props = []
+        for d in self.drafters:
+            t = self.clock()
+            toks = d.propose(history, max(k, 0)) if k > 0 else np.empty(0, np.int32)
+            self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
+            p = Proposal(d.name, tuple(toks.tolist()), _signals(d))
+            props.append(p)
+            if p.tokens:
+                self.pending.append((p, len(history)))
+        dec = self.scheduler.decide(props, k)
+        self.last_decision = dec
+        self.last_strategy = dec.strategy
+        if dec.k == 0:
+            return np.empty(0, np.int32)
+        chosen = next(p for p in props if p.strategy == dec.strategy)
+        return np.asarray(chosen.tokens[: dec.k], np.int32)
+
+    def observe(self, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
+        """The session's measurement of the window just verified."""
+        self.scheduler.observe_window(self.last_strategy, k, draft_ms, verify_ms, emitted)

@@ -1,0 +1,346 @@
+"""Cost-aware adaptive decoding: per window, pick the strategy s and draft length k that minimise expected
+milliseconds per committed token (seed 000 sections 3.3 and 8.1-8.2; seed 001 "systems/math decision rule"):
+
+    C(s, k) = (D(s) + V(1+k) + [mtp] M_catchup) / E[keep],   E[keep] = sum_{i=0..k} prod_{j<=i} a_j
+
+blended with the strategy's decayed empirical ms per emitted token when that is worse than the model.
+
+Plain classes, no clock and no I/O: the session measures every time and passes it in (`observe`), so the
+scheduler runs on synthetic traces in tests. Acceptance comes from Beta-Binomial posteriors per strategy,
+signal bucket and draft position. They learn from every proposal, executed or not: decoding is exact, so a
+draft token is accepted iff it equals the token later emitted at its position ("shadow" verification, free).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .costs import SpecCosts
+
+MAX_T = 8  # windows of T = 1 + k <= 8 rows
+DRAFTING = ("mtp", "lookup", "retrieval")
+
+# Prior acceptance per signal bucket (seed 000 3.3: isolated 3-grams 0.32; repeated 3-grams and longer matches
+# 0.78..0.95). A bucket is chosen from the drafter's signals at proposal time; see `bucket()`.
+PRIORS: dict[str, dict[str, float]] = {
+    "lookup": {"iso3": 0.32, "split": 0.30, "rep3": 0.78, "m4": 0.85, "m8": 0.95},
+    "retrieval": {"weak3": 0.32, "conf3": 0.60, "m4": 0.80, "m8": 0.90},
+    "mtp": {"lo": 0.35, "mid": 0.60, "hi": 0.85},
+}
+
+
+def bucket(strategy: str, signals: dict) -> str:
+    """The acceptance bucket of a proposal from its drafter's signals (match length, frequency, confidence)."""
+    ml = int(signals.get("match_len", 0))
+    if strategy == "lookup":
+        if signals.get("group", 1) >= 2 and signals.get("consensus", 1.0) < 0.5:
+            return "split"  # equal-length candidates disagree on the next token
+        if ml >= 8:
+            return "m8"
+        if ml >= 4:
+            return "m4"
+        return "rep3" if signals.get("freq", 1) >= 2 else "iso3"
+    if strategy == "retrieval":
+        if ml >= 8:
+            return "m8"
+        if ml >= 4:
+            return "m4"
+        return "conf3" if signals.get("confidence", 0.0) >= 0.6 else "weak3"
+    p = float(signals.get("prob", 0.0))  # mtp: the head's top-1 probability of the first draft
+    return "hi" if p >= 0.8 else "mid" if p >= 0.5 else "lo"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_draft: int = 4  # lookup / retrieval k at most
+    mtp_cap_k: int = 3  # mtp k at most
+    hysteresis: float = 0.05  # switch only for >= 5% expected improvement
+    min_dwell: int = 3  # windows in a mode before switching away (backing off to normal is always allowed)
+    backoff_after: int = 2  # consecutive zero-acceptance windows that send the mode back to normal
+    prior_strength: float = 2.0  # pseudo-trials behind each prior
+    depth_penalty: float = 0.55  # pseudo-failures 0.55 i(i-1), fading with trials (seed 000 8.2.1)
+    decay: float = 0.98  # per-update decay of acceptance counts: tracks a changing text
+    cost_decay: float = 0.9  # decay of the empirical cost sums and window-time averages
+    default_slope: float = 0.5  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan)
+
+    def __post_init__(self):
+        if not 0 <= self.max_draft <= MAX_T - 1 or not 0 <= self.mtp_cap_k <= MAX_T - 1:
+            raise ValueError(f"draft lengths must be in 0..{MAX_T - 1}")
+        if not 0 <= self.hysteresis < 1 or self.min_dwell < 0 or self.backoff_after < 1:
+            raise ValueError("hysteresis in [0, 1), min_dwell >= 0, backoff_after >= 1")
+        if not (0 < self.decay <= 1 and 0 < self.cost_decay <= 1 and self.prior_strength > 0):
+            raise ValueError("decays in (0, 1], prior_strength > 0")
+
+
+class Acceptance:
+    """Beta-Binomial posteriors of the conditional acceptance a_i (draft i accepted given 1..i-1 were), per
+    (strategy, bucket, position i = 1..7). Counts decay so that the estimate follows the text."""
+
+    def __init__(self, cfg: SchedulerConfig):
+        self.cfg = cfg
+        self.succ: dict[tuple[str, str], list[float]] = {}
+        self.trials: dict[tuple[str, str], list[float]] = {}
+
+    def probs(self, strategy: str, b: str, k: int) -> list[float]:
+        c = self.cfg
+        q = PRIORS[strategy][b]
+        s = self.succ.get((strategy, b), [0.0] * (MAX_T - 1))
+        n = self.trials.get((strategy, b), [0.0] * (MAX_T - 1))
+        # positions share a pooled rate (prior q behind it); each position shrinks toward it, so the few trials
+        # that reach deep positions do not make k jump around
+        pooled = (sum(s) + c.prior_strength * q) / (sum(n) + c.prior_strength)
+        m = 2 * c.prior_strength
+        out = []
+        for i in range(1, k + 1):
+            ni = n[i - 1]
+            pen = c.depth_penalty * i * (i - 1) / (1.0 + ni)  # deep positions: few trials, stay cautious
+            out.append((s[i - 1] + m * pooled) / (ni + m + pen))
+        return out
+
+    def update(self, strategy: str, b: str, drafted: int, accepted: int) -> None:
+        """A proposal of `drafted` tokens whose first `accepted` matched (positions 1..accepted succeeded,
+        position accepted+1 failed if it exists)."""
+        key = (strategy, b)
+        s = self.succ.setdefault(key, [0.0] * (MAX_T - 1))
+        n = self.trials.setdefault(key, [0.0] * (MAX_T - 1))
+        g = self.cfg.decay
+        for i in range(min(drafted, MAX_T - 1)):
+            s[i] *= g
+            n[i] *= g
+        for i in range(min(accepted + 1, drafted, MAX_T - 1)):
+            n[i] += 1.0
+            if i < accepted:
+                s[i] += 1.0
+
+    def forget(self, strategy: str, keep: float = 0.1) -> None:
+        """A back-off says the text changed: shrink the strategy's evidence so new outcomes dominate."""
+        for key in self.trials:
+            if key[0] == strategy:
+                self.succ[key] = [x * keep for x in self.succ[key]]
+                self.trials[key] = [x * keep for x in self.trials[key]]
+
+    def snapshot(self) -> dict:
+        return {f"{s}/{b}": [round(x / y, 3) if y else None for x, y in zip(self.succ[(s, b)], n, strict=True)]
+                for (s, b), n in self.trials.items()}
+
+
+class Costs:
+    """Window time V(T) = V(1) * rho(T): V(1) tracked live from plain steps, the shape rho(T) from the plan (or
+    a default slope) and refined per T from measured windows. Drafter propose ms and MTP catch-up likewise."""
+
+    def __init__(self, cfg: SchedulerConfig, plan: SpecCosts | None = None):
+        self.cfg = cfg
+        if plan is not None:
+            v = list(plan.verify_ms) + [None] * MAX_T
+            base = plan.verify_ms[0]
+            last = len(plan.verify_ms)
+            slope = (plan.verify_ms[-1] / base - 1) / (last - 1) if last > 1 else cfg.default_slope
+            self.prior_rho = [1.0] + [v[t - 1] / base if v[t - 1] else 1 + slope * (t - 1) for t in range(2, MAX_T + 1)]
+            self.v1 = base
+            self.draft_ms = dict(plan.draft_ms)
+            self.catchup_ms = plan.mtp_catchup_ms
+        else:
+            self.prior_rho = [1.0 + cfg.default_slope * (t - 1) for t in range(1, MAX_T + 1)]
+            self.v1 = None  # seeded by the first plain step
+            self.draft_ms = {}
+            self.catchup_ms = 0.0
+        self.rho_sum = [0.0] * MAX_T  # decayed sums of measured V(T)/V(1), per T
+        self.rho_n = [0.0] * MAX_T
+        self.kappa_sum = 0.0  # decayed sums of measured / prior growth (rho - 1) over every T >= 2 window
+        self.kappa_n = 0.0
+        self.v1_n = 0
+
+    @property
+    def seeded(self) -> bool:
+        """V(1) measured live at this context (a plan's V(1) was measured at another context length)."""
+        return self.v1_n > 0
+
+    def rho(self, t: int) -> float:
+        """V(T)/V(1): measured windows of this T, else the prior shape with its growth rescaled by kappa."""
+        w0 = 2.0  # prior weight, in windows
+        kappa = (self.kappa_sum + w0) / (self.kappa_n + w0)
+        prior = 1.0 + kappa * (self.prior_rho[t - 1] - 1.0)
+        return (self.rho_sum[t - 1] + w0 * prior) / (self.rho_n[t - 1] + w0)
+
+    def verify(self, t: int) -> float:
+        return (self.v1 or 0.0) * (1.0 if t == 1 else self.rho(t))
+
+    def draft(self, strategy: str) -> float:
+        return self.draft_ms.get(strategy, 0.0)
+
+    def observe_verify(self, t: int, ms: float) -> None:
+        g = self.cfg.cost_decay
+        if not self.v1_n:
+            if t == 1:  # the first plain step seeds V(1) directly
+                self.v1, self.v1_n = ms, 1
+            return
+        pred = self.verify(t)
+        ms = min(max(ms, pred / 3), pred * 3)  # a one-off stall (JIT, page faults) moves the estimate little
+        if t == 1:
+            self.v1 = g * self.v1 + (1 - g) * ms if self.v1_n >= 3 else (self.v1 * self.v1_n + ms) / (self.v1_n + 1)
+            self.v1_n += 1
+            return
+        r = ms / self.v1
+        self.rho_sum[t - 1] = g * self.rho_sum[t - 1] + r
+        self.rho_n[t - 1] = g * self.rho_n[t - 1] + 1
+        self.kappa_sum = g * self.kappa_sum + (r - 1.0) / max(self.prior_rho[t - 1] - 1.0, 1e-3)
+        self.kappa_n = g * self.kappa_n + 1
+
+    def observe_draft(self, strategy: str, ms: float) -> None:
+        old = self.draft_ms.get(strategy)
+        self.draft_ms[strategy] = ms if old is None else 0.9 * old + 0.1 * ms
+
+
+@dataclass(frozen=True)
+class Proposal:
+    strategy: str
+    tokens: tuple[int, ...]
+    signals: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    strategy: str  # "normal" or the drafting strategy whose tokens feed this window
+    k: int
+    mode: str  # the scheduler's mode after this decision
+    predicted: float  # ms per committed token of the choice
+    costs: dict  # {"normal": ms/token, strategy: [ms/token for k = 1..], ...}
+    reason: str  # why: "best", "hysteresis", "dwell", "backoff", "empty", "unseeded", ...
+
+    def as_dict(self) -> dict:
+        cands = {s: round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v] for s, v in self.costs.items()}
+        return {"choice": self.strategy, "k": self.k, "mode": self.mode, "predicted_ms_per_token":
+                round(self.predicted, 4), "candidates": cands, "reason": self.reason}
+
+
+class AdaptiveScheduler:
+    """Chooses (strategy, k) per window; learns acceptance from shadow verification and costs from measured
+    windows. Stability: a mode changes only for >= `hysteresis` expected gain after `min_dwell` windows;
+    two zero-acceptance windows send the mode back to normal and mute that strategy for clamp(2r, 2, 6)
+    windows (r = its consecutive back-offs); nothing is latched off for good."""
+
+    def __init__(self, cfg: SchedulerConfig | None = None, costs: SpecCosts | None = None):
+        self.cfg = cfg or SchedulerConfig()
+        self.acc = Acceptance(self.cfg)
+        self.costs = Costs(self.cfg, costs)
+        self.mode = "normal"
+        self.dwell = self.cfg.min_dwell  # windows since the last mode change
+        self.zero_run: dict[str, int] = {}
+        self.backoffs: dict[str, int] = {}
+        self.muted: dict[str, int] = {}  # strategy -> windows left muted
+        self.emp_t: dict[str, float] = {}  # decayed sums of window ms and emitted tokens, per strategy
+        self.emp_n: dict[str, float] = {}
+        self.emp_w: dict[str, float] = {}  # decayed window counts
+        self.last: Decision | None = None
+
+    # ---------------------------------------------------------------- cost model
+    def _blend(self, s: str, c_model: float) -> float:
+        n = self.emp_n.get(s, 0.0)
+        if not n:
+            return c_model
+        c_emp = self.emp_t[s] / n
+        if c_emp <= c_model:
+            return c_model
+        w = self.emp_w[s] / (self.emp_w[s] + 2.0)  # trust grows with the windows behind it
+        return w * c_emp + (1 - w) * c_model
+
+    def candidate_costs(self, p: Proposal, room: int) -> list[float]:
+        """C(s, k) for k = 1..min(len(tokens), cap, room), in ms per committed token."""
+        cap = self.cfg.mtp_cap_k if p.strategy == "mtp" else self.cfg.max_draft
+        kmax = min(len(p.tokens), cap, room, MAX_T - 1)
+        if kmax <= 0:
+            return []
+        a = self.acc.probs(p.strategy, bucket(p.strategy, p.signals), kmax)
+        extra = self.costs.draft(p.strategy) + (self.costs.catchup_ms if p.strategy == "mtp" else 0.0)
+        out, q, e = [], 1.0, 1.0
+        for k in range(1, kmax + 1):
+            q *= a[k - 1]
+            e += q
+            out.append(self._blend(p.strategy, (extra + self.costs.verify(k + 1)) / e))
+        return out
+
+    # ---------------------------------------------------------------- decisions
+    def decide(self, proposals: Sequence[Proposal], room: int) -> Decision:
+        """The window to run: (strategy, k) from this window's proposals (empty ones mean Normal)."""
+        c = self.cfg
+        if self.muted:
+            for s in list(self.muted):
+                self.muted[s] -= 1
+                if self.muted[s] <= 0:
+                    del self.muted[s]
+        if not self.costs.seeded:  # the first plain step measures V(1) at this context
+            return self._take("normal", 0, 0.0, {}, "unseeded")
+        c_normal = self._blend("normal", self.costs.verify(1))
+        table: dict = {"normal": c_normal}
+        best: dict[str, tuple[float, int]] = {}
+        for p in proposals:
+            if not p.tokens:
+                continue
+            cs = self.candidate_costs(p, room)
+            if cs:
+                table[p.strategy] = cs
+                if p.strategy not in self.muted:
+                    m = min(cs)
+                    best[p.strategy] = (m, cs.index(m) + 1)
+        # the incumbent: the mode's own candidate, or Normal when the mode has nothing to offer this window
+        inc = self.mode if self.mode in best else "normal"
+        inc_cost = best[inc][0] if inc != "normal" else c_normal
+        challengers = {s: v for s, v in best.items() if s != inc}
+        if inc != "normal":
+            challengers["normal"] = (c_normal, 0)
+        if not challengers:
+            return self._take(inc, best[inc][1] if inc != "normal" else 0, inc_cost, table, "only")
+        ch = min(challengers, key=lambda s: challengers[s][0])
+        ch_cost, ch_k = challengers[ch]
+        if ch_cost >= (1 - c.hysteresis) * inc_cost:
+            reason = "best" if ch_cost >= inc_cost else "hysteresis"
+            return self._take(inc, best[inc][1] if inc != "normal" else 0, inc_cost, table, reason)
+        if ch == "normal":  # the mode's proposal does not pay this window: a plain step, the mode stays
+            return self._take("normal", 0, ch_cost, table, "weak-proposal")
+        if ch != self.mode and self.dwell < c.min_dwell:
+            return self._take(inc, best[inc][1] if inc != "normal" else 0, inc_cost, table, "dwell")
+        if ch != self.mode:
+            self.mode, self.dwell = ch, 0
+        return self._take(ch, ch_k, ch_cost, table, "switch")
+
+    def _take(self, s: str, k: int, cost: float, table: dict, reason: str) -> Decision:
+        self.dwell += 1
+        self.last = Decision(s, k, self.mode, cost, table, reason)
+        return self.last
+
+    # ---------------------------------------------------------------- feedback (times measured by the caller)
+    def observe_window(self, strategy: str, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
+        """A window ran: `k` drafts of `strategy` ("normal" when k == 0), emitting `emitted` tokens."""
+        g = self.cfg.cost_decay
+        self.costs.observe_verify(k + 1, verify_ms)
+        s = strategy if k else "normal"
+        for d in (self.emp_t, self.emp_n, self.emp_w):  # every window ages every strategy's record
+            d.setdefault(s, 0.0)
+            for key in d:
+                d[key] *= g
+        self.emp_t[s] += draft_ms + verify_ms
+        self.emp_n[s] += max(emitted, 1)
+        self.emp_w[s] += 1
+        if not k:
+            return
+        if emitted > 1:
+            self.zero_run[s] = 0
+            self.backoffs[s] = 0
+            return
+        self.zero_run[s] = self.zero_run.get(s, 0) + 1
+        if self.zero_run[s] >= self.cfg.backoff_after:
+            self.zero_run[s] = 0
+            r = self.backoffs[s] = self.backoffs.get(s, 0) + 1
+            self.muted[s] = min(max(2 * r, 2), 6)
+            self.acc.forget(s)
+            if self.mode == s:
+                self.mode, self.dwell = "normal", 0
+
+    def observe_proposal(self, p: Proposal, accepted: int) -> None:
+        """Shadow verification of a proposal (executed or not): its first `accepted` tokens were emitted."""
+        if p.tokens:
+            self.acc.update(p.strategy, bucket(p.strategy, p.signals), len(p.tokens), accepted)
+
+    def observe_draft_ms(self, strategy: str, ms: float) -> None:
+        self.costs.observe_draft(strategy, ms)

@@ -1,0 +1,71 @@
+"""Adaptive decoding on the embedded models: token-ID parity with plain decoding on every workload (greedy and
+seeded sampling), per-window decisions recorded, the trace file, and the CLI default."""
+
+import json
+
+import pytest
+
+from guild.sampling import SamplingParams
+from guild.workloads import load_workloads
+
+ALL = [w.id for w in load_workloads()]
+SEEDED = SamplingParams(temperature=0.3, top_k=40, top_p=0.9, min_p=0.05, seed=7)
+
+
+def _workload_runs(lm, strategy, sampling, crop=96, n=16):
+    """Each workload's turns, cropped to their last `crop` tokens, decoded in turn on one session per workload
+    (so later turns continue the session, as W5's conversation does)."""
+    from guild.session import GuildSession
+    from guild.spec import make_drafter
+
+    out = {}
+    for w in load_workloads():
+        inst = w.instances(lm.tokenizer, 8192)[0]  # W10: its 512-token instance
+        s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
+        d = make_drafter(strategy)
+        for text in inst.corpus_texts():
+            if hasattr(d, "ingest"):
+                d.ingest(lm.tokenizer.encode(text))
+        toks, windows = [], 0
+        for turn in inst.render_turns():
+            ids = lm.tokenizer.encode(turn, add_special=False)[-crop:]
+            got, st = s.generate(ids, n, sampling=inst.sampling_params() if sampling is None else sampling,
+                                 drafter=d, max_draft=4)
+            toks.append(got)
+            windows += sum(1 for r in st.windows if r.k)
+        out[w.id] = (toks, windows)
+    return out
+
+
+@pytest.mark.parametrize("model,sampling", [("moe", SamplingParams()), ("dense", SEEDED)],
+                         ids=["moe-greedy", "dense-seeded"])
+def test_parity_on_every_workload(model, sampling, moe_path, dense_path):
+    from guild.run import load
+
+    lm = load(moe_path if model == "moe" else dense_path)
+    plain = _workload_runs(lm, "normal", sampling)
+    adaptive = _workload_runs(lm, "adaptive", sampling)
+    assert list(adaptive) == ALL
+    for wid in ALL:
+        assert adaptive[wid][0] == plain[wid][0], wid
+    assert sum(w for _, w in adaptive.values()) > 0  # some windows drafted
+
+
+def test_cli_trace_and_default_strategy(tmp_path, moe_path):
+    from typer.testing import CliRunner
+
+    from guild.cli import app
+
+    trace = tmp_path / "t.jsonl"
+    prompt = "Copy this list exactly: alpha beta gamma delta epsilon zeta eta theta. Again: alpha beta gamma"
+    r = CliRunner().invoke(app, ["run", moe_path, "-p", prompt, "-n", "24", "--trace", str(trace), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["strategy"] == "adaptive"
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert len(lines) == out["windows"] and lines[0]["decision"]["reason"] == "unseeded"
+    decided = [x for x in lines if x["decision"] and x["decision"]["candidates"]]
+    assert decided and all("normal" in x["decision"]["candidates"] for x in decided)
+    for x in lines:
+        assert x["strategy"] in ("normal", "lookup", "retrieval") and x["verify_ms"] > 0
+        assert x["emitted"] >= 1 and 1 <= x["kept"] <= x["k"] + 1

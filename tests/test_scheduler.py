@@ -1,0 +1,163 @@
+"""The adaptive scheduler alone, on synthetic traces: no model, no clock (times are made up and passed in)."""
+
+import numpy as np
+import pytest
+
+from guild.spec.adaptive_scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket
+from guild.spec.costs import SpecCosts
+
+
+def linear_v(v1, slope):
+    return lambda t: v1 * (1 + slope * (t - 1))
+
+
+def simulate(sched, n, v, accept, signals=None, noise=0.0, seed=0, strategy="lookup", length=7, room=7):
+    """Drive `sched` for n windows. accept(i, rng) -> how many of the proposal's tokens the emitted text confirms
+    (the same for shadow and executed windows: decoding is exact). Returns the decisions."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        sig = signals(i) if callable(signals) else (signals or {"match_len": 6, "freq": 1})
+        p = Proposal(strategy, tuple(range(length)), sig)
+        d = sched.decide([p], room)
+        a = accept(i, rng)
+        k = d.k
+        emitted = (min(a, k) + 1) if k else 1
+        ms = v(k + 1) * (1 + noise * rng.standard_normal())
+        sched.observe_window(d.strategy, k, 0.01 if k else 0.0, ms, emitted)
+        sched.observe_proposal(p, a)
+        out.append(d)
+    return out
+
+
+def test_high_acceptance_converges_to_lookup_at_max_k():
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    ds = simulate(s, 80, linear_v(10, 0.3), lambda i, r: 7)
+    tail = ds[-30:]
+    assert all(d.strategy == "lookup" and d.k == 4 for d in tail), [(d.strategy, d.k) for d in tail]
+
+
+def test_low_acceptance_backs_off_to_normal_quickly():
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    # long matches (prior 0.85) that never verify
+    ds = simulate(s, 200, linear_v(10, 0.6), lambda i, r: 0)
+    executed = [i for i, d in enumerate(ds) if d.k]
+    assert len(executed) <= 4, executed
+    assert all(d.strategy == "normal" for d in ds[20:])
+
+
+def test_isolated_trigrams_are_not_drafted():
+    """Isolated 3-gram matches (prior 0.32) do not pay on a steep V(T): no window is spent on them."""
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    ds = simulate(s, 100, linear_v(10, 0.6), lambda i, r: 0, signals={"match_len": 3, "freq": 1})
+    assert all(d.k == 0 for d in ds)
+
+
+def test_no_flip_flop_around_a_tie():
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    # acceptance 0.5 per token with V(T) slope 0.5: lookup's expected ms/token ~ normal's
+    v = linear_v(10, 0.5)
+    ds = simulate(s, 400, v, lambda i, r: int(r.geometric(0.5) - 1), noise=0.1, seed=3)
+    chosen = [d.strategy for d in ds[10:]]
+    switches = sum(a != b for a, b in zip(chosen, chosen[1:], strict=False))
+    modes = [d.mode for d in ds[10:]]
+    mode_switches = sum(a != b for a, b in zip(modes, modes[1:], strict=False))
+    assert mode_switches <= 20, mode_switches
+    assert switches <= 60, switches
+
+
+def test_reprobes_after_fallback():
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    phase = lambda i, r: 7 if i < 60 or i >= 90 else 0  # noqa: E731
+    ds = simulate(s, 130, linear_v(10, 0.3), phase)
+    assert ds[59].strategy == "lookup"
+    # the bad stretch: back to normal within a few windows
+    assert all(d.strategy == "normal" for d in ds[72:90])
+    # good text again: drafting resumes within a bounded number of windows
+    resumed = next(i for i in range(90, 130) if ds[i].strategy == "lookup")
+    assert resumed - 90 <= 12, resumed
+    assert all(d.strategy == "lookup" for d in ds[resumed + 10:])
+
+
+def _mean_k(slope):
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=7))
+    ds = simulate(s, 300, linear_v(10, slope), lambda i, r: int(min(r.geometric(0.2) - 1, 7)), seed=5)
+    ks = [d.k for d in ds[100:] if d.k]
+    return np.mean(ks) if ks else 0.0
+
+
+def test_steep_verify_curve_gives_shorter_windows():
+    flat, steep = _mean_k(0.1), _mean_k(0.45)
+    assert flat > steep + 1, (flat, steep)
+    assert steep >= 1
+
+
+def test_empty_proposal_means_normal():
+    s = AdaptiveScheduler()
+    s.observe_window("normal", 0, 0.0, 10.0, 1)
+    d = s.decide([Proposal("lookup", (), {}), Proposal("retrieval", (), {})], 4)
+    assert (d.strategy, d.k) == ("normal", 0)
+
+
+def test_unseeded_first_window_is_plain():
+    d = AdaptiveScheduler().decide([Proposal("lookup", (1, 2, 3), {"match_len": 20})], 4)
+    assert (d.strategy, d.k, d.reason) == ("normal", 0, "unseeded")
+
+
+def test_plan_costs_shape_predictions():
+    """With a plan, V(T)/V(1) comes from it until measured: a flat plan makes long drafts pay at once."""
+    flat = SpecCosts(verify_ms=tuple(10 + 0.5 * t for t in range(8)), draft_ms={"lookup": 0.01})
+    steep = SpecCosts(verify_ms=tuple(10 * (1 + 0.9 * t) for t in range(8)))
+    p = Proposal("lookup", tuple(range(7)), {"match_len": 6})
+    ks = []
+    for plan in (flat, steep):
+        s = AdaptiveScheduler(SchedulerConfig(max_draft=7), plan)
+        s.observe_window("normal", 0, 0.0, 10.0, 1)
+        ks.append(s.decide([p], 7).k)
+    assert ks[0] > ks[1]
+
+
+def test_plan_v1_is_replaced_by_the_live_first_step():
+    """A plan measured V(1) at its --context; the first plain step here seeds V(1) at this context."""
+    s = AdaptiveScheduler(costs=SpecCosts(verify_ms=tuple(90.0 * (1 + 0.5 * t) for t in range(8))))
+    assert s.decide([Proposal("lookup", (1, 2), {"match_len": 9})], 4).reason == "unseeded"
+    s.observe_window("normal", 0, 0.0, 14.0, 1)
+    assert s.costs.verify(1) == 14.0 and s.costs.verify(3) == pytest.approx(28.0)
+
+
+def test_one_off_stall_barely_moves_the_estimate():
+    s = AdaptiveScheduler()
+    for _ in range(5):
+        s.observe_window("normal", 0, 0.0, 10.0, 1)
+    s.observe_window("normal", 0, 0.0, 5000.0, 1)  # e.g. a JIT compilation inside the window
+    assert s.costs.verify(1) < 13.0
+
+
+def test_acceptance_posterior_tracks_data():
+    s = AdaptiveScheduler()
+    p = Proposal("lookup", tuple(range(4)), {"match_len": 3, "freq": 1})
+    prior = s.acc.probs("lookup", bucket("lookup", p.signals), 1)[0]
+    assert prior == pytest.approx(0.32)
+    for _ in range(60):
+        s.observe_proposal(p, 4)
+    assert s.acc.probs("lookup", "iso3", 4)[0] > 0.95
+    for _ in range(150):
+        s.observe_proposal(p, 0)
+    assert s.acc.probs("lookup", "iso3", 1)[0] < 0.1
+
+
+def test_buckets_follow_signals():
+    assert bucket("lookup", {"match_len": 3, "freq": 1}) == "iso3"
+    assert bucket("lookup", {"match_len": 3, "freq": 2}) == "rep3"
+    assert bucket("lookup", {"match_len": 5, "freq": 1}) == "m4"
+    assert bucket("lookup", {"match_len": 12, "freq": 1, "group": 3, "consensus": 1 / 3}) == "split"
+    assert bucket("retrieval", {"match_len": 3, "confidence": 0.9}) == "conf3"
+    assert bucket("retrieval", {"match_len": 9, "confidence": 0.9}) == "m8"
+
+
+def test_muted_strategy_returns():
+    """A back-off mutes a strategy for clamp(2r, 2, 6) windows only: it is never latched off."""
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    ds = simulate(s, 40, linear_v(10, 0.3), lambda i, r: 0 if i in (20, 21, 22, 23) else 7)
+    assert any(d.reason == "only" or d.strategy == "normal" for d in ds[21:26])
+    assert ds[-1].strategy == "lookup"
