@@ -35,6 +35,7 @@ bench: setup
 bench-full: setup
 	$(BIN)/python -m guild.perf --full
 	$(BIN)/python -m guild.perf --spec
+	$(BIN)/python -m guild.perf_hybrid
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,adaptive --repeats 3
 
 lint: setup
