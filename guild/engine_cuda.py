@@ -51,6 +51,7 @@ from .errors import ContextOverflowError, GuildError
 from .kernels.cpu import ops as cpu_ops
 from .kernels.cpu import quant as cpu_quant
 from .kernels.cpu.moe import experts_ffn
+from .models.llama import fuse
 
 GPU_ARCHS = ("llama", "qwen3", "qwen3moe")
 _ALIGN = 256  # staging buffer sections start on this many bytes
@@ -181,13 +182,7 @@ class DeviceLinear:
     """One or more GPU matrices sharing an input, fused when their quant types agree (as models.llama.Linear)."""
 
     def __init__(self, tensors, pack):
-        self.n_out = sum(t.shape[0] for t in tensors)
-        self.n_in = tensors[0].shape[1]
-        if len({t.qtype for t in tensors}) == 1:
-            raw = tensors[0].data if len(tensors) == 1 else np.concatenate([t.data for t in tensors], axis=0)
-            self.parts = [pack(tensors[0].qtype, raw, self.n_out, self.n_in)]
-        else:
-            self.parts = [pack(t.qtype, t.data, t.shape[0], t.shape[1]) for t in tensors]
+        self.n_out, self.n_in, self.parts = fuse(tensors, pack)
         self.nbytes = sum(p.nbytes for p in self.parts)
 
 

@@ -19,11 +19,11 @@ from ..gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu import deltanet as gdn
 from ..kernels.cpu import ops
 from ..kernels.cpu.moe import moe_ffn
-from ..kernels.cpu.quant import dequantize_rows, matmul, pack
+from ..kernels.cpu.quant import dequantize_rows, pack
 from ..kernels.ref import rope_tables
 from ..state import HybridState
 from . import ModelArgs
-from .llama import Linear, _expert
+from .llama import Linear, _expert, output_logits
 
 
 @dataclass(frozen=True)
@@ -221,15 +221,7 @@ class HybridMoe:
                 x += self._attention(li, mixer, h, ctx)
             ops.rmsnorm(x, norm_post, a.norm_eps, h)
             x += self._moe(li, self.ffns[li], h, states)
-        if last_only:
-            rows = offs[1:] - 1
-            x, h = x[rows], h[rows]
-        ops.rmsnorm(x, self.out_norm, a.norm_eps, h)
-        logits = np.empty((x.shape[0], a.vocab_size), np.float32)
-        matmul(self.output, h, logits)
-        if last_only:
-            return [logits[i : i + 1] for i in range(len(windows))]
-        return [logits[offs[i] : offs[i + 1]] for i in range(len(windows))]
+        return output_logits(self, x, h, offs, last_only)
 
     def _deltanet(self, li: int, L: DeltaNetLayer, h: np.ndarray, ctx) -> np.ndarray:
         d, eps = self.d, self.args.norm_eps

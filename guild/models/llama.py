@@ -18,6 +18,16 @@ from ..state import KVCache
 from . import ModelArgs
 
 
+def fuse(tensors, pack) -> tuple[int, int, list]:
+    """(n_out, n_in, packed parts): one packed matrix when the quant types agree, else one per tensor. `pack` is
+    the packer of the device that will hold them."""
+    n_out, n_in = sum(t.shape[0] for t in tensors), tensors[0].shape[1]
+    if len({t.qtype for t in tensors}) == 1:
+        raw = tensors[0].data if len(tensors) == 1 else np.concatenate([t.data for t in tensors], axis=0)
+        return n_out, n_in, [pack(tensors[0].qtype, raw, n_out, n_in)]
+    return n_out, n_in, [pack(t.qtype, t.data, t.shape[0], t.shape[1]) for t in tensors]
+
+
 class Linear:
     """One or more weight matrices sharing an input, fused into one packed matrix when their quant types agree.
 
@@ -25,13 +35,7 @@ class Linear:
     """
 
     def __init__(self, tensors):
-        self.n_out = sum(t.shape[0] for t in tensors)
-        self.n_in = tensors[0].shape[1]
-        if len({t.qtype for t in tensors}) == 1:
-            raw = tensors[0].data if len(tensors) == 1 else np.concatenate([t.data for t in tensors], axis=0)
-            self.parts = [pack(tensors[0].qtype, raw, self.n_out, self.n_in)]
-        else:
-            self.parts = [pack(t.qtype, t.data, t.shape[0], t.shape[1]) for t in tensors]
+        self.n_out, self.n_in, self.parts = fuse(tensors, pack)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((x.shape[0], self.n_out), np.float32)
@@ -158,12 +162,19 @@ class Llama:
                 act = np.empty((R, gu.shape[1] // 2), np.float32)
                 ops.swiglu(gu, act)
                 x += L.down(act)
-        if last_only:
-            rows = offs[1:] - 1
-            x, h = x[rows], h[rows]
-        ops.rmsnorm(x, self.out_norm, a.norm_eps, h)
-        logits = np.empty((x.shape[0], a.vocab_size), np.float32)
-        matmul(self.output, h, logits)
-        if last_only:
-            return [logits[i : i + 1] for i in range(len(windows))]
-        return [logits[offs[i] : offs[i + 1]] for i in range(len(windows))]
+        return output_logits(self, x, h, offs, last_only)
+
+
+def output_logits(model, x: np.ndarray, h: np.ndarray, offs: np.ndarray, last_only: bool) -> list[np.ndarray]:
+    """Final norm and LM head over the residual rows x [R, dim] (h: scratch), split back per window
+    (offs: row offsets of the windows); with last_only, only each window's last row."""
+    a = model.args
+    if last_only:
+        rows = offs[1:] - 1
+        x, h = x[rows], h[rows]
+    ops.rmsnorm(x, model.out_norm, a.norm_eps, h)
+    logits = np.empty((x.shape[0], a.vocab_size), np.float32)
+    matmul(model.output, h, logits)
+    if last_only:
+        return [logits[i : i + 1] for i in range(len(offs) - 1)]
+    return [logits[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
