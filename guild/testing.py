@@ -333,14 +333,7 @@ def write_tiny_model(
     if not tied:
         matrix("output.weight", (vocab, dim), gain=2.0)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-    finally:
-        w.close()
-    return path
+    return _write(w, path)
 
 
 # =========================================================================================================
@@ -511,6 +504,11 @@ def write_tiny_hybrid(
     elif not tied:
         matrix("output.weight", (vocab, dim), gain=2.0)
 
+    return _write(w, path)
+
+
+def _write(w, path: Path) -> Path:
+    """Write a GGUFWriter's header, metadata and tensors to `path` (parents created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         w.write_header_to_file()

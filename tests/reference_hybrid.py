@@ -8,15 +8,10 @@ value heads) and the hyper-parameters itself. Slow, for tests only.
 from __future__ import annotations
 
 import numpy as np
-from gguf.quants import dequantize
+from reference import _w  # dequantised float64 weights, shared with the llama reference
 
 from guild.gguf import GGUFFile
 from guild.kernels import ref
-
-
-def _w(g: GGUFFile, name: str) -> np.ndarray:
-    t = g.tensors[name]
-    return dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
 
 
 def reference_hybrid_forward(path: str, tokens) -> np.ndarray:

@@ -39,10 +39,6 @@ class AdaptiveDrafter:
         self.last_strategy = "normal"
         self.last_decision = None
 
-    @property
-    def max_draft(self) -> int:
-        return self.scheduler.cfg.max_draft
-
     def ingest(self, tokens) -> None:
         """Reference text for the drafters that keep a corpus (retrieval)."""
         for d in self.drafters:

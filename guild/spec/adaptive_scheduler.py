@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from .costs import SpecCosts
 
 MAX_T = 8  # windows of T = 1 + k <= 8 rows
-DRAFTING = ("mtp", "lookup", "retrieval")
 
 # Prior acceptance per signal bucket (seed 000 3.3: isolated 3-grams 0.32; repeated 3-grams and longer matches
 # 0.78..0.95). A bucket is chosen from the drafter's signals at proposal time; see `bucket()`.
@@ -119,10 +118,6 @@ class Acceptance:
             if key[0] == strategy:
                 self.succ[key] = [x * keep for x in self.succ[key]]
                 self.trials[key] = [x * keep for x in self.trials[key]]
-
-    def snapshot(self) -> dict:
-        return {f"{s}/{b}": [round(x / y, 3) if y else None for x, y in zip(self.succ[(s, b)], n, strict=True)]
-                for (s, b), n in self.trials.items()}
 
 
 class Costs:
