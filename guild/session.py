@@ -101,6 +101,7 @@ class GuildSession:
         self.prefill_batch = prefill_batch
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.tokens: list[int] = []  # every token of the conversation; the first state.pos are in the cache
+        self.on_rows: Callable[[int, np.ndarray], None] | None = None  # gets (pos0, final hidden rows) of commits
 
     @property
     def n_ctx(self) -> int:
@@ -123,8 +124,11 @@ class GuildSession:
         logits = None
         for s in range(0, arr.size, self.prefill_batch):
             chunk = arr[s : s + self.prefill_batch]
+            pos0 = self.state.pos
             logits = self.model.forward(chunk, self.state, last_only=True)
             self.state.commit(chunk.size)
+            if self.on_rows is not None:
+                self.on_rows(pos0, self.state.hidden)
         return logits[-1]
 
     def generate(
@@ -171,12 +175,13 @@ class Generation:
         self.sampling = sampling
         self.verifier = Verifier(sampling, session.eos_ids)
         self.st = GenerationStats(prompt_tokens=len(prompt))
+        session.on_rows = getattr(self.drafter, "observe_hidden", None)  # an MTP head follows the commits
         t0 = time.perf_counter()
         prompt_start = len(session.tokens)
         logits = session.prefill(prompt)
-        self.st.prefill_s = time.perf_counter() - t0
-        if hasattr(self.drafter, "start"):  # optional hook
+        if hasattr(self.drafter, "start"):  # optional hook (indexes the prompt: counted as prefill)
             self.drafter.start(session.tokens, prompt_start)
+        self.st.prefill_s = time.perf_counter() - t0
         self.out: list[int] = []
         self.t0 = time.perf_counter()
         first = sample(logits, session.tokens, len(session.tokens), sampling)
@@ -205,6 +210,8 @@ class Generation:
         s = self.s
         res = self.verifier.verify(logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
         s.state.commit(res.keep)
+        if s.on_rows is not None:
+            s.on_rows(pos0, s.state.hidden[: res.keep])
         verify_ms = (time.perf_counter() - t_forward) * 1e3
         k = len(window) - 1
         strategy = getattr(self.drafter, "last_strategy", self.strategy) if k else "normal"

@@ -22,6 +22,7 @@ class KVCache:
         self.pos = 0  # committed rows
         self.pending = 0  # rows written by the open window
         self.distinct_experts = np.zeros(n_layers, np.int32)  # union size per layer in the last window
+        self.hidden: np.ndarray | None = None  # [T, dim] final residual rows of the last window (set by forward)
 
     def begin(self, T: int) -> int:
         if self.pending:
@@ -38,6 +39,9 @@ class KVCache:
         T = k.shape[0]
         self.k[layer, :, :, self.pos : self.pos + T] = k.transpose(1, 2, 0)
         self.v[layer, :, self.pos : self.pos + T] = v.transpose(1, 0, 2)
+
+    def kv_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.k[layer], self.v[layer]
 
     def commit(self, keep: int) -> None:
         if not 0 <= keep <= self.pending:
@@ -101,6 +105,7 @@ class HybridState:
         self.dst = np.zeros(0, np.int64)  # buffer each row of the open window writes
         self._rows: list = [None] * len(rec_layers)  # per layer: (conv inputs, q, k, v, g, beta) of the window
         self.distinct_experts = np.zeros(n_layers, np.int32)
+        self.hidden: np.ndarray | None = None  # [T, dim] final residual rows of the last window (set by forward)
         self._checkpoint = None  # (pos, S, conv) after the last fully committed prefill window
         self._prefill = False
 

@@ -23,7 +23,7 @@ from ..kernels.cpu.quant import dequantize_rows, pack
 from ..kernels.ref import rope_tables
 from ..state import HybridState
 from . import ModelArgs
-from .llama import Linear, _expert, output_logits
+from .llama import Linear, _expert, output_logits, window_context
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,12 @@ class HybridMoe:
         "RRRARRRA": the string guild.inspect.layer_pattern derives from the metadata."""
         return "".join("R" if r else "A" for r in self.d.recurrent) + "M" * self.n_mtp
 
+    def mtp_block(self, g: GGUFFile, bid: int):
+        """Block `bid` of file g (an MTP block: full attention + MoE), in the form `block` runs."""
+        p = f"blk.{bid}."
+        norms = (f32(g.tensor(p + "attn_norm.weight")), f32(g.tensor(p + "post_attention_norm.weight")))
+        return norms, AttentionLayer(g, p), MoeLayer(g, p, self.args)
+
     def new_state(self, n_ctx: int | None = None, rollback: str | None = None) -> HybridState:
         a, d = self.args, self.d
         n_ctx = min(n_ctx or a.context_length, a.context_length)
@@ -210,18 +216,22 @@ class HybridMoe:
         x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream
         dequantize_rows(self.embed, np.concatenate(toks), x)
         h = np.empty_like(x)
-        ctx = (states, offs, pos0s, positions, max(sizes), max(p + n for p, n in zip(pos0s, sizes, strict=True)))
+        ctx = window_context(states, offs, pos0s, positions, a.n_heads)
         for li in range(a.n_layers):
-            norm_in, norm_post = self.norms[li]
-            ops.rmsnorm(x, norm_in, a.norm_eps, h)
-            mixer = self.mixers[li]
-            if isinstance(mixer, DeltaNetLayer):
-                x += self._deltanet(li, mixer, h, ctx)
-            else:
-                x += self._attention(li, mixer, h, ctx)
-            ops.rmsnorm(x, norm_post, a.norm_eps, h)
-            x += self._moe(li, self.ffns[li], h, states)
-        return output_logits(self, x, h, offs, last_only)
+            self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, h, ctx)
+        return output_logits(self, x, h, offs, last_only, states)
+
+    def block(self, li: int, blk, x: np.ndarray, h: np.ndarray, ctx) -> None:
+        """One block (norms, mixer, MoE) over the residual rows x in place; `li` is its slot in each state (an
+        MTP head runs its own attention block on its own one-layer KV cache). ctx: see llama.window_context."""
+        (norm_in, norm_post), mixer, ffn = blk
+        ops.rmsnorm(x, norm_in, self.args.norm_eps, h)
+        if isinstance(mixer, DeltaNetLayer):
+            x += self._deltanet(li, mixer, h, ctx)
+        else:
+            x += self._attention(li, mixer, h, ctx)
+        ops.rmsnorm(x, norm_post, self.args.norm_eps, h)
+        x += self._moe(li, ffn, h, ctx[0])
 
     def _deltanet(self, li: int, L: DeltaNetLayer, h: np.ndarray, ctx) -> np.ndarray:
         d, eps = self.d, self.args.norm_eps
@@ -259,7 +269,7 @@ class HybridMoe:
 
     def _attention(self, li: int, L: AttentionLayer, h: np.ndarray, ctx) -> np.ndarray:
         a = self.args
-        states, offs, pos0s, positions, max_t, max_len = ctx
+        states, offs, pos0s, positions, scores = ctx
         R = h.shape[0]
         H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         qkv = L.qkv(h)  # [R, 2 H hd + 2 Hkv hd]
@@ -273,7 +283,6 @@ class HybridMoe:
         ops.rope(q, positions, self.cos, self.sin, self.n_rot, True)
         ops.rope(k, positions, self.cos, self.sin, self.n_rot, True)
         att = np.empty((R, H, hd), np.float32)
-        scores = np.empty((max_t * H, max_len), np.float32)
         scale = np.float32(1.0 / np.sqrt(hd))
         for i, st in enumerate(states):
             r0, r1 = offs[i], offs[i + 1]

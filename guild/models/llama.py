@@ -67,7 +67,8 @@ class Layer:
         self.q_norm = f32(g.tensor(p + "attn_q_norm.weight")) if qk_norm else None
         self.k_norm = f32(g.tensor(p + "attn_k_norm.weight")) if qk_norm else None
         self.ffn_norm = f32(g.tensor(p + "ffn_norm.weight"))
-        if args.is_moe:
+        self.moe = g.has(p + "ffn_gate_inp.weight")
+        if self.moe:
             self.router = Linear([g.tensor(p + "ffn_gate_inp.weight")]).parts[0]
             gate, up, down = (g.tensor(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
             E = args.n_experts
@@ -107,11 +108,53 @@ class Llama:
         n_ctx = min(n_ctx or a.context_length, a.context_length)
         return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx)
 
+    def mtp_block(self, g: GGUFFile, bid: int) -> Layer:
+        """Block `bid` of file g (an MTP head's), built like this model's layers."""
+        return Layer(g, bid, self.args, self.args.qk_norm)
+
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, tokens, state: KVCache, last_only: bool = False) -> np.ndarray:
         """Run a window of T tokens at the state's committed position; returns logits [T, vocab] ([1, vocab]
         if last_only). The rows are written to the cache but not committed: call state.commit(keep)."""
         return self.forward_batch([(tokens, state)], last_only)[0]
+
+    def block(self, li: int, L: Layer, x: np.ndarray, h: np.ndarray, ctx) -> None:
+        """One decoder layer over the residual rows x [R, dim] in place (h: scratch); `li` is the layer's slot in
+        each state's cache (an MTP head runs its own block on its own one-layer cache). ctx: (states, row offsets
+        of the windows, their first positions, all rows' positions, attention scores scratch); see window_context."""
+        a = self.args
+        states, offs, pos0s, positions, scores = ctx
+        R = x.shape[0]
+        H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
+        ops.rmsnorm(x, L.attn_norm, a.norm_eps, h)
+        qkv = L.qkv(h)  # [R, (H + 2 Hkv) hd]
+        q = np.ascontiguousarray(qkv[:, : H * hd]).reshape(R, H, hd)
+        k = np.ascontiguousarray(qkv[:, H * hd : (H + Hkv) * hd]).reshape(R, Hkv, hd)
+        v = np.ascontiguousarray(qkv[:, (H + Hkv) * hd :]).reshape(R, Hkv, hd)
+        if L.q_norm is not None:
+            ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
+            ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
+        ops.rope(q, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
+        ops.rope(k, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
+        att = np.empty((R, H, hd), np.float32)
+        scale = np.float32(1.0 / np.sqrt(hd))
+        for i, st in enumerate(states):
+            r0, r1 = offs[i], offs[i + 1]
+            st.write(li, k[r0:r1], v[r0:r1])
+            ops.attention(q[r0:r1], st.k[li], st.v[li], pos0s[i], scale, att[r0:r1], scores)
+        x += L.wo(att.reshape(R, H * hd))
+        ops.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
+        if L.moe:
+            ffn = np.empty_like(h)
+            n = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
+            for st in states:  # the union over the batch is what this forward paid for
+                st.distinct_experts[li] = n
+            x += ffn
+        else:
+            gu = L.gu(h)
+            act = np.empty((R, gu.shape[1] // 2), np.float32)
+            ops.swiglu(gu, act)
+            x += L.down(act)
 
     def forward_batch(self, windows, last_only: bool = False) -> list[np.ndarray]:
         """Windows of several sessions [(tokens, state), ...] in one pass: the rows of all windows go through
@@ -126,49 +169,32 @@ class Llama:
         offs = np.concatenate([[0], np.cumsum(sizes)])
         R = int(offs[-1])
         tokens = np.concatenate(toks)
-        H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(pos0s, sizes, strict=True)])
         x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream, sessions' rows side by side
         dequantize_rows(self.embed, tokens, x)
         h = np.empty_like(x)
-        att = np.empty((R, H, hd), np.float32)
-        scores = np.empty((max(sizes) * H, max(p + n for p, n in zip(pos0s, sizes, strict=True))), np.float32)
-        scale = np.float32(1.0 / np.sqrt(hd))
+        ctx = window_context(states, offs, pos0s, positions, a.n_heads)
         for li, L in enumerate(self.layers):
-            ops.rmsnorm(x, L.attn_norm, a.norm_eps, h)
-            qkv = L.qkv(h)  # [R, (H + 2 Hkv) hd]
-            q = np.ascontiguousarray(qkv[:, : H * hd]).reshape(R, H, hd)
-            k = np.ascontiguousarray(qkv[:, H * hd : (H + Hkv) * hd]).reshape(R, Hkv, hd)
-            v = np.ascontiguousarray(qkv[:, (H + Hkv) * hd :]).reshape(R, Hkv, hd)
-            if L.q_norm is not None:
-                ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
-                ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
-            ops.rope(q, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
-            ops.rope(k, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
-            for i, st in enumerate(states):
-                r0, r1 = offs[i], offs[i + 1]
-                st.write(li, k[r0:r1], v[r0:r1])
-                ops.attention(q[r0:r1], st.k[li], st.v[li], pos0s[i], scale, att[r0:r1], scores)
-            x += L.wo(att.reshape(R, H * hd))
-            ops.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
-            if a.is_moe:
-                ffn = np.empty_like(h)
-                n = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
-                for st in states:  # the union over the batch is what this forward paid for
-                    st.distinct_experts[li] = n
-                x += ffn
-            else:
-                gu = L.gu(h)
-                act = np.empty((R, gu.shape[1] // 2), np.float32)
-                ops.swiglu(gu, act)
-                x += L.down(act)
-        return output_logits(self, x, h, offs, last_only)
+            self.block(li, L, x, h, ctx)
+        return output_logits(self, x, h, offs, last_only, states)
 
 
-def output_logits(model, x: np.ndarray, h: np.ndarray, offs: np.ndarray, last_only: bool) -> list[np.ndarray]:
+def window_context(states, offs, pos0s, positions, n_heads: int) -> tuple:
+    """What every layer of a batched window needs besides the rows: (states, row offsets of the windows, their
+    first positions, all rows' positions, one attention-scores scratch [longest window x heads, longest context])."""
+    sizes = np.diff(offs)
+    max_len = max(int(p + n) for p, n in zip(pos0s, sizes, strict=True))
+    return states, offs, pos0s, positions, np.empty((int(sizes.max()) * n_heads, max_len), np.float32)
+
+
+def output_logits(model, x: np.ndarray, h: np.ndarray, offs: np.ndarray, last_only: bool,
+                  states=()) -> list[np.ndarray]:
     """Final norm and LM head over the residual rows x [R, dim] (h: scratch), split back per window
-    (offs: row offsets of the windows); with last_only, only each window's last row."""
+    (offs: row offsets of the windows); with last_only, only each window's last row. Each state keeps its
+    window's final residual rows as `state.hidden` [T, dim] (before the final norm): the MTP head's input."""
     a = model.args
+    for i, st in enumerate(states):
+        st.hidden = x[offs[i] : offs[i + 1]]
     if last_only:
         rows = offs[1:] - 1
         x, h = x[rows], h[rows]
