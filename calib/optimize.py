@@ -46,9 +46,12 @@ def size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-def _mtp_note(g) -> str:
-    n = int(g.get(f"{g.architecture}.nextn_predict_layers", int, 0))
-    return f"model has {n} MTP layer(s); guild has no MTP drafter yet" if n else "model has no MTP head"
+def _mtp_note(head) -> str:
+    if head is None:
+        return "model has no MTP head"
+    i = head.info
+    acc = f", held-out first-draft acceptance {i.heldout_acceptance:.1%}" if i.heldout_acceptance is not None else ""
+    return f"MTP head: {i.kind} {Path(i.source).name} ({i.ffn} block{acc})"
 
 
 def _probe_summary(r) -> str:
@@ -95,15 +98,22 @@ def optimize(model: str | None, out: str | Path | None, *, mode: str = "auto", c
         raise BadFlagError(f"--context must be >= 16, got {context}")
     if prefill_batch < 1:
         raise BadFlagError(f"--prefill-batch must be >= 1, got {prefill_batch}")
-    if spec != 0:
-        raise BadFlagError(f"--spec {spec}: MTP calibration needs an MTP drafter, which guild does not have yet; "
-                           "use --spec 0")
+    if not 0 <= spec <= 7:
+        raise BadFlagError(f"--spec must be in 0..7, got {spec}")
     import numba
 
     threads_before = numba.get_num_threads()
     p = _Passes(progress)
     lm = loaded or p.run(0, "model loaded", lambda: load(model), lambda m: Path(m.path).name)
     g = lm.gguf
+    head = None
+    if hasattr(lm.model, "mtp_block"):  # the CPU engine; the GPU engine has no MTP head
+        from ..models.mtp import find_mtp_head
+
+        head = find_mtp_head(lm.model)
+    if spec and head is None:
+        raise BadFlagError(f"--spec {spec}: MTP calibration needs an MTP head; this model has none "
+                           "(guild train-mtp makes one)")
 
     def probe():
         return hardware_identity(), memory_bandwidth_gbs(k.bandwidth_mib)
@@ -119,10 +129,11 @@ def optimize(model: str | None, out: str | Path | None, *, mode: str = "auto", c
         numba.set_num_threads(cpu.threads)  # pass 4 runs as `run --gexec` will
         sc = p.run(4, "speculative costs", lambda: calibrate_spec(
             lm.model, lm.tokenizer, context=context, prefill_batch=prefill_batch, repeats=k.repeats,
-            fill_cap=k.fill_cap, draft_steps=k.draft_steps, mtp_note=_mtp_note(g)), lambda s: (
+            fill_cap=k.fill_cap, draft_steps=k.draft_steps, mtp_note=_mtp_note(head), mtp_head=head), lambda s: (
             f"V(1) {s.verify_window_ms[0]:.1f} ms, V(8) {s.verify_window_ms[-1]:.1f} ms at {s.context} tokens"
             + (f" · U(8)/U(1) {s.distinct_expert_ratio[-1]:.2f}" if s.distinct_expert_ratio else "")
             + f" · lookup {s.lookup_draft_ms * 1e3:.0f} µs, retrieval {s.retrieval_draft_ms * 1e3:.0f} µs"
+            + (f" · MTP step {s.mtp_draft_step_ms:.2f} ms" if s.mtp_draft_step_ms is not None else "")
             + f" · CV {s.noise_cv:.2f}"))
     finally:
         numba.set_num_threads(threads_before)
@@ -162,6 +173,5 @@ def plan_for(path: str | Path, lm, *, strict: bool = False, progress: bool = Tru
             err.print(str(e), style="yellow", markup=False, soft_wrap=True)
     h = read_plan(path).header
     err.print(f"regenerating a plan for this machine and model: {local}", style="dim", markup=False)
-    # --spec > 0 (MTP depth) needs an MTP drafter, which guild has not: the local plan calibrates without
-    return optimize(None, local, mode=h.mode, context=h.context, prefill_batch=h.prefill_batch, spec=0,
+    return optimize(None, local, mode=h.mode, context=h.context, prefill_batch=h.prefill_batch, spec=h.spec,
                     progress=progress, loaded=lm)

@@ -10,7 +10,9 @@
 - lookup / retrieval propose latency: the session's drafters replayed over `context` tokens of history.
 - KV commit: committing a rejected 8-row window (the rows are cleared).
 - noise: the coefficient of variation of the window times.
-- MTP: none of the supported models has an MTP drafter in guild yet, so those fields stay null.
+- MTP (when the model has a head, guild/models/mtp.py): one draft step (a head row with its LM head) and one
+  catch-up row (a committed row through the head's block, no LM head), with the head's cache at the context.
+  Null without a head.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> tuple[flo
 
 
 def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, repeats: int = 9,
-                   fill_cap: int = 1024, draft_steps: int = 400, mtp_note: str = "") -> SpecCalibration:
+                   fill_cap: int = 1024, draft_steps: int = 400, mtp_note: str = "", mtp_head=None) -> SpecCalibration:
     """Pass 4 on a loaded model (see the module docstring)."""
     from ..sampling import GREEDY
     from ..verify import Verifier
@@ -140,13 +142,16 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
         ctx = fill
     toks = calibration_tokens(tokenizer, fill + 2 * MAX_T * (repeats + 1) + MAX_T)
     t0 = time.perf_counter()
+    rows = []
     for s in range(0, fill, prefill_batch):
         chunk = np.asarray(toks[s : min(s + prefill_batch, fill)], np.int64)
         model.forward(chunk, state, last_only=True)
         state.commit(chunk.size)
+        rows.append(state.hidden)
     prefill_tok_s = fill / (time.perf_counter() - t0)
     if copies and ctx > fill:
         _fill_copies(state, fill, ctx)
+    mtp = _mtp_costs(mtp_head, np.concatenate(rows), toks, fill, ctx, repeats) if mtp_head is not None else None
     history = (toks * (ctx // len(toks) + 1))[:ctx]  # what the accept rule copies per window, as in a session
     verifier = Verifier(GREEDY)
     moe = bool(getattr(getattr(model, "args", None), "is_moe", False))
@@ -191,4 +196,31 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
         kv_commit_ms=round(_median(commit_ms), 5),
         noise_cv=round(_median([_cv(v_ms[T]) for T in range(1, MAX_T + 1)]), 4),
         prefill_tok_s=round(prefill_tok_s, 2), mtp_note=mtp_note,
+        mtp_draft_step_ms=None if mtp is None else round(mtp[0], 4),
+        mtp_kv_catchup_ms=None if mtp is None else round(mtp[1], 4),
     )
+
+
+def _mtp_costs(head, hidden: np.ndarray, toks: list[int], fill: int, ctx: int, repeats: int) -> tuple[float, float]:
+    """(draft step ms, catch-up ms per row) of an MTP head whose cache holds `ctx` rows (the `fill` real ones
+    run through the head, the rest copies)."""
+    cache = head.new_cache(ctx + 2)
+    h = head.base_hidden(hidden[:fill])
+    head.forward(np.asarray(toks[1 : fill + 1], np.int64), h, cache, 0)
+    cache.commit(fill)
+    if ctx > fill:
+        _fill_copies(cache, fill, ctx)
+    step, row = [], []
+    for r in range(repeats + 1):
+        tok = [toks[fill + 1 + r]]
+        t0 = time.perf_counter()
+        head.forward(tok, h[r : r + 1], cache, 1)
+        cache.commit(0)
+        t1 = time.perf_counter()
+        head.forward(tok, h[r : r + 1], cache, 0)
+        cache.commit(0)
+        t2 = time.perf_counter()
+        if r:  # the first pair compiles and warms
+            step.append((t1 - t0) * 1e3)
+            row.append((t2 - t1) * 1e3)
+    return _median(step), _median(row)

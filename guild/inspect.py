@@ -46,6 +46,8 @@ def compress_pattern(s: str) -> str:
 
 def model_summary(path: str | os.PathLike) -> dict:
     from .gguf import GGUFFile
+    from .models.mtp import ARCH as ARCH_MTP
+    from .models.mtp import sidecar_path
 
     g = GGUFFile(path)
     a = g.architecture
@@ -68,6 +70,11 @@ def model_summary(path: str | os.PathLike) -> dict:
         d.update(full_attention_interval=interval, layer_pattern=pat, layer_pattern_short=compress_pattern(pat))
     if nextn:
         d["nextn_predict_layers"] = nextn
+    if a == ARCH_MTP:  # an MTP head (guild train-mtp): what it was trained for and how well
+        d["mtp"] = {k.removeprefix("guild.mtp."): v for k, v in g.metadata.items() if k.startswith("guild.mtp.")}
+    else:
+        side = sidecar_path(path)
+        d["mtp_head"] = (f"nextn block (blk.{n_layers - nextn})" if nextn else str(side) if side else None)
     return d
 
 
@@ -87,6 +94,10 @@ def print_model(d: dict, console: Console) -> None:
     t.add_row("tensors", str(d["tensor_count"]))
     t.add_row("quant types", ", ".join(f"{k} × {v}" for k, v in d["quant_types"].items()))
     t.add_row("file", f"{d['file_bytes'] / 2**20:.1f} MiB · identity sha256 {d['sha256'][:16]}…")
+    if "mtp_head" in d:
+        t.add_row("MTP head", d["mtp_head"] or "none (guild train-mtp makes one)")
+    for k, v in d.get("mtp", {}).items():
+        t.add_row(f"mtp {k}", f"{v:.4g}" if isinstance(v, float) else str(v))
     console.print(t)
 
 

@@ -14,7 +14,7 @@ from .gguf import GGUFFile
 from .models import load_model
 from .sampling import GREEDY, SamplingParams
 from .session import GuildSession
-from .spec import make_drafter
+from .spec import MTP_K, check_flags, make_drafter
 from .tokenizer import Tokenizer
 from .upcycle import resolve_model
 
@@ -38,6 +38,7 @@ class Loaded:
     tokenizer: Tokenizer
     load_s: float
     device: str = "cpu"  # what runs the model, said in words (see use_device)
+    mtp_heads: dict = field(default_factory=dict)  # --mtp-head path (or None: the model's own) -> MtpHead | None
 
 
 def load(model: str | None) -> Loaded:
@@ -74,6 +75,25 @@ def use_device(lm: Loaded, device: str | None, context: int, plan=None) -> None:
         return
     lm.load_s += time.perf_counter() - t0
     lm.device = f"{dev.describe()} · {lm.model.describe()}"
+
+
+def mtp_head_for(lm: Loaded, strategy: str, path: str | None = None):
+    """The MTP head `mtp` needs (an error saying how to train one when there is none) and `adaptive` uses when
+    the model has one; None for the other strategies. The head runs with the CPU engine only (GpuLlama keeps its
+    hidden rows on the device)."""
+    if strategy not in ("mtp", "adaptive"):
+        return None
+    if not hasattr(lm.model, "mtp_block"):
+        if strategy == "mtp" or path is not None:
+            raise BadFlagError("MTP drafting runs with --device cpu for now (the GPU engine has no MTP head)")
+        return None
+    from .models.mtp import find_mtp_head, load_mtp_head
+
+    if path not in lm.mtp_heads:
+        lm.mtp_heads[path] = find_mtp_head(lm.model, path)
+    if lm.mtp_heads[path] is None and strategy == "mtp":
+        load_mtp_head(lm.model, path)  # raises, saying how to make one
+    return lm.mtp_heads[path]
 
 
 def _check_device(device: str | None) -> None:
@@ -118,8 +138,15 @@ class DecodeOptions:
     gexec: str | None = None  # a `guild optimize` plan: its spec costs seed the scheduler, its threads apply
     strict_plan: bool = False  # fail on a plan for another machine/model instead of regenerating one
     device: str = "cpu"  # auto | cpu | cuda (the CLI's default is auto)
+    mtp_head: str | None = None  # an MTP head GGUF (default: the model's own nextn block or a sidecar beside it)
+    mtp_k: int = MTP_K  # MTP drafts per window at most
+    mtp_min_p: float = 0.0  # fixed mtp: a plain step when the head's top-1 probability is below this
 
     def __post_init__(self):
+        check_flags(self.strategy, min_match=self.min_match, lookup_window=self.lookup_window, mtp_k=self.mtp_k,
+                    mtp_min_p=self.mtp_min_p)
+        if self.mtp_head is not None and self.strategy not in ("mtp", "adaptive"):
+            raise BadFlagError("--mtp-head needs --decode-strategy mtp or adaptive")
         if self.context < 16:
             raise BadFlagError(f"--context must be >= 16, got {self.context}")
         if self.max_tokens < 1:
@@ -149,6 +176,7 @@ class RunResult:
     load_s: float
     options: DecodeOptions = field(default_factory=DecodeOptions)
     device: str = "cpu"
+    mtp_head: str | None = None  # the MTP head file drafting used (mtp, adaptive)
 
     @property
     def text(self) -> str:
@@ -164,7 +192,8 @@ class RunResult:
 
     def as_dict(self) -> dict:
         head = {"model": self.model, "threads": self.threads, "load_s": round(self.load_s, 3),
-                "strategy": self.options.strategy, "seed": self.options.sampling.seed, "device": self.device}
+                "strategy": self.options.strategy, "seed": self.options.sampling.seed, "device": self.device,
+                "mtp_head": self.mtp_head}
         turns = [{"text": t.text, "tokens": t.tokens, **t.stats.as_dict()} for t in self.turns]
         return {**head, **turns[0]} if len(turns) == 1 else {**head, "turns": turns}
 
@@ -186,7 +215,9 @@ def use_plan(lm: Loaded, opts: DecodeOptions, threads: int | None):
 
 def _slot(lm: Loaded, opts: DecodeOptions, costs=None):
     """A session with its own drafter (corpus ingested) and conversation."""
-    drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window, costs=costs)
+    drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window, costs=costs,
+                           mtp_head=mtp_head_for(lm, opts.strategy, opts.mtp_head), n_ctx=opts.context,
+                           mtp_k=opts.mtp_k, mtp_min_p=opts.mtp_min_p)
     for f in opts.corpus:
         drafter.ingest(lm.tokenizer.encode(Path(f).read_text(errors="replace")))
     s = GuildSession(lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch, eos_ids=lm.tokenizer.eos_ids)
@@ -199,7 +230,6 @@ class Runner:
     def __init__(self, model: str | None, opts: DecodeOptions, threads: int | None = None):
         self.opts = opts
         self.threads = set_threads(threads)
-        make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)  # flags first
         _check_device(opts.device)
         self.lm = load(model)
         self.plan = use_plan(self.lm, opts, threads)
@@ -225,7 +255,9 @@ class Runner:
         return Turn(finish(), out, stats)
 
     def result(self, turns: list[Turn]) -> RunResult:
-        return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts, self.lm.device)
+        head = mtp_head_for(self.lm, self.opts.strategy, self.opts.mtp_head)
+        return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts, self.lm.device,
+                         head.info.source if head is not None else None)
 
 
 def run(model: str | None, prompts: Sequence[str], *, chat: bool = False, opts: DecodeOptions = DecodeOptions(),
@@ -256,7 +288,6 @@ def run_sessions(model: str | None, prompts: Sequence[str], n: int, *, chat: boo
     if not prompts:
         raise BadFlagError("no prompt: give -p/--prompt or --conversation")
     n_threads = set_threads(threads)
-    make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window)  # flags first
     _check_device(opts.device)
     lm = load(model)
     plan = use_plan(lm, opts, threads)

@@ -369,6 +369,7 @@ def write_tiny_hybrid(
     tied: bool = False,
     legacy_ssm_in: bool = False,
     copy_bias: float = 0.0,
+    nextn: bool = False,
 ) -> Path:
     """Write a tiny random hybrid model laid out as llama.cpp's converter writes it (conversion/qwen.py).
 
@@ -383,7 +384,9 @@ def write_tiny_hybrid(
     context-dependent output sometimes breaks, so what it generated once tends to recur: a copy workload.
     Attention layers: `attn_q` holds query and output gate interleaved per head ([q_h | gate_h] * H), QK-norm,
     partial NEOX rope over rotary_factor * head_dim dims. Every layer: routed experts + a shared expert gated by
-    sigmoid(ffn_gate_inp_shexp . x); `post_attention_norm` before the FFN.
+    sigmoid(ffn_gate_inp_shexp . x); `post_attention_norm` before the FFN. `nextn` appends one MTP block
+    (block n_layers: full attention + MoE + `nextn.{eh_proj,enorm,hnorm,shared_head_norm}`) and
+    `nextn_predict_layers` = 1, as Qwen3.5 files that keep their MTP head have.
     """
     if arch not in HYBRID_ARCHS:
         raise ValueError(f"arch={arch!r}: expected one of {', '.join(HYBRID_ARCHS)}")
@@ -405,7 +408,9 @@ def write_tiny_hybrid(
     w = GGUFWriter(path, arch)
     w.add_type("model")
     w.add_name(f"guild tiny {arch} {n_experts}x{top_k} seed {seed}")
-    w.add_block_count(n_layers)
+    w.add_block_count(n_layers + int(nextn))
+    if nextn:
+        w.add_nextn_predict_layers(1)
     w.add_context_length(context)
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn)
@@ -455,10 +460,14 @@ def write_tiny_hybrid(
 
     emb_gain = 2.0 * max(1.0, copy_bias)  # a copy model's residual stream is dominated by the token itself
     matrix("token_embd.weight", (vocab, dim), gain=emb_gain)
-    for i in range(n_layers):
+    for i in range(n_layers + int(nextn)):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", dim)
-        if (i + 1) % full_attention_interval == 0:
+        if i >= n_layers:  # the MTP block's own tensors
+            matrix(p + "nextn.eh_proj.weight", (dim, 2 * dim))
+            for n in ("enorm", "hnorm", "shared_head_norm"):
+                norm(p + f"nextn.{n}.weight", dim)
+        if (i + 1) % full_attention_interval == 0 or i >= n_layers:
             matrix(p + "attn_q.weight", (n_heads * head_dim * 2, dim))
             matrix(p + "attn_k.weight", (n_kv_heads * head_dim, dim))
             matrix(p + "attn_v.weight", (n_kv_heads * head_dim, dim))
@@ -504,6 +513,61 @@ def write_tiny_hybrid(
     elif not tied:
         matrix("output.weight", (vocab, dim), gain=2.0)
 
+    return _write(w, path)
+
+
+def write_tiny_mtp_head(base: str | PathLike, path: str | PathLike, *, seed: int = 1, draft_vocab: int = 0,
+                        qtype: str = "F32") -> Path:
+    """A random MTP head sidecar for a llama-family model written by write_tiny_model, in the layout `guild
+    train-mtp` writes (guild/models/mtp.py): nextn tensors and one layer of the base's kind at block 0, the
+    base's identity digest; `draft_vocab` > 0 adds `mtp.draft_vocab` (that many ids, a seeded permutation)."""
+    from .gguf import GGUFFile
+    from .models import ModelArgs
+
+    g = GGUFFile(base)
+    a = ModelArgs.from_gguf(g)
+    qt = GGMLQuantizationType[qtype.upper()]
+    path = Path(path)
+    w = GGUFWriter(path, "guild-mtp")
+    w.add_string("guild.mtp.base_architecture", a.arch)
+    w.add_string("guild.mtp.base_digest", g.identity_digest())
+    w.add_string("guild.mtp.base_name", Path(base).name)
+    w.add_string("guild.mtp.ffn", "moe" if a.is_moe else "dense")
+
+    def matrix(name: str, shape: tuple[int, ...], gain: float = 1.0, typ=qt) -> None:
+        arr = _matrix(seed, name, shape, gain / np.sqrt(shape[-1]), typ)
+        w.add_tensor(name, arr, raw_dtype=None if arr.dtype != np.uint8 else typ)
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(name, _norm(seed, name, n))
+
+    d, hd, p = a.dim, a.head_dim, "blk.0."
+    matrix(p + "nextn.eh_proj.weight", (d, 2 * d))
+    for n in ("enorm", "hnorm", "shared_head_norm"):
+        norm(p + f"nextn.{n}.weight", d)
+    norm(p + "attn_norm.weight", d)
+    matrix(p + "attn_q.weight", (a.n_heads * hd, d))
+    matrix(p + "attn_k.weight", (a.n_kv_heads * hd, d))
+    matrix(p + "attn_v.weight", (a.n_kv_heads * hd, d))
+    matrix(p + "attn_output.weight", (d, a.n_heads * hd), gain=0.5)
+    if g.has(p + "attn_q_norm.weight"):
+        norm(p + "attn_q_norm.weight", hd)
+        norm(p + "attn_k_norm.weight", hd)
+    norm(p + "ffn_norm.weight", d)
+    if a.is_moe:
+        E, f = a.n_experts, g.tensor("blk.0.ffn_gate_exps.weight").shape[1]
+        matrix(p + "ffn_gate_inp.weight", (E, d), typ=GGMLQuantizationType.F32)
+        matrix(p + "ffn_gate_exps.weight", (E, f, d))
+        matrix(p + "ffn_up_exps.weight", (E, f, d))
+        matrix(p + "ffn_down_exps.weight", (E, d, f), gain=0.5)
+    else:
+        f = g.tensor("blk.0.ffn_gate.weight").shape[0]
+        matrix(p + "ffn_gate.weight", (f, d))
+        matrix(p + "ffn_up.weight", (f, d))
+        matrix(p + "ffn_down.weight", (d, f), gain=0.5)
+    if draft_vocab:
+        ids = _rng(seed, "draft_vocab").permutation(a.vocab_size)[:draft_vocab].astype(np.int32)
+        w.add_tensor("mtp.draft_vocab", ids)
     return _write(w, path)
 
 

@@ -17,50 +17,74 @@ def _w(g: GGUFFile, name: str) -> np.ndarray:
     return dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
 
 
+def _layer(g: GGUFFile, p: str, x: np.ndarray, c: dict, cos, sin) -> np.ndarray:
+    """One decoder layer (tensors named p + ...) over rows x [T, dim] at positions 0..T-1, causal."""
+    T, H, Hkv, hd, eps = x.shape[0], c["H"], c["Hkv"], c["hd"], c["eps"]
+    pos = np.arange(T)
+    h = ref.rmsnorm(x, _w(g, p + "attn_norm.weight"), eps).astype(np.float64)
+    q = (h @ _w(g, p + "attn_q.weight").T).reshape(T, H, hd)
+    k = (h @ _w(g, p + "attn_k.weight").T).reshape(T, Hkv, hd)
+    v = (h @ _w(g, p + "attn_v.weight").T).reshape(T, Hkv, hd)
+    if p + "attn_q_norm.weight" in g.tensors:
+        q = ref.rmsnorm(q, _w(g, p + "attn_q_norm.weight"), eps)
+        k = ref.rmsnorm(k, _w(g, p + "attn_k_norm.weight"), eps)
+    q = ref.rope(q, pos, cos, sin, c["n_rot"], c["neox"])
+    k = ref.rope(k, pos, cos, sin, c["n_rot"], c["neox"])
+    att = ref.attention(q, k, v, 0, 1.0 / np.sqrt(hd)).astype(np.float64)
+    x = x + att.reshape(T, H * hd) @ _w(g, p + "attn_output.weight").T
+    h = ref.rmsnorm(x, _w(g, p + "ffn_norm.weight"), eps)
+    if p + "ffn_gate_inp.weight" in g.tensors:
+        ffn = ref.moe_ffn(
+            h, _w(g, p + "ffn_gate_inp.weight"), _w(g, p + "ffn_gate_exps.weight"),
+            _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), c["k_used"], True,
+        )
+    else:
+        a_ = ref.silu_mul(h @ _w(g, p + "ffn_gate.weight").T, h @ _w(g, p + "ffn_up.weight").T)
+        ffn = a_.astype(np.float64) @ _w(g, p + "ffn_down.weight").T
+    return x + ffn
+
+
+def _config(g: GGUFFile, T: int):
+    a, md = g.architecture, g.metadata
+    dim = md[f"{a}.embedding_length"]
+    H = md[f"{a}.attention.head_count"]
+    hd = md.get(f"{a}.attention.key_length", dim // H)
+    n_rot = md.get(f"{a}.rope.dimension_count", hd)
+    c = dict(H=H, Hkv=md.get(f"{a}.attention.head_count_kv", H), hd=hd, eps=md[f"{a}.attention.layer_norm_rms_epsilon"],
+             n_rot=n_rot, neox=a in ("qwen3", "qwen3moe"), k_used=md.get(f"{a}.expert_used_count", 0))
+    return c, *ref.rope_tables(T, n_rot, md.get(f"{a}.rope.freq_base", 10000.0))
+
+
+def reference_hidden(path: str, tokens) -> np.ndarray:
+    """The model's final hidden rows after its output norm [T, dim] (float64): what an MTP head reads."""
+    g = GGUFFile(path)
+    tokens = np.asarray(tokens)
+    c, cos, sin = _config(g, tokens.size)
+    x = _w(g, "token_embd.weight")[tokens]
+    for i in range(g.metadata[f"{g.architecture}.block_count"]):
+        x = _layer(g, f"blk.{i}.", x, c, cos, sin)
+    return ref.rmsnorm(x, _w(g, "output_norm.weight"), c["eps"]).astype(np.float64)
+
+
+def reference_mtp(base_path: str, head_path: str, tokens, hidden) -> np.ndarray:
+    """MTP head logits [T, vocab] (float64) for rows at positions 0..T-1 with inputs (hidden_p, tokens_p =
+    x_{p+1}) (DeepSeek-V3 §2.2): Block(eh_proj([enorm(emb x) ; hnorm h])) -> shared_head_norm -> LM head."""
+    g, hg = GGUFFile(base_path), GGUFFile(head_path)
+    tokens = np.asarray(tokens)
+    c, cos, sin = _config(g, tokens.size)
+    eps, n = c["eps"], "blk.0.nextn."
+    e = ref.rmsnorm(_w(g, "token_embd.weight")[tokens], _w(hg, n + "enorm.weight"), eps)
+    h = ref.rmsnorm(np.asarray(hidden, np.float64), _w(hg, n + "hnorm.weight"), eps)
+    x = np.concatenate([e, h], axis=1).astype(np.float64) @ _w(hg, n + "eh_proj.weight").T
+    x = _layer(hg, "blk.0.", x, c, cos, sin)
+    y = ref.rmsnorm(x, _w(hg, n + "shared_head_norm.weight"), eps).astype(np.float64)
+    out = _w(g, "output.weight") if "output.weight" in g.tensors else _w(g, "token_embd.weight")
+    return y @ out.T
+
+
 def reference_forward(path: str, tokens) -> np.ndarray:
     """Logits [T, vocab] (float64) for tokens at positions 0..T-1."""
     g = GGUFFile(path)
-    a = g.architecture
-    md = g.metadata
-    n_layers = md[f"{a}.block_count"]
-    dim = md[f"{a}.embedding_length"]
-    H = md[f"{a}.attention.head_count"]
-    Hkv = md.get(f"{a}.attention.head_count_kv", H)
-    hd = md.get(f"{a}.attention.key_length", dim // H)
-    eps = md[f"{a}.attention.layer_norm_rms_epsilon"]
-    base = md.get(f"{a}.rope.freq_base", 10000.0)
-    n_rot = md.get(f"{a}.rope.dimension_count", hd)
-    neox = a in ("qwen3", "qwen3moe")
-    E = md.get(f"{a}.expert_count", 0)
-    k_used = md.get(f"{a}.expert_used_count", 0)
-    tokens = np.asarray(tokens)
-    T = tokens.size
-    cos, sin = ref.rope_tables(T, n_rot, base)
-    pos = np.arange(T)
-    x = _w(g, "token_embd.weight")[tokens]
-    for i in range(n_layers):
-        p = f"blk.{i}."
-        h = ref.rmsnorm(x, _w(g, p + "attn_norm.weight"), eps).astype(np.float64)
-        q = (h @ _w(g, p + "attn_q.weight").T).reshape(T, H, hd)
-        k = (h @ _w(g, p + "attn_k.weight").T).reshape(T, Hkv, hd)
-        v = (h @ _w(g, p + "attn_v.weight").T).reshape(T, Hkv, hd)
-        if p + "attn_q_norm.weight" in g.tensors:
-            q = ref.rmsnorm(q, _w(g, p + "attn_q_norm.weight"), eps)
-            k = ref.rmsnorm(k, _w(g, p + "attn_k_norm.weight"), eps)
-        q = ref.rope(q, pos, cos, sin, n_rot, neox)
-        k = ref.rope(k, pos, cos, sin, n_rot, neox)
-        att = ref.attention(q, k, v, 0, 1.0 / np.sqrt(hd)).astype(np.float64)
-        x = x + att.reshape(T, H * hd) @ _w(g, p + "attn_output.weight").T
-        h = ref.rmsnorm(x, _w(g, p + "ffn_norm.weight"), eps)
-        if E:
-            ffn = ref.moe_ffn(
-                h, _w(g, p + "ffn_gate_inp.weight"), _w(g, p + "ffn_gate_exps.weight"),
-                _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), k_used, True,
-            )
-        else:
-            a_ = ref.silu_mul(h @ _w(g, p + "ffn_gate.weight").T, h @ _w(g, p + "ffn_up.weight").T)
-            ffn = a_.astype(np.float64) @ _w(g, p + "ffn_down.weight").T
-        x = x + ffn
-    h = ref.rmsnorm(x, _w(g, "output_norm.weight"), eps).astype(np.float64)
+    h = reference_hidden(path, tokens)
     out = _w(g, "output.weight") if "output.weight" in g.tensors else _w(g, "token_embd.weight")
     return h @ out.T

@@ -15,6 +15,7 @@ SEEDED = SamplingParams(temperature=0.3, top_k=40, top_p=0.9, min_p=0.05, seed=7
 def _workload_runs(lm, strategy, sampling, crop=96, n=16):
     """Each workload's turns, cropped to their last `crop` tokens, decoded in turn on one session per workload
     (so later turns continue the session, as W5's conversation does)."""
+    from guild.run import mtp_head_for
     from guild.session import GuildSession
     from guild.spec import make_drafter
 
@@ -22,7 +23,7 @@ def _workload_runs(lm, strategy, sampling, crop=96, n=16):
     for w in load_workloads():
         inst = w.instances(lm.tokenizer, 8192)[0]  # W10: its 512-token instance
         s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
-        d = make_drafter(strategy)
+        d = make_drafter(strategy, mtp_head=mtp_head_for(lm, strategy), n_ctx=1024)
         for text in inst.corpus_texts():
             if hasattr(d, "ingest"):
                 d.ingest(lm.tokenizer.encode(text))
@@ -37,18 +38,22 @@ def _workload_runs(lm, strategy, sampling, crop=96, n=16):
     return out
 
 
-@pytest.mark.parametrize("model,sampling", [("moe", SamplingParams()), ("dense", SEEDED)],
-                         ids=["moe-greedy", "dense-seeded"])
-def test_parity_on_every_workload(model, sampling, moe_path, dense_path):
-    from guild.run import load
+@pytest.mark.parametrize("model,sampling,strategies", [
+    ("moe", SamplingParams(), ("adaptive", "mtp")), ("moe", SEEDED, ("mtp",)), ("dense", SEEDED, ("adaptive",))],
+    ids=["moe-greedy", "moe-seeded", "dense-seeded"])
+def test_parity_on_every_workload(model, sampling, strategies, moe_path, dense_path):
+    """adaptive (with the shipped MTP head on the MoE) and mtp emit exactly plain decoding's tokens."""
+    from guild.run import load, mtp_head_for
 
     lm = load(moe_path if model == "moe" else dense_path)
+    assert (mtp_head_for(lm, "adaptive") is not None) == (model == "moe")  # the MoE's head ships with guild
     plain = _workload_runs(lm, "normal", sampling)
-    adaptive = _workload_runs(lm, "adaptive", sampling)
-    assert list(adaptive) == ALL
-    for wid in ALL:
-        assert adaptive[wid][0] == plain[wid][0], wid
-    assert sum(w for _, w in adaptive.values()) > 0  # some windows drafted
+    for strategy in strategies:
+        got = _workload_runs(lm, strategy, sampling)
+        assert list(got) == ALL
+        for wid in ALL:
+            assert got[wid][0] == plain[wid][0], (strategy, wid)
+        assert sum(w for _, w in got.values()) > 0  # some windows drafted
 
 
 def test_cli_trace_and_default_strategy(tmp_path, moe_path):

@@ -97,6 +97,9 @@ def _cli(*args):
         (["run", "smollm2-135m", "-p", "hi", "--threads", "0"], "--threads"),
         (["run", "smollm2-135m", "-p", "hello " * 40, "--context", "16"], "--context 16"),
         (["run", "smollm2-135m", "-p", "hi", "-n", "0"], "--max-tokens"),
+        (["run", "smollm2-135m", "-p", "hi", "--decode-strategy", "mtp"], "has no MTP head"),
+        (["run", "smollm2-135m", "-p", "hi", "--decode-strategy", "mtp", "--spec-mtp-k", "9"], "--spec-mtp-k"),
+        (["run", "smollm2-135m", "-p", "hi", "--mtp-head", "/nonexistent.mtp.gguf"], "/nonexistent.mtp.gguf"),
     ],
 )
 def test_cli_errors_are_one_line(args, needle):

@@ -253,3 +253,19 @@ def test_bench_takes_the_plan(plan, tiny):
     assert rep["info"]["plan"] == plan.path and {r["strategy"] for r in rep["rows"]} == {"normal", "adaptive"}
     with pytest.raises(GuildError, match="--strict-plan needs --gexec"):
         bench(str(tiny), ["W9"], ["adaptive"], out=None, progress=False, strict_plan=True)
+
+
+def test_optimize_measures_the_mtp_head(tmp_path):
+    from guild.errors import BadFlagError
+    from guild.testing import write_tiny_mtp_head
+
+    base = write_tiny_model(tmp_path / "m.gguf", n_experts=4, top_k=2, context=512)
+    with pytest.raises(BadFlagError, match="needs an MTP head"):
+        optimize(str(base), tmp_path / "x.gexec", mode="quick", context=128, spec=1, progress=False)
+    write_tiny_mtp_head(base, tmp_path / "m.mtp.gguf")  # the sidecar beside the model
+    p = optimize(str(base), tmp_path / "p.gexec", mode="quick", context=128, spec=1, progress=False)
+    s = p.spec
+    assert 0 < s.mtp_kv_catchup_ms and 0 < s.mtp_draft_step_ms and "sidecar m.mtp.gguf" in s.mtp_note
+    assert p.header.spec == 1
+    c = p.spec_costs()
+    assert c.draft_ms["mtp"] == s.mtp_draft_step_ms and c.mtp_catchup_ms == s.mtp_kv_catchup_ms

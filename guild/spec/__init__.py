@@ -39,28 +39,49 @@ class NoDrafter:
         pass
 
 
-def make_drafter(strategy: str, *, min_match: int = 3, lookup_window: int = 65536, costs=None) -> Drafter:
-    """The drafter for `--decode-strategy`; strategies not built yet are refused, not faked. `costs`
-    (a SpecCosts from a plan, or None) seeds the adaptive scheduler's cost model."""
+MTP_K = 1  # default MTP draft depth: an untrained chain is seldom right past its first draft (README numbers)
+
+
+def check_flags(strategy: str, *, min_match: int = 3, lookup_window: int = 65536, mtp_k: int = MTP_K,
+                mtp_min_p: float = 0.0) -> None:
+    """The strategy flags' values, checked before any model is loaded."""
+    if strategy not in STRATEGIES:
+        raise BadFlagError(f"--decode-strategy must be one of {', '.join(STRATEGIES)}, got '{strategy}'")
+    if min_match not in (2, 3):
+        raise BadFlagError(f"--spec-min-match must be 2 or 3, got {min_match}")
+    if lookup_window < 64:
+        raise BadFlagError(f"--spec-lookup-window must be >= 64, got {lookup_window}")
+    if not 1 <= mtp_k <= 7:
+        raise BadFlagError(f"--spec-mtp-k must be in 1..7, got {mtp_k}")
+    if not 0.0 <= mtp_min_p < 1.0:
+        raise BadFlagError(f"--spec-min-p must be in [0, 1), got {mtp_min_p}")
+
+
+def make_drafter(strategy: str, *, min_match: int = 3, lookup_window: int = 65536, costs=None, mtp_head=None,
+                 n_ctx: int = 4096, mtp_k: int = MTP_K, mtp_min_p: float = 0.0) -> Drafter:
+    """The drafter for `--decode-strategy`. `costs` (a SpecCosts from a plan, or None) seeds the adaptive
+    scheduler's cost model; `mtp_head` (guild.models.mtp, or None) drafts for `mtp` and joins `adaptive`, with
+    its own KV cache of n_ctx rows, at most mtp_k drafts a window."""
+    check_flags(strategy, min_match=min_match, lookup_window=lookup_window, mtp_k=mtp_k, mtp_min_p=mtp_min_p)
     if strategy == "normal":
         return NoDrafter()
     if strategy == "lookup":
         from .suffix_drafter import SuffixDrafter
 
-        if min_match not in (2, 3):
-            raise BadFlagError(f"--spec-min-match must be 2 or 3, got {min_match}")
-        if lookup_window < 64:
-            raise BadFlagError(f"--spec-lookup-window must be >= 64, got {lookup_window}")
         return SuffixDrafter(min_match=min_match, max_history=lookup_window)
     if strategy == "retrieval":
         from .retrieval_drafter import RetrievalDrafter
 
         return RetrievalDrafter()
-    if strategy == "adaptive":
-        from .adaptive import AdaptiveDrafter
+    from .mtp_drafter import MtpDrafter
 
-        return AdaptiveDrafter([make_drafter("lookup", min_match=min_match, lookup_window=lookup_window),
-                                make_drafter("retrieval")], costs)
     if strategy == "mtp":
-        raise BadFlagError("--decode-strategy mtp is not built yet (available: normal, lookup, retrieval, adaptive)")
-    raise BadFlagError(f"--decode-strategy must be one of {', '.join(STRATEGIES)}, got '{strategy}'")
+        if mtp_head is None:
+            raise BadFlagError("--decode-strategy mtp needs an MTP head (guild train-mtp MODEL -o HEAD.gguf)")
+        return MtpDrafter(mtp_head, n_ctx, max_k=mtp_k, min_p=mtp_min_p)
+    from .adaptive import AdaptiveDrafter
+
+    drafters = [make_drafter("lookup", min_match=min_match, lookup_window=lookup_window), make_drafter("retrieval")]
+    if mtp_head is not None:  # the scheduler weighs the head's confidence itself: no min_p here
+        drafters.append(MtpDrafter(mtp_head, n_ctx, max_k=mtp_k))
+    return AdaptiveDrafter(drafters, costs, mtp_cap_k=mtp_k)

@@ -13,6 +13,7 @@ from .adaptive_scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
 from .costs import SpecCosts
 
 MAX_PENDING = 64  # shadow proposals awaiting their tokens (each resolves within k emitted tokens)
+MAX_CATCHUP_TIMED = 8  # an MTP propose that caught up more rows than a window commits is not timed
 
 
 def _signals(d) -> dict:
@@ -31,9 +32,9 @@ class AdaptiveDrafter:
     name = "adaptive"
 
     def __init__(self, drafters: Sequence, costs: SpecCosts | None = None, max_draft: int = 7,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3):
         self.drafters = list(drafters)
-        self.scheduler = AdaptiveScheduler(SchedulerConfig(max_draft=max_draft), costs)
+        self.scheduler = AdaptiveScheduler(SchedulerConfig(max_draft=max_draft, mtp_cap_k=mtp_cap_k), costs)
         self.clock = clock
         self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
         self.last_strategy = "normal"
@@ -44,6 +45,12 @@ class AdaptiveDrafter:
         for d in self.drafters:
             if hasattr(d, "ingest"):
                 d.ingest(tokens)
+
+    def observe_hidden(self, pos0: int, rows) -> None:
+        """The session's committed hidden rows, for the drafters that follow them (MTP)."""
+        for d in self.drafters:
+            if hasattr(d, "observe_hidden"):
+                d.observe_hidden(pos0, rows)
 
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         self.pending.clear()  # what follows a new prompt is not the continuation they predicted
@@ -68,10 +75,15 @@ class AdaptiveDrafter:
     def propose(self, history: Sequence[int], k: int) -> np.ndarray:
         self._resolve(history)
         props = []
-        for d in self.drafters:
+        for d in self.drafters:  # the lazy ones (MTP) last: asked only when they could beat what is on the table
+            if getattr(d, "lazy", False) and not self.scheduler.ask(d.name, props, k):
+                continue
             t = self.clock()
             toks = d.propose(history, max(k, 0)) if k > 0 else np.empty(0, np.int32)
-            self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
+            if getattr(d, "catchup_rows", 0) <= MAX_CATCHUP_TIMED:  # a long lagging catch-up is not the steady cost
+                self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
+            if d.name == "mtp" and toks.size:
+                self.scheduler.observe_mtp_prob(d.last_prob)
             p = Proposal(d.name, tuple(toks.tolist()), _signals(d))
             props.append(p)
             if p.tokens:

@@ -62,6 +62,8 @@ class SchedulerConfig:
     decay: float = 0.98  # per-update decay of acceptance counts: tracks a changing text
     cost_decay: float = 0.9  # decay of the empirical cost sums and window-time averages
     default_slope: float = 0.5  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan)
+    prob_ema: float = 0.2  # weight of the newest MTP top-1 probability in mtp_prob_ema
+    probe_every: int = 16  # a lazy drafter (MTP) not asked for this many windows is asked anyway
 
     def __post_init__(self):
         if not 0 <= self.max_draft <= MAX_T - 1 or not 0 <= self.mtp_cap_k <= MAX_T - 1:
@@ -183,6 +185,8 @@ class Costs:
         self.kappa_n = g * self.kappa_n + 1
 
     def observe_draft(self, strategy: str, ms: float) -> None:
+        if strategy == "mtp":  # a measured MTP propose includes its catch-up: the plan's separate term retires
+            self.catchup_ms = 0.0
         old = self.draft_ms.get(strategy)
         self.draft_ms[strategy] = ms if old is None else 0.9 * old + 0.1 * ms
 
@@ -228,6 +232,8 @@ class AdaptiveScheduler:
         self.emp_n: dict[str, float] = {}
         self.emp_w: dict[str, float] = {}  # decayed window counts
         self.last: Decision | None = None
+        self.mtp_prob_ema: float | None = None  # the MTP head's recent confidence in its first draft
+        self.unasked: dict[str, int] = {}  # windows since each lazy drafter was last asked
 
     # ---------------------------------------------------------------- cost model
     def _blend(self, s: str, c_model: float) -> float:
@@ -256,6 +262,25 @@ class AdaptiveScheduler:
         return out
 
     # ---------------------------------------------------------------- decisions
+    def ask(self, strategy: str, proposals: Sequence[Proposal], room: int) -> bool:
+        """Whether to run a lazy drafter (MTP: a head forward) this window: when its expected cost at its recent
+        confidence (mtp_prob_ema) beats the best of what is on the table, or every `probe_every` windows to keep
+        its estimates fresh. Never while muted."""
+        if room <= 0 or strategy in self.muted or not self.costs.seeded:
+            return False
+        n = self.unasked[strategy] = self.unasked.get(strategy, 0) + 1
+        cap = self.cfg.mtp_cap_k if strategy == "mtp" else self.cfg.max_draft
+        guess = Proposal(strategy, (0,) * cap, {"prob": self.mtp_prob_ema if self.mtp_prob_ema is not None else 1.0})
+        mine = min(self.candidate_costs(guess, room), default=float("inf"))
+        best = self._blend("normal", self.costs.verify(1))
+        for p in proposals:
+            if p.tokens and p.strategy not in self.muted:
+                best = min(best, *self.candidate_costs(p, room))
+        if mine < best or n >= self.cfg.probe_every:
+            self.unasked[strategy] = 0
+            return True
+        return False
+
     def decide(self, proposals: Sequence[Proposal], room: int) -> Decision:
         """The window to run: (strategy, k) from this window's proposals (empty ones mean Normal)."""
         c = self.cfg
@@ -336,3 +361,8 @@ class AdaptiveScheduler:
 
     def observe_draft_ms(self, strategy: str, ms: float) -> None:
         self.costs.observe_draft(strategy, ms)
+
+    def observe_mtp_prob(self, p: float) -> None:
+        """The MTP head's top-1 probability of the draft it just proposed (seed 000 3.3: mtp_prob_ema)."""
+        e, w = self.mtp_prob_ema, self.cfg.prob_ema
+        self.mtp_prob_ema = p if e is None else (1 - w) * e + w * p

@@ -1,0 +1,170 @@
+"""Multi-token-prediction head, DeepSeek-V3 (arXiv 2412.19437 §2.2) / Qwen3.5 `mtp` form:
+
+    h'_p = Block(eh_proj([RMSNorm_e(emb(x_{p+1})) ; RMSNorm_h(h_p)]))       logits(x_{p+2}) = head(RMSNorm_s(h'_p))
+
+h_p is the base model's final hidden state at position p after its output norm (what its LM head reads, as
+vLLM passes it); the block is one layer of the base's own kind with its own one-layer KV cache, committed by
+`keep` like the model's. Drafting d_{i+1} from d_i chains the head on its own normed output.
+
+Sources, first found wins: an explicit sidecar path; the model file's own `nextn` block (qwen35moe/glm4moe
+naming: `blk.{n_layers}.nextn.*` plus that block's layer tensors); `<model>.mtp.gguf` beside the model; a head
+shipped in guild/heads/ for the embedded model. A sidecar (`guild train-mtp`) uses the same names at block 0
+and records the base's identity digest, checked here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import GuildError
+from ..gguf import GGUFFile, f32
+from ..kernels.cpu import ops
+from ..kernels.cpu.quant import dequantize_rows, matmul, pack
+from ..state import KVCache
+from .llama import Linear, window_context
+
+HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped for the embedded models
+SIDECAR_SUFFIX = ".mtp.gguf"
+ARCH = "guild-mtp"
+
+
+class MtpError(GuildError):
+    """No usable MTP head: missing, trained for another model, or malformed."""
+
+
+@dataclass(frozen=True)
+class MtpInfo:
+    source: str  # file the head was read from
+    kind: str  # "nextn" (the model's own block) or "sidecar"
+    ffn: str  # "moe" or "dense"
+    heldout_acceptance: float | None  # measured by train-mtp, when it trained the head
+    draft_vocab: int  # tokens the draft LM head scores (vocab size when the full head is used)
+
+
+class MtpHead:
+    """One MTP module over a base model (which it shares embeddings, LM head and rope tables with)."""
+
+    def __init__(self, base, g: GGUFFile, bid: int, kind: str, draft_vocab: int | None = None):
+        p = f"blk.{bid}.nextn."
+        need = [p + n + ".weight" for n in ("eh_proj", "enorm", "hnorm", "shared_head_norm")]
+        missing = [n for n in need if not g.has(n)]
+        if missing:
+            raise MtpError(f"{g.path}: MTP head lacks {', '.join(missing)}")
+        a = base.args
+        self.base, self.args = base, a
+        self.enorm, self.hnorm = f32(g.tensor(p + "enorm.weight")), f32(g.tensor(p + "hnorm.weight"))
+        self.head_norm = f32(g.tensor(p + "shared_head_norm.weight"))
+        eh = g.tensor(p + "eh_proj.weight")
+        if tuple(eh.shape) != (a.dim, 2 * a.dim):
+            raise MtpError(f"{g.path}: {p}eh_proj is {tuple(eh.shape)}, expected ({a.dim}, {2 * a.dim})")
+        self.eh_proj = Linear([eh])
+        if g.has(p + "embed_tokens.weight"):
+            e = g.tensor(p + "embed_tokens.weight")
+            self.embed = pack(e.qtype, e.data, e.shape[0], e.shape[1])
+        else:
+            self.embed = base.embed
+        head = g.tensor(p + "shared_head_head.weight") if g.has(p + "shared_head_head.weight") else None
+        self.output = Linear([head]).parts[0] if head is not None else base.output
+        self.block = base.mtp_block(g, bid)
+        ffn = "moe" if g.has(f"blk.{bid}.ffn_gate_inp.weight") else "dense"
+        # the draft LM head: the full vocabulary, or the rows of the tokens the head most often predicts
+        self.vocab_ids = None
+        if draft_vocab and g.has("mtp.draft_vocab") and head is None:
+            ids = np.asarray(g.tensors["mtp.draft_vocab"].data, np.int64).reshape(-1)[:draft_vocab]  # I32
+            t = base.gguf.tensor("output.weight" if base.gguf.has("output.weight") else "token_embd.weight")
+            self.output = pack(t.qtype, np.ascontiguousarray(t.data[ids]), ids.size, t.shape[1])
+            self.vocab_ids = ids
+        acc = g.get("guild.mtp.train.heldout_acceptance", float, None)
+        self.info = MtpInfo(str(g.path), kind, ffn, acc, self.output.n_rows)
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        a = self.args
+        return KVCache(1, a.n_kv_heads, a.head_dim, n_ctx)
+
+    def base_hidden(self, x: np.ndarray) -> np.ndarray:
+        """The base's normed hidden [R, dim] from its final residual rows x (state.hidden)."""
+        h = np.empty_like(x)
+        ops.rmsnorm(np.ascontiguousarray(x), self.base.out_norm, self.args.norm_eps, h)
+        return h
+
+    def forward(self, tokens, hidden: np.ndarray, cache: KVCache, n_logits: int = 1):
+        """Rows p = cache.pos.. with inputs (hidden_p [normed], tokens_p = x_{p+1}); writes them to the cache
+        (uncommitted: call cache.commit(keep)). Returns (h' normed [R, dim], logits [n_logits, n] of the last
+        n_logits rows over the draft vocabulary; None when n_logits is 0)."""
+        a = self.args
+        toks = np.ascontiguousarray(tokens, np.int64).reshape(-1)
+        R = toks.size
+        if hidden.shape != (R, a.dim):
+            raise ValueError(f"MtpHead.forward: hidden {hidden.shape} for {R} tokens of dim {a.dim}")
+        pos0 = cache.begin(R)
+        e = np.empty((R, a.dim), np.float32)
+        dequantize_rows(self.embed, toks, e)
+        cat = np.empty((R, 2 * a.dim), np.float32)  # [R, 2 dim]: [enorm(emb) ; hnorm(h)]
+        ops.rmsnorm(e, self.enorm, a.norm_eps, cat[:, : a.dim])
+        ops.rmsnorm(np.ascontiguousarray(hidden, np.float32), self.hnorm, a.norm_eps, cat[:, a.dim :])
+        x = self.eh_proj(cat)
+        h = np.empty_like(x)
+        offs = np.array([0, R])
+        positions = np.arange(pos0, pos0 + R, dtype=np.int64)
+        self.base.block(0, self.block, x, h, window_context([cache], offs, [pos0], positions, a.n_heads))
+        ops.rmsnorm(x, self.head_norm, a.norm_eps, h)
+        if not n_logits:
+            return h, None
+        logits = np.empty((n_logits, self.output.n_rows), np.float32)
+        matmul(self.output, np.ascontiguousarray(h[R - n_logits :]), logits)
+        return h, logits
+
+    def token(self, j: int) -> int:
+        """Token id of column j of the draft logits."""
+        return int(self.vocab_ids[j]) if self.vocab_ids is not None else int(j)
+
+
+def _sidecar(base, path: Path, draft_vocab: int | None) -> MtpHead:
+    g = GGUFFile(path)
+    if g.architecture != ARCH:
+        raise MtpError(f"{path}: not an MTP head (general.architecture is '{g.architecture}', expected '{ARCH}')")
+    want = base.gguf.identity_digest()
+    got = g.get("guild.mtp.base_digest", str, "")
+    if got != want:
+        name = g.get("guild.mtp.base_name", str, "?")
+        raise MtpError(f"{path}: MTP head was trained for another model ({name}, digest {got[:12]}), "
+                       f"not {Path(base.gguf.path).name} ({want[:12]})")
+    return MtpHead(base, g, 0, "sidecar", draft_vocab)
+
+
+def find_mtp_head(base, path: str | Path | None = None, draft_vocab: int | None = None) -> MtpHead | None:
+    """The model's MTP head from the first source that has one (see the module docstring), or None."""
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise MtpError(f"--mtp-head {p}: no such file")
+        return _sidecar(base, p, draft_vocab)
+    g = base.gguf
+    n = getattr(base, "n_mtp", 0)
+    if n and g.has(f"blk.{base.args.n_layers}.nextn.eh_proj.weight"):
+        return MtpHead(base, g, base.args.n_layers, "nextn", draft_vocab)
+    cand = sidecar_path(g.path)
+    return _sidecar(base, cand, draft_vocab) if cand is not None else None
+
+
+def sidecar_path(model_path: str | Path) -> Path | None:
+    """The sidecar head a model would use: `<model>.mtp.gguf` beside it, else one shipped in guild/heads/."""
+    model = Path(model_path)
+    for cand in (model.with_name(model.stem + SIDECAR_SUFFIX), HEADS_DIR / (model.stem + SIDECAR_SUFFIX)):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def load_mtp_head(base, path: str | Path | None = None, draft_vocab: int | None = None) -> MtpHead:
+    """As find_mtp_head, but a missing head is an error that says how to make one."""
+    head = find_mtp_head(base, path, draft_vocab)
+    if head is None:
+        name = Path(base.gguf.path).name
+        raise MtpError(f"{name} has no MTP head (no nextn tensors, no {Path(name).stem}{SIDECAR_SUFFIX} beside "
+                       f"it); train one: guild train-mtp {base.gguf.path} -o "
+                       f"{Path(base.gguf.path).with_suffix('')}{SIDECAR_SUFFIX}")
+    return head

@@ -1,0 +1,105 @@
+"""`--decode-strategy mtp`: greedy drafts from the model's MTP head (guild/models/mtp.py).
+
+The session hands over the base's final hidden rows of everything it commits (`observe_hidden`). At propose
+time the head first catches its own KV cache up over the committed rows it has not seen (one batched pass, no
+LM head but the last row's, whose logits are draft 1), commits them, then chains on its own output for drafts
+2..k and rolls those rows back: the head's cache always holds exactly the committed positions, so catch-up
+after any accept/reject equals a fresh recompute (tests/test_mtp.py).
+
+Drafts are greedy (argmax), so the verifier's exact rule holds for sampling too. `last_prob` is the head's
+top-1 probability of draft 1 — the scheduler's confidence signal; `probs` those of every draft. With
+`min_p > 0` a window whose first draft is less likely than that is a plain step (seed 000 3.3), and the chain
+stops at the first draft under it. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _top1(logits: np.ndarray) -> tuple[int, float]:
+    j = int(np.argmax(logits))
+    z = logits.astype(np.float64) - float(logits[j])
+    return j, float(1.0 / np.exp(z).sum())
+
+
+class MtpDrafter:
+    name = "mtp"
+    lazy = True  # a head forward per proposal: the adaptive scheduler asks only when it could pay
+
+    def __init__(self, head, n_ctx: int, max_k: int = 3, min_p: float = 0.0):
+        if not 1 <= max_k <= 7:
+            raise ValueError(f"mtp max_k must be in 1..7, got {max_k}")
+        self.head, self.max_k, self.min_p = head, max_k, min_p
+        self.cache = head.new_cache(n_ctx)
+        self._rows: list[tuple[int, np.ndarray]] = []  # (position, final residual rows) not yet in the cache
+        self.last_prob = 0.0
+        self.probs: list[float] = []
+        self.catchup_rows = 0  # rows the last propose caught up (the M_catchup part of its cost)
+
+    # -- the session's hooks --------------------------------------------------------------------------------
+    def observe_hidden(self, pos0: int, rows: np.ndarray) -> None:
+        """The base committed rows at positions pos0..; rows: their final residuals [n, dim]."""
+        end = self._end()
+        if pos0 < end:  # a rewind: forget what is past pos0
+            self._rows = [(p, r[: max(0, pos0 - p)]) for p, r in self._rows if p < pos0]
+            if self.cache.pos > pos0:
+                self.cache.truncate(pos0)
+            end = self._end()
+        if pos0 != end:
+            raise RuntimeError(f"MtpDrafter: rows at {pos0} after {end} (the drafter missed the rows between)")
+        if len(rows):
+            self._rows.append((pos0, rows))
+
+    def start(self, history: Sequence[int], prompt_start: int) -> None:
+        """After the prompt's prefill: catch up over its rows now (the session counts this as prefill), all but
+        the last, whose token is the one about to be sampled."""
+        n = self._end() - self.cache.pos - 1
+        if n > 0:
+            last = self._rows[-1]
+            self._rows[-1] = (last[0], last[1][:-1])
+            self.catch_up(history, False)
+            self._rows = [(last[0] + len(last[1]) - 1, last[1][-1:])]
+
+    def _end(self) -> int:
+        return self._rows[-1][0] + len(self._rows[-1][1]) if self._rows else self.cache.pos
+
+    # -- drafting -----------------------------------------------------------------------------------------
+    def catch_up(self, history: Sequence[int], with_logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Run the head over the pending committed rows (row p reads token history[p+1]) and commit them.
+        Returns (the last row's normed output [1, dim], its draft logits or None)."""
+        rows = [r for r in self._rows if len(r[1])]
+        self._rows = []
+        x = np.concatenate([r for _, r in rows]) if len(rows) > 1 else rows[0][1]
+        p0 = self.cache.pos
+        toks = np.asarray(history[p0 + 1 : p0 + 1 + x.shape[0]], np.int64)
+        h, logits = self.head.forward(toks, self.head.base_hidden(x), self.cache, 1 if with_logits else 0)
+        self.cache.commit(toks.size)
+        self.catchup_rows = toks.size
+        return h[-1:], logits
+
+    def propose(self, history: Sequence[int], k: int) -> np.ndarray:
+        self.probs = []
+        self.last_prob = 0.0
+        self.catchup_rows = 0
+        if k <= 0 or not self._rows:
+            return np.empty(0, np.int32)
+        h, logits = self.catch_up(history, True)
+        committed = self.cache.pos
+        drafts: list[int] = []
+        for i in range(min(k, self.max_k)):
+            if i:
+                h, logits = self.head.forward([drafts[-1]], h, self.cache, 1)
+                self.cache.commit(1)
+            j, p = _top1(logits[0])
+            if i == 0:
+                self.last_prob = p
+            if p < self.min_p:
+                break
+            drafts.append(self.head.token(j))
+            self.probs.append(p)
+        if self.cache.pos > committed:
+            self.cache.truncate(committed)  # chained rows are speculative: the cache keeps committed rows only
+        return np.asarray(drafts, np.int32)
