@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup setup-oracle run test bench bench-full lint clean
+.PHONY: setup setup-oracle run test bench bench-full mtp-head lint clean
 
 setup: $(VENV)/.setup-done
 
@@ -30,13 +30,19 @@ test: setup
 # reduced set (a few minutes on 2 cores): engine speed vs llama.cpp, then workloads x strategies (parity-checked)
 bench: setup
 	$(BIN)/python -m guild.perf
-	$(BIN)/guild bench --workloads W2,W4,W7,W8,W9 --strategies normal,lookup,retrieval,adaptive --repeats 1
+	$(BIN)/guild bench --workloads W2,W4,W7,W8,W9 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 1
 
 bench-full: setup
 	$(BIN)/python -m guild.perf --full
 	$(BIN)/python -m guild.perf --spec
 	$(BIN)/python -m guild.perf_hybrid
-	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,adaptive --repeats 3
+	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
+
+# retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
+# an interrupted run resumes from guild/heads/*.ckpt/
+mtp-head: setup-oracle
+	$(BIN)/guild train-mtp smollm2-135m-moe -o guild/heads/smollm2-135m-moe.mtp.gguf --steps 400 \
+		--text-tokens 120000 --gen-tokens 30000
 
 lint: setup
 	$(BIN)/ruff check .

@@ -21,7 +21,7 @@ from .chat import Conversation
 from .errors import BadFlagError, GuildError
 from .sampling import SamplingParams
 from .session import GuildSession, generate_concurrent
-from .spec import MTP_K, STRATEGIES, check_flags, make_drafter
+from .spec import STRATEGIES, MtpOptions, make_drafter
 
 
 class ParityError(GuildError):
@@ -64,8 +64,8 @@ def machine() -> dict:
 
 
 def run_workload(lm, w, strategy: str, sampling: SamplingParams, max_draft: int, context: int,
-                 max_tokens: int | None = None, sessions: int = 1, costs=None, mtp_head: str | None = None,
-                 mtp_k: int = MTP_K) -> RunRecord:
+                 max_tokens: int | None = None, sessions: int = 1, costs=None, mtp: MtpOptions = MtpOptions()
+                 ) -> RunRecord:
     """One workload (all its turns) on fresh sessions with the strategy's drafter; with sessions > 1, that
     many copies run concurrently (one batched forward per round) and must agree token for token."""
     from .run import mtp_head_for
@@ -73,8 +73,7 @@ def run_workload(lm, w, strategy: str, sampling: SamplingParams, max_draft: int,
     tok = lm.tokenizer
     convs, drafters = [], []
     for _ in range(sessions):
-        d = make_drafter(strategy, costs=costs, mtp_head=mtp_head_for(lm, strategy, mtp_head), n_ctx=context,
-                         mtp_k=mtp_k)
+        d = make_drafter(strategy, costs=costs, mtp_head=mtp_head_for(lm, strategy, mtp), n_ctx=context, mtp=mtp)
         if hasattr(d, "ingest"):  # retrieval, and adaptive's retrieval drafter
             for text in w.corpus_texts():
                 d.ingest(tok.encode(text))
@@ -178,7 +177,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
           sampling: SamplingParams | None = None, max_draft: int = 4, context: int = 8192,
           max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True,
           sessions: int = 1, gexec: str | None = None, strict_plan: bool = False, device: str = "cpu",
-          mtp_head: str | None = None, mtp_k: int = MTP_K) -> dict:
+          mtp: MtpOptions = MtpOptions()) -> dict:
     """`gexec`: a `guild optimize` plan whose calibrated costs seed the adaptive drafters (checked against this
     machine and model; regenerated next to it on a mismatch unless `strict_plan`)."""
     from .run import load, mtp_head_for, use_device
@@ -188,7 +187,6 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     for s in strategies:
         if s not in STRATEGIES:
             raise BadFlagError(f"--strategies: unknown strategy '{s}' (choose from {', '.join(STRATEGIES)})")
-    check_flags("normal", mtp_k=mtp_k)
     if repeats < 1:
         raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
     if not 1 <= sessions <= 8:
@@ -208,7 +206,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     costs = plan.spec_costs() if plan else None
     use_device(lm, device, context, plan)  # --device: attention/dense on the GPU, experts on the CPU
     for s in strategies:
-        mtp_head_for(lm, s, mtp_head)  # no head for `mtp`: fail before any work
+        mtp_head_for(lm, s, mtp)  # no head for `mtp`: fail before any work
     ws = []
     for w in load_workloads(workloads):
         ws += w.instances(lm.tokenizer, context)
@@ -224,7 +222,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
         for rep, w, s in jobs:
             bar.update(task, description=f"repeat {rep + 1} · {w.key} · {s}")
             samp = sampling or w.sampling_params()
-            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens, sessions, costs, mtp_head, mtp_k)
+            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens, sessions, costs, mtp)
             rec.repeat = rep
             if s == "normal":
                 ref[(w.key, rep)] = rec

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from .errors import BadFlagError, GuildError
-from .spec import MTP_K
+from .spec import MTP_K, MTP_VOCAB, MtpOptions
 
 app = typer.Typer(
     help="guild: run Mixture-of-Experts GGUF models on the CPU (and GPU), with exact speculative decoding.",
@@ -108,6 +108,8 @@ def run(
                               rich_help_panel=SPEC),
     mtp_min_p: float = typer.Option(0.0, "--spec-min-p", help="mtp: plain step when the head's top-1 "
                                     "probability is below this (0 = always draft).", rich_help_panel=SPEC),
+    mtp_vocab: int = typer.Option(MTP_VOCAB, "--spec-mtp-vocab", help="Draft LM head over the head's N most "
+                                  "frequent tokens (0 = whole vocabulary).", rich_help_panel=SPEC),
     max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most (0..7).",
                                   rich_help_panel=SPEC),
     trace: Path | None = typer.Option(None, "--trace", help="Append one JSON line per window (candidates, "
@@ -156,7 +158,7 @@ def run(
                              lookup_window=lookup_window, corpus=tuple(str(c) for c in corpus or ()),
                              sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
                              gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
-                             mtp_head=None if mtp_head is None else str(mtp_head), mtp_k=mtp_k, mtp_min_p=mtp_min_p)
+                             mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, mtp_min_p, mtp_vocab))
         if interactive:
             runner = Runner(model, opts, threads)
             err.print("[dim]chat: one line per turn; empty line or Ctrl-D ends[/]")
@@ -228,6 +230,7 @@ def bench(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     mtp_head: Path | None = typer.Option(None, "--mtp-head", help="MTP head GGUF for mtp/adaptive."),
     mtp_k: int = typer.Option(MTP_K, "--spec-mtp-k", help="MTP drafts per window at most (1..7)."),
+    mtp_vocab: int = typer.Option(MTP_VOCAB, "--spec-mtp-vocab", help="Draft LM head rows (0 = whole vocabulary)."),
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table."""
     from .bench import bench as run_bench
@@ -242,7 +245,7 @@ def bench(
                         repeats=repeats, sampling=sampling, max_draft=max_draft, context=context,
                         max_tokens=max_tokens, out=out, sessions=sessions,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
-                        mtp_head=None if mtp_head is None else str(mtp_head), mtp_k=mtp_k)
+                        mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab))
     except GuildError as e:
         _fail(e)
     if as_json:

@@ -14,7 +14,7 @@ from .gguf import GGUFFile
 from .models import load_model
 from .sampling import GREEDY, SamplingParams
 from .session import GuildSession
-from .spec import MTP_K, check_flags, make_drafter
+from .spec import MtpOptions, check_flags, make_drafter
 from .tokenizer import Tokenizer
 from .upcycle import resolve_model
 
@@ -38,7 +38,7 @@ class Loaded:
     tokenizer: Tokenizer
     load_s: float
     device: str = "cpu"  # what runs the model, said in words (see use_device)
-    mtp_heads: dict = field(default_factory=dict)  # --mtp-head path (or None: the model's own) -> MtpHead | None
+    mtp_heads: dict = field(default_factory=dict)  # (--mtp-head path or None, draft vocab) -> MtpHead | None
 
 
 def load(model: str | None) -> Loaded:
@@ -77,23 +77,24 @@ def use_device(lm: Loaded, device: str | None, context: int, plan=None) -> None:
     lm.device = f"{dev.describe()} · {lm.model.describe()}"
 
 
-def mtp_head_for(lm: Loaded, strategy: str, path: str | None = None):
+def mtp_head_for(lm: Loaded, strategy: str, mtp: MtpOptions = MtpOptions()):
     """The MTP head `mtp` needs (an error saying how to train one when there is none) and `adaptive` uses when
     the model has one; None for the other strategies. The head runs with the CPU engine only (GpuLlama keeps its
     hidden rows on the device)."""
     if strategy not in ("mtp", "adaptive"):
         return None
     if not hasattr(lm.model, "mtp_block"):
-        if strategy == "mtp" or path is not None:
+        if strategy == "mtp" or mtp.head is not None:
             raise BadFlagError("MTP drafting runs with --device cpu for now (the GPU engine has no MTP head)")
         return None
     from .models.mtp import find_mtp_head, load_mtp_head
 
-    if path not in lm.mtp_heads:
-        lm.mtp_heads[path] = find_mtp_head(lm.model, path)
-    if lm.mtp_heads[path] is None and strategy == "mtp":
-        load_mtp_head(lm.model, path)  # raises, saying how to make one
-    return lm.mtp_heads[path]
+    key = (mtp.head, mtp.vocab)
+    if key not in lm.mtp_heads:
+        lm.mtp_heads[key] = find_mtp_head(lm.model, mtp.head, mtp.vocab or None)
+    if lm.mtp_heads[key] is None and strategy == "mtp":
+        load_mtp_head(lm.model, mtp.head)  # raises, saying how to make one
+    return lm.mtp_heads[key]
 
 
 def _check_device(device: str | None) -> None:
@@ -138,14 +139,11 @@ class DecodeOptions:
     gexec: str | None = None  # a `guild optimize` plan: its spec costs seed the scheduler, its threads apply
     strict_plan: bool = False  # fail on a plan for another machine/model instead of regenerating one
     device: str = "cpu"  # auto | cpu | cuda (the CLI's default is auto)
-    mtp_head: str | None = None  # an MTP head GGUF (default: the model's own nextn block or a sidecar beside it)
-    mtp_k: int = MTP_K  # MTP drafts per window at most
-    mtp_min_p: float = 0.0  # fixed mtp: a plain step when the head's top-1 probability is below this
+    mtp: MtpOptions = MtpOptions()  # how the MTP head drafts (mtp, adaptive)
 
     def __post_init__(self):
-        check_flags(self.strategy, min_match=self.min_match, lookup_window=self.lookup_window, mtp_k=self.mtp_k,
-                    mtp_min_p=self.mtp_min_p)
-        if self.mtp_head is not None and self.strategy not in ("mtp", "adaptive"):
+        check_flags(self.strategy, min_match=self.min_match, lookup_window=self.lookup_window)
+        if self.mtp.head is not None and self.strategy not in ("mtp", "adaptive"):
             raise BadFlagError("--mtp-head needs --decode-strategy mtp or adaptive")
         if self.context < 16:
             raise BadFlagError(f"--context must be >= 16, got {self.context}")
@@ -216,8 +214,7 @@ def use_plan(lm: Loaded, opts: DecodeOptions, threads: int | None):
 def _slot(lm: Loaded, opts: DecodeOptions, costs=None):
     """A session with its own drafter (corpus ingested) and conversation."""
     drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window, costs=costs,
-                           mtp_head=mtp_head_for(lm, opts.strategy, opts.mtp_head), n_ctx=opts.context,
-                           mtp_k=opts.mtp_k, mtp_min_p=opts.mtp_min_p)
+                           mtp_head=mtp_head_for(lm, opts.strategy, opts.mtp), n_ctx=opts.context, mtp=opts.mtp)
     for f in opts.corpus:
         drafter.ingest(lm.tokenizer.encode(Path(f).read_text(errors="replace")))
     s = GuildSession(lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch, eos_ids=lm.tokenizer.eos_ids)
@@ -255,7 +252,7 @@ class Runner:
         return Turn(finish(), out, stats)
 
     def result(self, turns: list[Turn]) -> RunResult:
-        head = mtp_head_for(self.lm, self.opts.strategy, self.opts.mtp_head)
+        head = mtp_head_for(self.lm, self.opts.strategy, self.opts.mtp)
         return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts, self.lm.device,
                          head.info.source if head is not None else None)
 

@@ -72,5 +72,25 @@ def test_cli_trace_and_default_strategy(tmp_path, moe_path):
     decided = [x for x in lines if x["decision"] and x["decision"]["candidates"]]
     assert decided and all("normal" in x["decision"]["candidates"] for x in decided)
     for x in lines:
-        assert x["strategy"] in ("normal", "lookup", "retrieval") and x["verify_ms"] > 0
+        assert x["strategy"] in ("normal", "lookup", "retrieval", "mtp") and x["verify_ms"] > 0
         assert x["emitted"] >= 1 and 1 <= x["kept"] <= x["k"] + 1
+
+
+def test_cli_mtp_uses_the_shipped_head(moe_path):
+    """`--decode-strategy mtp` on the embedded MoE finds the head shipped in guild/heads/, drafts every window,
+    and emits plain decoding's tokens; `guild inspect` names the head."""
+    from typer.testing import CliRunner
+
+    from guild.cli import app
+
+    prompt = "Explain in two sentences why the sky is blue."
+    args = ["run", moe_path, "--chat", "-p", prompt, "-n", "32", "--json", "--device", "cpu"]
+    plain = json.loads(CliRunner().invoke(app, [*args, "--decode-strategy", "normal"]).stdout)
+    r = CliRunner().invoke(app, [*args, "--decode-strategy", "mtp"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["tokens"] == plain["tokens"]
+    assert got["mtp_head"].endswith("heads/smollm2-135m-moe.mtp.gguf")
+    assert got["strategies"]["mtp"]["windows"] >= got["windows"] - 1 and got["accepted"] > 0
+    r = CliRunner().invoke(app, ["inspect", moe_path, "--json"])
+    assert json.loads(r.stdout)["mtp_head"].endswith("heads/smollm2-135m-moe.mtp.gguf")

@@ -12,7 +12,7 @@ from guild.models import load_model
 from guild.models.mtp import MtpError, find_mtp_head, load_mtp_head
 from guild.sampling import SamplingParams
 from guild.session import GuildSession
-from guild.spec import make_drafter
+from guild.spec import MtpOptions, make_drafter
 from guild.spec.mtp_drafter import MtpDrafter
 from guild.testing import write_tiny_hybrid, write_tiny_model, write_tiny_mtp_head
 
@@ -120,7 +120,7 @@ def test_parity_with_plain_decoding(pair, strategy, sampled):
     prompt = SEQ * 2
     ref, _ = GuildSession(m, n_ctx=256).generate(prompt, 48, **kw)
     for k in (1, 3):
-        d = make_drafter(strategy, mtp_head=head, n_ctx=256, mtp_k=k)
+        d = make_drafter(strategy, mtp_head=head, n_ctx=256, mtp=MtpOptions(k=k))
         s = GuildSession(m, n_ctx=256)
         out, st = s.generate(prompt, 48, drafter=d, max_draft=4, **kw)
         assert out == ref
@@ -136,7 +136,7 @@ def test_min_p_falls_back_per_window(pair):
     base, _ = pair
     m = load_model(base)
     head = find_mtp_head(m)
-    d = make_drafter("mtp", mtp_head=head, n_ctx=256, mtp_k=2, mtp_min_p=0.999)
+    d = make_drafter("mtp", mtp_head=head, n_ctx=256, mtp=MtpOptions(k=2, min_p=0.999))
     ref, _ = GuildSession(m, n_ctx=256).generate(SEQ, 20)
     out, st = GuildSession(m, n_ctx=256).generate(SEQ, 20, drafter=d, max_draft=4)
     assert out == ref
@@ -174,7 +174,7 @@ def test_nextn_block_of_a_hybrid_model(tmp_path):
     assert np.array_equal(d.cache.k[..., :P], fresh.k[..., :P])
     ref, _ = GuildSession(m, n_ctx=128).generate(SEQ, 24)
     out, _ = GuildSession(m, n_ctx=128).generate(SEQ, 24, drafter=make_drafter("mtp", mtp_head=head, n_ctx=128,
-                                                                                 mtp_k=2), max_draft=4)
+                                                                                 mtp=MtpOptions(k=2)), max_draft=4)
     assert out == ref
 
 

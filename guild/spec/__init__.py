@@ -10,6 +10,7 @@ A drafter is a plain object with no I/O and no clock, owned by one session:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -40,10 +41,28 @@ class NoDrafter:
 
 
 MTP_K = 1  # default MTP draft depth: an untrained chain is seldom right past its first draft (README numbers)
+MTP_VOCAB = 0  # default draft LM head rows (0 = the whole vocabulary; README "MTP heads" measures the choice)
 
 
-def check_flags(strategy: str, *, min_match: int = 3, lookup_window: int = 65536, mtp_k: int = MTP_K,
-                mtp_min_p: float = 0.0) -> None:
+@dataclass(frozen=True)
+class MtpOptions:
+    """How the MTP head drafts (`--mtp-head`, `--spec-mtp-k`, `--spec-min-p`, `--spec-mtp-vocab`)."""
+
+    head: str | None = None  # a head GGUF (default: the model's nextn block, a sidecar beside it, a shipped one)
+    k: int = MTP_K  # drafts per window at most
+    min_p: float = 0.0  # fixed mtp: a plain step when the head's top-1 probability is below this
+    vocab: int = MTP_VOCAB  # score only the head's most frequent `vocab` tokens (0 = all)
+
+    def __post_init__(self):
+        if not 1 <= self.k <= 7:
+            raise BadFlagError(f"--spec-mtp-k must be in 1..7, got {self.k}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise BadFlagError(f"--spec-min-p must be in [0, 1), got {self.min_p}")
+        if self.vocab < 0:
+            raise BadFlagError(f"--spec-mtp-vocab must be >= 0, got {self.vocab}")
+
+
+def check_flags(strategy: str, *, min_match: int = 3, lookup_window: int = 65536) -> None:
     """The strategy flags' values, checked before any model is loaded."""
     if strategy not in STRATEGIES:
         raise BadFlagError(f"--decode-strategy must be one of {', '.join(STRATEGIES)}, got '{strategy}'")
@@ -51,18 +70,14 @@ def check_flags(strategy: str, *, min_match: int = 3, lookup_window: int = 65536
         raise BadFlagError(f"--spec-min-match must be 2 or 3, got {min_match}")
     if lookup_window < 64:
         raise BadFlagError(f"--spec-lookup-window must be >= 64, got {lookup_window}")
-    if not 1 <= mtp_k <= 7:
-        raise BadFlagError(f"--spec-mtp-k must be in 1..7, got {mtp_k}")
-    if not 0.0 <= mtp_min_p < 1.0:
-        raise BadFlagError(f"--spec-min-p must be in [0, 1), got {mtp_min_p}")
 
 
 def make_drafter(strategy: str, *, min_match: int = 3, lookup_window: int = 65536, costs=None, mtp_head=None,
-                 n_ctx: int = 4096, mtp_k: int = MTP_K, mtp_min_p: float = 0.0) -> Drafter:
+                 n_ctx: int = 4096, mtp: MtpOptions = MtpOptions()) -> Drafter:
     """The drafter for `--decode-strategy`. `costs` (a SpecCosts from a plan, or None) seeds the adaptive
     scheduler's cost model; `mtp_head` (guild.models.mtp, or None) drafts for `mtp` and joins `adaptive`, with
-    its own KV cache of n_ctx rows, at most mtp_k drafts a window."""
-    check_flags(strategy, min_match=min_match, lookup_window=lookup_window, mtp_k=mtp_k, mtp_min_p=mtp_min_p)
+    its own KV cache of n_ctx rows, at most mtp.k drafts a window."""
+    check_flags(strategy, min_match=min_match, lookup_window=lookup_window)
     if strategy == "normal":
         return NoDrafter()
     if strategy == "lookup":
@@ -78,10 +93,10 @@ def make_drafter(strategy: str, *, min_match: int = 3, lookup_window: int = 6553
     if strategy == "mtp":
         if mtp_head is None:
             raise BadFlagError("--decode-strategy mtp needs an MTP head (guild train-mtp MODEL -o HEAD.gguf)")
-        return MtpDrafter(mtp_head, n_ctx, max_k=mtp_k, min_p=mtp_min_p)
+        return MtpDrafter(mtp_head, n_ctx, max_k=mtp.k, min_p=mtp.min_p)
     from .adaptive import AdaptiveDrafter
 
     drafters = [make_drafter("lookup", min_match=min_match, lookup_window=lookup_window), make_drafter("retrieval")]
     if mtp_head is not None:  # the scheduler weighs the head's confidence itself: no min_p here
-        drafters.append(MtpDrafter(mtp_head, n_ctx, max_k=mtp_k))
-    return AdaptiveDrafter(drafters, costs, mtp_cap_k=mtp_k)
+        drafters.append(MtpDrafter(mtp_head, n_ctx, max_k=mtp.k))
+    return AdaptiveDrafter(drafters, costs, mtp_cap_k=mtp.k)
