@@ -29,9 +29,13 @@ def test_parity_failure_is_loud():
         _check_parity(b, a)
 
 
-def test_unbuilt_strategy_refused():
-    with pytest.raises(BadFlagError, match="mtp is not built yet"):
-        bench(None, ["W9"], ["mtp"], out=None, progress=False)
+def test_strategies_without_what_they_need_are_refused():
+    from guild.models.mtp import MtpError
+
+    with pytest.raises(BadFlagError, match="unknown strategy 'nope'"):
+        bench(None, ["W9"], ["nope"], out=None, progress=False)
+    with pytest.raises(MtpError, match="has no MTP head"):  # the dense model ships none: before any work
+        bench("smollm2-135m", ["W9"], ["mtp"], out=None, progress=False)
 
 
 def test_cli_bench_errors_are_one_line():

@@ -41,7 +41,7 @@ class NoDrafter:
 
 
 MTP_K = 1  # default MTP draft depth: an untrained chain is seldom right past its first draft (README numbers)
-MTP_VOCAB = 0  # default draft LM head rows (0 = the whole vocabulary; README "MTP heads" measures the choice)
+MTP_VOCAB = 8192  # draft LM head rows by default (0 = the whole vocabulary): same acceptance, half the step (README)
 
 
 @dataclass(frozen=True)
