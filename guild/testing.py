@@ -208,6 +208,30 @@ def _norm(seed: int, name: str, n: int) -> np.ndarray:
     return (1.0 + 0.1 * _rng(seed, name).standard_normal(n)).astype(np.float32)
 
 
+def _layer(matrix, norm, p: str, dim: int, n_heads: int, n_kv_heads: int, hd: int, qk_norm: bool, n_experts: int,
+           ffn: int) -> None:
+    """One llama-family layer's tensors named p + ...: attention (QK-norm for qwen3), then a dense SwiGLU FFN or,
+    with n_experts, a Mixtral-style router and stacked experts of size ffn."""
+    norm(p + "attn_norm.weight", dim)
+    matrix(p + "attn_q.weight", (n_heads * hd, dim))
+    matrix(p + "attn_k.weight", (n_kv_heads * hd, dim))
+    matrix(p + "attn_v.weight", (n_kv_heads * hd, dim))
+    matrix(p + "attn_output.weight", (dim, n_heads * hd), gain=0.5)
+    if qk_norm:
+        norm(p + "attn_q_norm.weight", hd)
+        norm(p + "attn_k_norm.weight", hd)
+    norm(p + "ffn_norm.weight", dim)
+    if n_experts:
+        matrix(p + "ffn_gate_inp.weight", (n_experts, dim), typ=GGMLQuantizationType.F32)
+        matrix(p + "ffn_gate_exps.weight", (n_experts, ffn, dim))
+        matrix(p + "ffn_up_exps.weight", (n_experts, ffn, dim))
+        matrix(p + "ffn_down_exps.weight", (n_experts, dim, ffn), gain=0.5)
+    else:
+        matrix(p + "ffn_gate.weight", (ffn, dim))
+        matrix(p + "ffn_up.weight", (ffn, dim))
+        matrix(p + "ffn_down.weight", (dim, ffn), gain=0.5)
+
+
 def write_tiny_model(
     path: str | PathLike,
     arch: str = "llama",
@@ -310,25 +334,8 @@ def write_tiny_model(
 
     matrix("token_embd.weight", (vocab, dim), gain=2.0)
     for i in range(n_layers):
-        p = f"blk.{i}."
-        norm(p + "attn_norm.weight", dim)
-        matrix(p + "attn_q.weight", (n_heads * hd, dim))
-        matrix(p + "attn_k.weight", (n_kv_heads * hd, dim))
-        matrix(p + "attn_v.weight", (n_kv_heads * hd, dim))
-        matrix(p + "attn_output.weight", (dim, n_heads * hd), gain=0.5)
-        if arch in ("qwen3", "qwen3moe"):
-            norm(p + "attn_q_norm.weight", hd)
-            norm(p + "attn_k_norm.weight", hd)
-        norm(p + "ffn_norm.weight", dim)
-        if moe:
-            matrix(p + "ffn_gate_inp.weight", (n_experts, dim), typ=GGMLQuantizationType.F32)
-            matrix(p + "ffn_gate_exps.weight", (n_experts, eff, dim))
-            matrix(p + "ffn_up_exps.weight", (n_experts, eff, dim))
-            matrix(p + "ffn_down_exps.weight", (n_experts, dim, eff), gain=0.5)
-        else:
-            matrix(p + "ffn_gate.weight", (ffn, dim))
-            matrix(p + "ffn_up.weight", (ffn, dim))
-            matrix(p + "ffn_down.weight", (dim, ffn), gain=0.5)
+        _layer(matrix, norm, f"blk.{i}.", dim, n_heads, n_kv_heads, hd, arch in ("qwen3", "qwen3moe"),
+               n_experts if moe else 0, eff if moe else ffn)
     norm("output_norm.weight", dim)
     if not tied:
         matrix("output.weight", (vocab, dim), gain=2.0)
@@ -545,26 +552,8 @@ def write_tiny_mtp_head(base: str | PathLike, path: str | PathLike, *, seed: int
     matrix(p + "nextn.eh_proj.weight", (d, 2 * d))
     for n in ("enorm", "hnorm", "shared_head_norm"):
         norm(p + f"nextn.{n}.weight", d)
-    norm(p + "attn_norm.weight", d)
-    matrix(p + "attn_q.weight", (a.n_heads * hd, d))
-    matrix(p + "attn_k.weight", (a.n_kv_heads * hd, d))
-    matrix(p + "attn_v.weight", (a.n_kv_heads * hd, d))
-    matrix(p + "attn_output.weight", (d, a.n_heads * hd), gain=0.5)
-    if g.has(p + "attn_q_norm.weight"):
-        norm(p + "attn_q_norm.weight", hd)
-        norm(p + "attn_k_norm.weight", hd)
-    norm(p + "ffn_norm.weight", d)
-    if a.is_moe:
-        E, f = a.n_experts, g.tensor("blk.0.ffn_gate_exps.weight").shape[1]
-        matrix(p + "ffn_gate_inp.weight", (E, d), typ=GGMLQuantizationType.F32)
-        matrix(p + "ffn_gate_exps.weight", (E, f, d))
-        matrix(p + "ffn_up_exps.weight", (E, f, d))
-        matrix(p + "ffn_down_exps.weight", (E, d, f), gain=0.5)
-    else:
-        f = g.tensor("blk.0.ffn_gate.weight").shape[0]
-        matrix(p + "ffn_gate.weight", (f, d))
-        matrix(p + "ffn_up.weight", (f, d))
-        matrix(p + "ffn_down.weight", (d, f), gain=0.5)
+    f = g.tensor("blk.0.ffn_gate_exps.weight").shape[1] if a.is_moe else g.tensor("blk.0.ffn_gate.weight").shape[0]
+    _layer(matrix, norm, p, d, a.n_heads, a.n_kv_heads, hd, g.has(p + "attn_q_norm.weight"), a.n_experts, f)
     if draft_vocab:
         ids = _rng(seed, "draft_vocab").permutation(a.vocab_size)[:draft_vocab].astype(np.int32)
         w.add_tensor("mtp.draft_vocab", ids)

