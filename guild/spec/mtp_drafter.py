@@ -7,7 +7,7 @@ LM head but the last row's, whose logits are draft 1), commits them, then chains
 after any accept/reject equals a fresh recompute (tests/test_mtp.py).
 
 Drafts are greedy (argmax), so the verifier's exact rule holds for sampling too. `last_prob` is the head's
-top-1 probability of draft 1 — the scheduler's confidence signal; `probs` those of every draft. With
+top-1 probability of draft 1 — the scheduler's confidence signal. With
 `min_p > 0` a window whose first draft is less likely than that is a plain step (seed 000 3.3), and the chain
 stops at the first draft under it. No I/O, no clock.
 """
@@ -36,7 +36,6 @@ class MtpDrafter:
         self.cache = head.new_cache(n_ctx)
         self._rows: list[tuple[int, np.ndarray]] = []  # (position, final residual rows) not yet in the cache
         self.last_prob = 0.0
-        self.probs: list[float] = []
         self.catchup_rows = 0  # rows the last propose caught up (the M_catchup part of its cost)
 
     # -- the session's hooks --------------------------------------------------------------------------------
@@ -81,7 +80,6 @@ class MtpDrafter:
         return h[-1:], logits
 
     def propose(self, history: Sequence[int], k: int) -> np.ndarray:
-        self.probs = []
         self.last_prob = 0.0
         self.catchup_rows = 0
         if k <= 0 or not self._rows:
@@ -99,7 +97,6 @@ class MtpDrafter:
             if p < self.min_p:
                 break
             drafts.append(self.head.token(j))
-            self.probs.append(p)
         if self.cache.pos > committed:
             self.cache.truncate(committed)  # chained rows are speculative: the cache keeps committed rows only
         return np.asarray(drafts, np.int32)
