@@ -29,13 +29,13 @@ test: setup
 
 # reduced set (a few minutes on 2 cores): engine speed vs llama.cpp, then workloads x strategies (parity-checked)
 bench: setup
-	$(BIN)/python -m guild.perf
+	$(BIN)/python -m guild.tools.perf
 	$(BIN)/guild bench --workloads W2,W4,W7,W8,W9 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 1
 
 bench-full: setup
-	$(BIN)/python -m guild.perf --full
-	$(BIN)/python -m guild.perf --spec
-	$(BIN)/python -m guild.perf_hybrid
+	$(BIN)/python -m guild.tools.perf --full
+	$(BIN)/python -m guild.tools.perf --spec
+	$(BIN)/python -m guild.tools.perf_hybrid
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
 
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);

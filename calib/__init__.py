@@ -1,1 +1,1 @@
-"""Calibration passes for `guild optimize` (issue 7)."""
+"""Calibration passes for `guild optimize`: probe, placement, CPU kernels, speculative costs."""

@@ -1,5 +1,6 @@
-"""`guild optimize`: the four calibration passes (DESIGN.md "Calibration passes") → a sealed `.gexec` plan, and
-the plan handling of `run`/`bench --gexec` (validate, or regenerate a local plan next to a mismatched one)."""
+"""`guild optimize`: the four calibration passes (probe, placement, CPU kernels, speculative costs) → a sealed
+`.gexec` plan, and the plan handling of `run`/`bench --gexec` (validate, or regenerate a local plan next to a
+mismatched one)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,19 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numba
 from rich.console import Console
 from rich.markup import escape
 
+from .. import __version__
+from ..engine.device import place_model
 from ..errors import BadFlagError, PlanMismatchError
+from ..models.mtp import find_mtp_head
 from ..plan import MODES, Header, ModelIdentity, Plan, load_plan, read_plan, write_plan
+from .cpu import tune_cpu
+from .placement import placement_for
+from .probe import hardware_identity, memory_bandwidth_gbs
+from .spec import calibrate_spec
 
 err = Console(stderr=True, highlight=False)
 
@@ -82,17 +91,11 @@ class _Passes:
         return out
 
 
-def optimize(model: str | None, out: str | Path | None, *, mode: str = "auto", context: int = 4096,
-             prefill_batch: int = 512, spec: int = 0, progress: bool = True, loaded=None, **knobs) -> Plan:
-    """Calibrate `model` (path or tag; or `loaded`, a guild.run.Loaded) on this machine and write the sealed
-    plan to `out` (atomically; None = do not write). `knobs` override the mode's Knobs."""
-    from .. import __version__
-    from ..run import load
-    from .cpu import tune_cpu
-    from .placement import placement_for
-    from .probe import hardware_identity, memory_bandwidth_gbs
-    from .spec import calibrate_spec
-
+def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4096, prefill_batch: int = 512,
+             spec: int = 0, device: str | None = None, progress: bool = True, **knobs) -> Plan:
+    """Calibrate the loaded model `lm` (guild.load.LoadedModel, on the CPU) on this machine and write the sealed
+    plan to `out` (atomically; None = do not write). With `device`, pass 4 measures the model placed there as
+    pass 2 places it (what `run --gexec` will use). `knobs` override the mode's Knobs."""
     k = Knobs.for_mode(mode, **knobs)
     if context < 16:
         raise BadFlagError(f"--context must be >= 16, got {context}")
@@ -100,17 +103,10 @@ def optimize(model: str | None, out: str | Path | None, *, mode: str = "auto", c
         raise BadFlagError(f"--prefill-batch must be >= 1, got {prefill_batch}")
     if not 0 <= spec <= 7:
         raise BadFlagError(f"--spec must be in 0..7, got {spec}")
-    import numba
-
     threads_before = numba.get_num_threads()
     p = _Passes(progress)
-    lm = loaded or p.run(0, "model loaded", lambda: load(model), lambda m: Path(m.path).name)
     g = lm.gguf
-    head = None
-    if hasattr(lm.model, "mtp_block"):  # the CPU engine; the GPU engine has no MTP head
-        from ..models.mtp import find_mtp_head
-
-        head = find_mtp_head(lm.model)
+    head = find_mtp_head(lm.model) if lm.model.hosts_mtp_head else None
     if spec and head is None:
         raise BadFlagError(f"--spec {spec}: MTP calibration needs an MTP head; this model has none "
                            "(guild train-mtp makes one)")
@@ -125,10 +121,13 @@ def optimize(model: str | None, out: str | Path | None, *, mode: str = "auto", c
                                                    bandwidth_gbs=bw), lambda c: (
         f"{c.threads} threads · " + ", ".join(f"{kt.qtype} {kt.gweights_s:.2f} Gw/s ({kt.role})"
                                               for kt in c.kernels)))
+    model, _, _ = place_model(lm.model, device, context, placement) if device else (lm.model, None, "")
+    if not model.hosts_mtp_head:
+        head = None
     try:
         numba.set_num_threads(cpu.threads)  # pass 4 runs as `run --gexec` will
         sc = p.run(4, "speculative costs", lambda: calibrate_spec(
-            lm.model, lm.tokenizer, context=context, prefill_batch=prefill_batch, repeats=k.repeats,
+            model, lm.tokenizer, context=context, prefill_batch=prefill_batch, repeats=k.repeats,
             fill_cap=k.fill_cap, draft_steps=k.draft_steps, mtp_note=_mtp_note(head), mtp_head=head), lambda s: (
             f"V(1) {s.verify_window_ms[0]:.1f} ms, V(8) {s.verify_window_ms[-1]:.1f} ms at {s.context} tokens"
             + (f" · U(8)/U(1) {s.distinct_expert_ratio[-1]:.2f}" if s.distinct_expert_ratio else "")
@@ -173,5 +172,5 @@ def plan_for(path: str | Path, lm, *, strict: bool = False, progress: bool = Tru
             err.print(str(e), style="yellow", markup=False, soft_wrap=True)
     h = read_plan(path).header
     err.print(f"regenerating a plan for this machine and model: {local}", style="dim", markup=False)
-    return optimize(None, local, mode=h.mode, context=h.context, prefill_batch=h.prefill_batch, spec=h.spec,
-                    progress=progress, loaded=lm)
+    return optimize(lm, local, mode=h.mode, context=h.context, prefill_batch=h.prefill_batch, spec=h.spec,
+                    progress=progress)

@@ -1,6 +1,6 @@
 """Pass 2 of `guild optimize`: which tensors go to the GPU, from tensor sizes and the KV cache for `--context`.
 
-Routed experts always stay on the CPU (their union per window is the CPU's job, DESIGN.md). With a GPU the
+Routed experts always stay on the CPU (their union per window is the CPU's job). With a GPU the
 per-token hot path goes first, layer by layer (attention or recurrent weights with that layer's KV cache, its
 norms and router), then each layer's dense/shared FFN and MTP head, then the output head, then the token
 embeddings (a row lookup, cheap on the CPU); a unit that does not fit the VRAM budget stays on the CPU and
@@ -9,47 +9,14 @@ smaller later units may still fit. Without a GPU everything is CPU and the plan 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-from ..plan import GpuInfo, Placement, PlacementGroup
+from ..plan import GpuInfo, Placement, PlacementGroup, group_of
 
 # VRAM kept free for the CUDA context, cuBLAS workspaces and activations
 VRAM_SHARE = 0.90
 VRAM_RESERVE = 256 * 2**20
-KV_BYTES = 4  # guild's KV cache is float32 (guild.state.KVCache)
-
-_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
-
-
-def group_of(name: str) -> tuple[str, int]:
-    """(group, layer) of a GGUF tensor name (llama.cpp naming); layer -1 for global tensors."""
-    m = _LAYER.match(name)
-    if not m:
-        if name.startswith("token_embd"):
-            return "embeddings", -1
-        if name.startswith(("output", "result_norm")):
-            return "output", -1
-        return "other", -1
-    layer, rest = int(m.group(1)), m.group(2)
-    if "_exps" in rest:
-        return "routed_experts", layer
-    if "ffn_gate_inp" in rest or "exp_probs" in rest:
-        return "router", layer
-    if "_shexp" in rest:
-        return "shared_experts", layer
-    if rest.startswith("nextn.") or rest.startswith(("eh_proj", "enorm", "hnorm")):
-        return "mtp", layer
-    if rest.startswith("ssm_"):
-        return "recurrent", layer
-    if rest.startswith("attn_") and "norm" not in rest:
-        return "attention", layer
-    if "norm" in rest:
-        return "norms", layer
-    if rest.startswith("ffn_"):
-        return "dense_ffn", layer
-    return "other", layer
-
+KV_BYTES = 4  # guild's KV cache is float32 (guild.engine.state.KVCache)
 
 # placement priority: (group, per layer?) — the per-token hot path first
 _HOT = ("attention", "recurrent", "kv_cache", "norms", "router")

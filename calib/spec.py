@@ -1,4 +1,4 @@
-"""Pass 4 of `guild optimize`: the speculative costs (seed 000, 3.5), measured with the real model.
+"""Pass 4 of `guild optimize`: the speculative costs, measured with the real model.
 
 - V(T), T = 1..8: one verification window (forward, greedy accept rule, KV commit) at the target context.
   The context is filled with real calibration text up to `fill_cap` tokens; the KV rows beyond are copies of
@@ -6,7 +6,7 @@
   minutes. Window tokens are real consecutive text, so the routing is real. States other than a plain KV
   cache (hybrid recurrent models) are measured at the filled length; `context` records what was measured.
 - the CPU-expert share of V(T): the time inside the MoE FFN kernel (kernels/cpu/moe.moe_ffn) in those windows.
-- U(T)/U(1): the union of routed experts per layer over the window's T rows (KVCache.distinct_experts), mean.
+- U(T)/U(1): the union of routed experts per layer over the window's T rows (ForwardResult.distinct_experts), mean.
 - lookup / retrieval propose latency: the session's drafters replayed over `context` tokens of history.
 - KV commit: committing a rejected 8-row window (the rows are cleared).
 - noise: the coefficient of variation of the window times.
@@ -17,27 +17,30 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from ..engine.sampling import GREEDY
+from ..engine.state import KVCache
+from ..engine.verify import Verifier
+from ..kernels.cpu import moe
 from ..plan import MAX_T, SpecCalibration
-from ..state import KVCache
+from ..spec import make_drafter
+from ..workloads import default_root
 
 
 def calibration_text() -> str:
     """Real text shipped with guild (the workloads' documents: prose, code, JSON), else Python's own sources."""
-    from ..workloads import default_root
-
     root = default_root() / "texts"
     files = sorted(root.glob("*.txt")) if root.is_dir() else []
     if not files:
-        import json
-        import textwrap
 
         files = [Path(textwrap.__file__), Path(json.__file__)]
     return "\n\n".join(f.read_text(errors="replace").strip() for f in files)
@@ -56,8 +59,6 @@ def calibration_tokens(tokenizer, n: int) -> list[int]:
 def timed_experts(acc: list[float]):
     """Add the seconds spent in the CPU expert kernels (kernels/cpu/moe: moe_ffn, or experts_ffn for rows
     routed elsewhere) to acc[0] while active, wherever a guild module outside the kernels imported them."""
-    from ..kernels.cpu import moe
-
     def wrap(orig):
         def timed(*a, **kw):
             t0 = time.perf_counter()
@@ -106,12 +107,26 @@ def _cv(xs) -> float:
     return statistics.pstdev(xs) / m if len(xs) > 1 and m > 0 else 0.0
 
 
+def replay(drafter, hist, src_list, src, steps, seed):
+    """Propose as a session does: before each call append the 1-4 tokens the previous window committed.
+    Returns (latencies in s, calls that drafted, tokens drafted)."""
+    lat, hits, drafted = [], 0, 0
+    r = np.random.default_rng(seed)
+    while len(lat) < steps and src < len(src_list):
+        step = int(r.integers(1, 5))
+        hist.extend(src_list[src : src + step])
+        src += step
+        t0 = time.perf_counter()
+        p = drafter.propose(hist, 4)
+        lat.append(time.perf_counter() - t0)
+        hits += p.size > 0
+        drafted += p.size
+    return lat, hits, drafted
+
+
 def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> tuple[float, float]:
     """Median propose latency (ms) of the lookup and retrieval drafters over `context` tokens of history, as a
     session calls them (1-4 committed tokens appended before each call); retrieval has the text as corpus."""
-    from ..spec import make_drafter
-    from ..spec.bench_drafters import _replay
-
     need = context + 5 * steps + 8
     stream = (tokens * (need // len(tokens) + 1))[:need]
     out = []
@@ -120,10 +135,9 @@ def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> tuple[flo
         if name == "retrieval":
             d.ingest(tokens[: min(len(tokens), 65536)])
         hist = list(stream[:context])
-        if hasattr(d, "start"):
-            d.start(hist, 0)
+        d.start(hist, 0)
         d.propose(hist, 4)  # indexes the history (and compiles), outside the timings
-        lat, _, _ = _replay(d, hist, stream, context, steps, 0)
+        lat, _, _ = replay(d, hist, stream, context, steps, 0)
         out.append(_median(lat) * 1e3)
     return out[0], out[1]
 
@@ -131,9 +145,6 @@ def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> tuple[flo
 def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, repeats: int = 9,
                    fill_cap: int = 1024, draft_steps: int = 400, mtp_note: str = "", mtp_head=None) -> SpecCalibration:
     """Pass 4 on a loaded model (see the module docstring)."""
-    from ..sampling import GREEDY
-    from ..verify import Verifier
-
     state = model.new_state(context + MAX_T + 1)
     ctx = max(1, min(context, state.n_ctx - MAX_T - 1))
     copies = isinstance(state, KVCache)
@@ -145,16 +156,16 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
     rows = []
     for s in range(0, fill, prefill_batch):
         chunk = np.asarray(toks[s : min(s + prefill_batch, fill)], np.int64)
-        model.forward(chunk, state, last_only=True)
+        out = model.forward_batch([(chunk, state)], last_only=True)[0]
         state.commit(chunk.size)
-        rows.append(state.hidden)
+        rows.append(out.hidden)
     prefill_tok_s = fill / (time.perf_counter() - t0)
     if copies and ctx > fill:
         _fill_copies(state, fill, ctx)
     mtp = _mtp_costs(mtp_head, np.concatenate(rows), toks, fill, ctx, repeats) if mtp_head is not None else None
     history = (toks * (ctx // len(toks) + 1))[:ctx]  # what the accept rule copies per window, as in a session
     verifier = Verifier(GREEDY)
-    moe = bool(getattr(getattr(model, "args", None), "is_moe", False))
+    moe = model.args.is_moe
     v_ms = {T: [] for T in range(1, MAX_T + 1)}
     e_ms = {T: [] for T in range(1, MAX_T + 1)}
     distinct = {T: [] for T in range(1, MAX_T + 1)}
@@ -170,11 +181,11 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
                 window = toks[o : o + T]
                 acc[0] = 0.0
                 t0 = time.perf_counter()
-                logits = model.forward(window, state)
+                out = model.forward_batch([(window, state)])[0]
                 e = acc[0]
-                verifier.verify(logits, window, history, pos0, T)
+                verifier.verify(out.logits, window, history, pos0, T)
                 if moe:
-                    distinct[T].append(float(np.mean(state.distinct_experts)))
+                    distinct[T].append(float(np.mean(out.distinct_experts)))
                 tc = time.perf_counter()
                 state.commit(0)
                 t1 = time.perf_counter()

@@ -1,4 +1,7 @@
-"""guild command line: thin Typer commands, each calling one library function."""
+"""guild command line: thin Typer commands, each calling one library function.
+
+Each command imports what it runs inside its body: the engine pulls in Numba and compiles kernels, and
+`guild --help` (or a typo) should answer at once."""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from .errors import BadFlagError, GuildError
-from .spec import MTP_K, MTP_VOCAB, MtpOptions
+from .errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError
+from .options import MTP_K, MTP_VOCAB, MtpOptions
 
 app = typer.Typer(
     help="guild: run Mixture-of-Experts GGUF models on the CPU (and GPU), with exact speculative decoding.",
@@ -25,8 +29,18 @@ SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → 
 MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."
 
 
+# engine errors speak in engine terms; here they get the flag that changes the outcome
+_HINTS = (
+    (ContextOverflowError, "--context sets the context"),
+    (DeviceUnavailableError, "--device cpu runs without a GPU"),
+    (GpuPathError, "--device cpu runs everything on the CPU"),
+)
+
+
 def _fail(e: GuildError) -> None:
-    err.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+    hint = next((h for cls, h in _HINTS if isinstance(e, cls)), None)
+    msg = str(e) + (f" ({hint})" if hint else "")
+    err.print(f"[bold red]error:[/] {escape(msg)}", markup=True, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -40,7 +54,7 @@ STRICT_HELP = "Fail on a --gexec plan for another machine or model instead of re
 
 def _conversation(path: Path) -> list[str]:
     """User turns from a JSON or YAML file: a list of strings or of {role, content} messages."""
-    import yaml
+    import yaml  # deferred: see the module docstring
 
     try:
         data = yaml.safe_load(path.read_text())
@@ -78,7 +92,7 @@ def _print_stats(res, sampling) -> None:
         f"[dim]{Path(res.model).name} · {res.threads} threads · load {res.load_s:.2f} s · "
         f"strategy {res.options.strategy}" + ("" if sampling.greedy else f" · seed {sampling.seed}")
         + (f" · MTP head {Path(res.mtp_head).name}" if res.mtp_head else "")
-        + f" · device {getattr(res, 'device', 'cpu')}[/]"
+        + f" · device {res.device}" + (f" ({escape(res.device_reason)})" if res.device_reason else "") + "[/]"
     )
 
 
@@ -136,9 +150,9 @@ def run(
                                     rich_help_panel=SAMPLING),
 ):
     """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
+    from .engine.sampling import SamplingParams  # deferred: see the module docstring
     from .run import DecodeOptions, Runner, write_trace
     from .run import run as run_prompts
-    from .sampling import SamplingParams
 
     def stream(s: str) -> None:
         sys.stdout.write(s)
@@ -158,7 +172,8 @@ def run(
                              lookup_window=lookup_window, corpus=tuple(str(c) for c in corpus or ()),
                              sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
                              gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
-                             mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, mtp_min_p, mtp_vocab))
+                             mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, mtp_min_p, mtp_vocab),
+                             sessions=sessions)
         if interactive:
             runner = Runner(model, opts, threads)
             err.print("[dim]chat: one line per turn; empty line or Ctrl-D ends[/]")
@@ -185,7 +200,7 @@ def run(
 
             if trace is not None:
                 raise BadFlagError("--trace records one session's windows; drop --sessions or --trace")
-            rep = run_sessions(model, prompts, sessions, chat=chat, opts=opts, threads=threads)
+            rep = run_sessions(model, prompts, chat=chat, opts=opts, threads=threads)
             if as_json:
                 print(json.dumps(rep))
                 return
@@ -233,9 +248,9 @@ def bench(
     mtp_vocab: int = typer.Option(MTP_VOCAB, "--spec-mtp-vocab", help="Draft LM head rows (0 = whole vocabulary)."),
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table."""
-    from .bench import bench as run_bench
-    from .run import set_threads
-    from .sampling import SamplingParams
+    from .engine.sampling import SamplingParams  # deferred: see the module docstring
+    from .load import set_threads
+    from .tools.bench import bench as run_bench
 
     try:
         set_threads(threads)
@@ -267,13 +282,14 @@ def optimize(
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP + " Costs are measured on it."),
 ):
     """Calibrate this machine for a model (probe, placement, CPU kernels, speculative costs) → a .gexec plan."""
-    from .calib.optimize import optimize as run_optimize
-    from .run import load_on_device
+    from .calib.optimize import optimize as run_optimize  # deferred: see the module docstring
+    from .load import load
 
     try:
-        loaded = load_on_device(model, device, context)
-        plan = run_optimize(model, out, mode=mode, context=context, prefill_batch=prefill_batch, spec=spec,
-                            loaded=loaded)
+        with err.status("loading the model …", spinner="dots"):
+            lm = load(model)
+        plan = run_optimize(lm, out, mode=mode, context=context, prefill_batch=prefill_batch, spec=spec,
+                            device=device)
     except GuildError as e:
         _fail(e)
     print(plan.path)
@@ -288,7 +304,7 @@ def inspect(
     plot: Path | None = typer.Option(None, "--plot", help="Write the cost curves as a PNG (needs matplotlib)."),
 ):
     """Show a plan (identity, placement, CPU tuning, speculative costs) or a GGUF model."""
-    from .inspect import inspect as run_inspect
+    from .describe import inspect as run_inspect  # deferred: see the module docstring
 
     try:
         d = run_inspect(path, full=plan, as_json=as_json, plot_to=None if plot is None else str(plot))
@@ -309,7 +325,7 @@ def upcycle(
     seed: int = typer.Option(0, "--seed", help="Seed of the perturbations and the router."),
 ):
     """Build a Mixtral-style MoE GGUF from a dense llama GGUF by sparse upcycling."""
-    from . import upcycle as up
+    from . import upcycle as up  # deferred: see the module docstring
 
     try:
         if dense is None and out is None and (experts, top_k, seed) == (8, 2, 0):
@@ -350,7 +366,7 @@ def train_mtp(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
 ):
     """Train an MTP head (see the help above)."""
-    from .train_mtp import train_mtp as run_train
+    from .tools.train_mtp import train_mtp as run_train  # deferred: see the module docstring
 
     try:
         s = run_train(model, output, steps=steps, text_tokens=text_tokens, gen_tokens=gen_tokens, seq_len=seq_len,

@@ -33,6 +33,14 @@ class BadFlagError(GuildError):
     pass
 
 
+class DeviceUnavailableError(GuildError):
+    """--device cuda without a usable GPU (CuPy, driver, device or NVRTC missing)."""
+
+
+class GpuPathError(GuildError):
+    """The GPU engine cannot run this model here (architecture, shape, memory)."""
+
+
 class ModelNotFoundError(GuildError):
     pass
 

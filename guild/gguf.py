@@ -15,7 +15,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from .errors import GgufFormatError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
 
-# Quant types the CPU kernels implement (DESIGN.md "Quantized CPU kernels").
+# Quant types the CPU kernels implement (kernels/cpu/quant.py).
 SUPPORTED_QTYPES = frozenset(
     GGMLQuantizationType[n]
     for n in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")

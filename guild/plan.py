@@ -1,4 +1,4 @@
-"""The `.gexec` execution plan (DESIGN.md "Plans"): what `guild optimize` measured on this machine for one model,
+"""The `.gexec` execution plan (README "Plans"): what `guild optimize` measured on this machine for one model,
 sealed so that `run`/`bench` can trust it.
 
 File layout (YAML, written by `write_plan`)::
@@ -34,18 +34,20 @@ from typing import Any
 import yaml
 
 from .errors import (
-    CpuIsaMismatch,
-    GpuArchitectureMismatch,
     ModelMismatch,
-    NumaTopologyMismatch,
     PlanError,
     PlanSealError,
 )
+from .gguf import GGUFFile
+from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
+from .spec.costs import SpecCosts
+from .window import MAX_WINDOW
 
 FORMAT = "guild.gexec"
 FORMAT_VERSION = 1
-MAX_T = 8  # spec tables cover verification windows of T = 1..8 rows
+MAX_T = MAX_WINDOW  # spec tables cover verification windows of T = 1..MAX_WINDOW rows
 MODES = ("auto", "quick")  # `optimize --mode`: full calibration, or fewer repeats (tests, CI)
+__all__ = ["GpuInfo", "HardwareIdentity", "ModelIdentity", "Plan", "load_plan", "read_plan", "write_plan"]
 SECTIONS = ("placement", "cpu", "spec")  # the sealed sections that carry their own digest
 _SEAL_RE = re.compile(rb"seal: ([0-9a-f]{64})\n\Z")
 
@@ -54,9 +56,6 @@ def _fail(where: str, msg: str) -> PlanError:
     return PlanError(f"plan {where}: {msg}")
 
 
-def _mismatch(cls, where: str, msg: str):
-    """A typed identity mismatch whose message names its type (what `run` prints before regenerating)."""
-    return cls(f"{where}: {cls.__name__}: {msg}")
 
 
 def _check(cond: bool, where: str, msg: str) -> None:
@@ -97,58 +96,6 @@ class Header:
 
 
 @dataclass(frozen=True)
-class GpuInfo:
-    name: str
-    compute_capability: str  # "major.minor", e.g. "9.0"
-    vram_bytes: int
-
-    def describe(self) -> str:
-        return f"{self.name} (sm_{self.compute_capability.replace('.', '')}, {self.vram_bytes / 2**30:.1f} GiB)"
-
-
-@dataclass(frozen=True)
-class HardwareIdentity:
-    cpu_model: str
-    isa: tuple[str, ...]  # sorted subset of calib.probe.ISA_FLAGS
-    physical_cores: int
-    logical_cpus: int
-    numa_nodes: int
-    gpu: GpuInfo | None = None
-
-    def __post_init__(self):
-        _check(self.physical_cores >= 1 and self.logical_cpus >= self.physical_cores and self.numa_nodes >= 1,
-               "hardware", "cores, logical CPUs and NUMA nodes must be >= 1 (logical >= physical)")
-        object.__setattr__(self, "isa", tuple(sorted(self.isa)))
-
-    def check(self, here: HardwareIdentity, where: str) -> None:
-        """Raise the typed mismatch if `here` (this machine) is not the machine the plan was calibrated on."""
-        if self.cpu_model != here.cpu_model or self.isa != here.isa:
-            missing = sorted(set(self.isa) - set(here.isa))
-            extra = sorted(set(here.isa) - set(self.isa))
-            diff = "; ".join(x for x in (f"missing here: {' '.join(missing)}" if missing else "",
-                                         f"new here: {' '.join(extra)}" if extra else "") if x)
-            raise _mismatch(CpuIsaMismatch, where, f"calibrated on '{self.cpu_model}', this machine is "
-                            f"'{here.cpu_model}' (ISA flags: {diff or 'the same'})")
-        if (self.numa_nodes, self.physical_cores, self.logical_cpus) != (
-                here.numa_nodes, here.physical_cores, here.logical_cpus):
-            raise _mismatch(
-                NumaTopologyMismatch, where, f"calibrated on {self.numa_nodes} NUMA node(s), {self.physical_cores} "
-                f"cores / {self.logical_cpus} threads; this machine has {here.numa_nodes} NUMA node(s), "
-                f"{here.physical_cores} cores / {here.logical_cpus} threads")
-        if self.gpu != here.gpu:
-            a = self.gpu.describe() if self.gpu else "no GPU"
-            b = here.gpu.describe() if here.gpu else "no GPU"
-            raise _mismatch(GpuArchitectureMismatch, where, f"calibrated with {a}, this machine has {b}")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> HardwareIdentity:
-        g = d.get("gpu")
-        gpu = None if g is None else GpuInfo(str(g["name"]), str(g["compute_capability"]), int(g["vram_bytes"]))
-        return cls(str(d["cpu_model"]), tuple(str(x) for x in d["isa"]), int(d["physical_cores"]),
-                   int(d["logical_cpus"]), int(d["numa_nodes"]), gpu)
-
-
-@dataclass(frozen=True)
 class ModelIdentity:
     sha256: str  # of the GGUF header, metadata and tensor index (GGUFFile.identity_digest)
     architecture: str
@@ -183,7 +130,39 @@ class ModelIdentity:
 
 # ---------------------------------------------------------------------------------------------------------
 # sections
-DEVICES = ("cpu", "gpu", "split")
+SIDES = ("cpu", "gpu", "split")  # where a placement group lives
+
+
+_BLOCK_TENSOR = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def group_of(name: str) -> tuple[str, int]:
+    """(group, layer) of a GGUF tensor name (llama.cpp naming); layer -1 for global tensors."""
+    m = _BLOCK_TENSOR.match(name)
+    if not m:
+        if name.startswith("token_embd"):
+            return "embeddings", -1
+        if name.startswith(("output", "result_norm")):
+            return "output", -1
+        return "other", -1
+    layer, rest = int(m.group(1)), m.group(2)
+    if "_exps" in rest:
+        return "routed_experts", layer
+    if "ffn_gate_inp" in rest or "exp_probs" in rest:
+        return "router", layer
+    if "_shexp" in rest:
+        return "shared_experts", layer
+    if rest.startswith("nextn.") or rest.startswith(("eh_proj", "enorm", "hnorm")):
+        return "mtp", layer
+    if rest.startswith("ssm_"):
+        return "recurrent", layer
+    if rest.startswith("attn_") and "norm" not in rest:
+        return "attention", layer
+    if "norm" in rest:
+        return "norms", layer
+    if rest.startswith("ffn_"):
+        return "dense_ffn", layer
+    return "other", layer
 
 
 @dataclass(frozen=True)
@@ -195,7 +174,7 @@ class PlacementGroup:
     gpu_bytes: int
 
     def __post_init__(self):
-        _check(self.device in DEVICES, f"placement.{self.name}.device", f"expected one of {DEVICES}")
+        _check(self.device in SIDES, f"placement.{self.name}.device", f"expected one of {SIDES}")
         _check(0 <= self.gpu_bytes <= self.bytes, f"placement.{self.name}", "gpu_bytes must be in 0..bytes")
         _check(self.name != "routed_experts" or self.gpu_bytes == 0, "placement.routed_experts",
                "routed experts always run on the CPU")
@@ -267,7 +246,7 @@ class CpuTuning:
 
 @dataclass(frozen=True)
 class SpecCalibration:
-    """Pass 4 (seed 000, 3.5): the costs the adaptive scheduler trades, measured with the real model."""
+    """Pass 4: the costs the adaptive scheduler trades, measured with the real model."""
 
     context: int  # KV rows the windows attended over
     filled_tokens: int  # of them, real calibration text prefilled (the rest: copies of those rows)
@@ -320,7 +299,6 @@ class Plan:
 
     def spec_costs(self):
         """The calibrated costs in the form the adaptive scheduler consumes."""
-        from .spec.costs import SpecCosts
 
         s = self.spec
         draft = {"lookup": s.lookup_draft_ms, "retrieval": s.retrieval_draft_ms}
@@ -442,11 +420,8 @@ def load_plan(path: str | os.PathLike, model=None, hardware: HardwareIdentity | 
     given, the model (a GGUFFile, a path, or a ModelIdentity)."""
     plan = read_plan(path)
     if hardware is None:
-        from .calib.probe import hardware_identity
-
         hardware = hardware_identity()
     if model is not None and not isinstance(model, ModelIdentity):
-        from .gguf import GGUFFile
 
         model = ModelIdentity.of(model if isinstance(model, GGUFFile) else GGUFFile(model))
     plan.check(hardware, model)

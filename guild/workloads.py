@@ -1,4 +1,4 @@
-"""Benchmark workloads W1–W10 (DESIGN.md "Workloads"; seed 000, sections 1 and 5).
+"""Benchmark workloads W1–W10 (README "Benchmarks").
 
 One YAML file per workload, ``workloads/W<n>.yaml`` next to the ``guild/`` package; long texts live in
 ``workloads/texts/<NAME>.txt`` and are copied into the repository, so a bench reads nothing else at run time.
@@ -34,6 +34,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import yaml
+
+from .engine.sampling import SamplingParams
 from .errors import GuildError
 
 TEXT_REF = re.compile(r"\{text:([^{}]*)\}")
@@ -182,7 +185,6 @@ class Workload:
     @classmethod
     def from_file(cls, path: str | Path, texts_dir: str | Path | None = None) -> Workload:
         """Read and validate one workload file; texts come from ``texts_dir`` (default: ``texts/`` beside it)."""
-        import yaml
 
         path = Path(path)
         texts_dir = Path(texts_dir) if texts_dir is not None else path.parent / "texts"
@@ -251,8 +253,7 @@ class Workload:
         return list(dict.fromkeys(n for t in self.turns for n in TEXT_REF.findall(t)))
 
     def sampling_params(self):
-        """The workload's sampling as ``guild.sampling.SamplingParams`` (greedy unless it says otherwise)."""
-        from .sampling import SamplingParams
+        """The workload's sampling as ``guild.engine.sampling.SamplingParams`` (greedy unless it says otherwise)."""
 
         return SamplingParams(**{k: SAMPLING_KEYS[k](v) for k, v in self.sampling.items()})
 

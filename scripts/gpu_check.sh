@@ -74,7 +74,7 @@ t0=$(date +%s)
     nvidia-smi || true
     $PY -c "import cupy, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__)"
     $PY -c "from guild.kernels.cuda import nvrtc_version, supported_archs; print('nvrtc', nvrtc_version(), supported_archs())"
-    $PY -c "from guild.device import resolve_device; print(resolve_device('cuda').describe())"
+    $PY -c "from guild.engine.device import resolve_device; print(resolve_device('cuda').describe())"
 } > "$OUT/device.txt" 2>&1
 note "device: $(tail -1 "$OUT/device.txt")"
 

@@ -2,8 +2,10 @@
 
 import numpy as np
 
+from guild.spec import Drafter
 
-class OracleDrafter:
+
+class OracleDrafter(Drafter):
     """Proposes the true continuation: every draft is accepted."""
 
     name = "oracle"

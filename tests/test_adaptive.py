@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from guild.sampling import SamplingParams
+from guild.engine.sampling import SamplingParams
 from guild.workloads import load_workloads
 
 ALL = [w.id for w in load_workloads()]
@@ -15,15 +15,14 @@ SEEDED = SamplingParams(temperature=0.3, top_k=40, top_p=0.9, min_p=0.05, seed=7
 def _workload_runs(lm, strategy, sampling, crop=96, n=16):
     """Each workload's turns, cropped to their last `crop` tokens, decoded in turn on one session per workload
     (so later turns continue the session, as W5's conversation does)."""
-    from guild.run import mtp_head_for
-    from guild.session import GuildSession
+    from guild.engine.session import GuildSession
     from guild.spec import make_drafter
 
     out = {}
     for w in load_workloads():
         inst = w.instances(lm.tokenizer, 8192)[0]  # W10: its 512-token instance
         s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
-        d = make_drafter(strategy, mtp_head=mtp_head_for(lm, strategy), n_ctx=1024)
+        d = make_drafter(strategy, mtp_head=lm.mtp_head(strategy), n_ctx=1024)
         for text in inst.corpus_texts():
             if hasattr(d, "ingest"):
                 d.ingest(lm.tokenizer.encode(text))
@@ -43,10 +42,10 @@ def _workload_runs(lm, strategy, sampling, crop=96, n=16):
     ids=["moe-greedy", "moe-seeded", "dense-seeded"])
 def test_parity_on_every_workload(model, sampling, strategies, moe_path, dense_path):
     """adaptive (with the shipped MTP head on the MoE) and mtp emit exactly plain decoding's tokens."""
-    from guild.run import load, mtp_head_for
+    from guild.load import load
 
     lm = load(moe_path if model == "moe" else dense_path)
-    assert (mtp_head_for(lm, "adaptive") is not None) == (model == "moe")  # the MoE's head ships with guild
+    assert (lm.mtp_head("adaptive") is not None) == (model == "moe")  # the MoE's head ships with guild
     plain = _workload_runs(lm, "normal", sampling)
     for strategy in strategies:
         got = _workload_runs(lm, strategy, sampling)

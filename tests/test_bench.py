@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from guild.bench import ParityError, RunRecord, _check_parity, bench
 from guild.errors import BadFlagError
+from guild.tools.bench import ParityError, RunRecord, _check_parity, bench
 
 
 def test_bench_small_run(tmp_path, dense_path):

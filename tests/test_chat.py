@@ -7,8 +7,8 @@ import sys
 import numpy as np
 
 from guild.chat import Conversation
-from guild.run import load
-from guild.session import GuildSession
+from guild.engine.session import GuildSession
+from guild.load import load
 
 
 def test_turns_reuse_the_cache(dense_path):

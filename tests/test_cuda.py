@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from guild.device import probe_cuda
+from guild.engine.device import probe_cuda
 from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
@@ -38,7 +38,7 @@ def gpu(request, tmp_path_factory):
             pytest.skip(f"no usable CUDA GPU: {WHY}")
         import cupy
 
-        from guild.engine_cuda import CudaBackend
+        from guild.engine.cuda import CudaBackend
         from guild.kernels.cuda import ops
 
         yield types.SimpleNamespace(cp=cupy, g=ops, h=cupy.asnumpy, backend=lambda: CudaBackend(DEV.index), emu=False)
@@ -225,9 +225,9 @@ def test_attention_rows_invariant(gpu):
 
 # -- the engine -------------------------------------------------------------------------------------------
 def _engine(gpu, model):
-    from guild.engine_cuda import GpuLlama, Placement
+    from guild.engine.cuda import GpuLlama, GpuSplit
 
-    return GpuLlama(model, gpu.backend(), Placement(model.args.n_layers))
+    return GpuLlama(model, gpu.backend(), GpuSplit(model.args.n_layers))
 
 
 @pytest.fixture(scope="module", params=[
@@ -237,7 +237,7 @@ def _engine(gpu, model):
 ], ids=lambda c: "-".join(str(v) for v in c.values()))
 def tiny(request, tmp_path_factory):
     from guild.models import load_model
-    from guild.testing import write_tiny_model
+    from guild.tools.tiny import write_tiny_model
 
     path = tmp_path_factory.mktemp("tiny") / "m.gguf"
     write_tiny_model(path, seed=3, **request.param)
@@ -284,7 +284,7 @@ def test_tiny_engine_batched_sessions_and_transfers(gpu, tiny):
     eng.forward(SEQ[5:8], b)
     b.commit(3)
     h2d, d2h = eng.dev.h2d, eng.dev.d2h
-    both = eng.forward_batch([(SEQ[12:15], a), (SEQ[15:16], b)])
+    both = [r.logits for r in eng.forward_batch([(SEQ[12:15], a), (SEQ[15:16], b)])]
     n_moe = model.args.n_layers if model.args.is_moe else 0
     assert (eng.dev.h2d - h2d, eng.dev.d2h - d2h) == (1 + n_moe, 1 + n_moe)
     a.commit(0)
@@ -317,7 +317,7 @@ def test_embedded_gpu_vs_cpu_logits(gpu, which, request):
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_embedded_speculative_parity_on_gpu(gpu, which, request):
-    from guild.session import GuildSession
+    from guild.engine.session import GuildSession
     from guild.spec import make_drafter
 
     if gpu.emu:

@@ -16,7 +16,7 @@ from guild.errors import (
 )
 from guild.gguf import GGUFFile, Tensor
 from guild.models import load_model
-from guild.testing import write_tiny_model
+from guild.tools.tiny import write_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""guild.testing.write_tiny_model: names, shapes, types, metadata, tokenizer, determinism."""
+"""guild.tools.tiny.write_tiny_model: names, shapes, types, metadata, tokenizer, determinism."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from guild.gguf import GGUFFile
-from guild.testing import SPECIAL_TOKENS, bytes_to_unicode, tiny_vocab, write_tiny_model
+from guild.tools.tiny import SPECIAL_TOKENS, bytes_to_unicode, tiny_vocab, write_tiny_model
 
 Q = GGMLQuantizationType
 SMALL = dict(dim=64, ffn=128, n_heads=4, n_kv_heads=2)

@@ -9,22 +9,22 @@ import types
 import numpy as np
 import pytest
 
-from guild.device import Device, DeviceUnavailableError, probe_cuda, resolve_device
-from guild.engine_cuda import (
+from guild.engine.cuda import (
     DeviceKVCache,
     GpuLlama,
     GpuPathError,
+    GpuSplit,
     HostBackend,
-    Placement,
     default_placement,
     gpu_sizes,
     placement_from_plan,
 )
+from guild.engine.device import Device, DeviceUnavailableError, probe_cuda, resolve_device
+from guild.engine.session import GuildSession
 from guild.errors import BadFlagError, ContextOverflowError
 from guild.models import load_model
-from guild.session import GuildSession
 from guild.spec import make_drafter
-from guild.testing import write_tiny_model
+from guild.tools.tiny import write_tiny_model
 
 TINY = [
     dict(arch="llama", qtype="Q4_1"),
@@ -32,8 +32,8 @@ TINY = [
     dict(arch="qwen3", qtype="F16", tied=True),
     dict(arch="qwen3moe", qtype="Q4_0", n_experts=4, top_k=2),
 ]
-PLACEMENTS = [Placement(2, True, True), Placement(1, False, True), Placement(1, True, False),
-              Placement(0, False, False)]
+PLACEMENTS = [GpuSplit(2, True, True), GpuSplit(1, False, True), GpuSplit(1, True, False),
+              GpuSplit(0, False, False)]
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
 
 
@@ -62,18 +62,18 @@ def test_fake_device_is_bitwise_the_cpu_model(tiny, pl):
     a.commit(9)
     b.commit(9)
     for T in (1, 3, 8):
-        x, y = tiny.forward(SEQ[9 : 9 + T], a), eng.forward(SEQ[9 : 9 + T], b)
-        assert np.array_equal(x, y), f"T={T}"
+        x, y = tiny.forward_batch([(SEQ[9 : 9 + T], a)])[0], eng.forward_batch([(SEQ[9 : 9 + T], b)])[0]
+        assert np.array_equal(x.logits, y.logits), f"T={T}"
         a.commit(1)
         b.commit(1)
-        assert a.distinct_experts.tolist() == b.distinct_experts.tolist()
+        assert x.distinct_experts.tolist() == y.distinct_experts.tolist()
     last = eng.forward(SEQ[10:14], b, last_only=True)
     assert np.array_equal(last, tiny.forward(SEQ[10:14], a, last_only=True))
 
 
 def test_commit_keep_equals_plain_decoding(tiny):
     """Pointer-only commit(keep): rows >= keep are left in the cache but never read again."""
-    eng = GpuLlama(tiny, HostBackend.fake_device(), Placement(2))
+    eng = GpuLlama(tiny, HostBackend.fake_device(), GpuSplit(2))
     plain = _plain(tiny, SEQ)
     P = 4
     for T in (2, 5, 8):
@@ -91,14 +91,14 @@ def test_commit_keep_equals_plain_decoding(tiny):
 
 
 def test_batched_sessions_equal_solo(tiny):
-    eng = GpuLlama(tiny, HostBackend.fake_device(), Placement(2))
+    eng = GpuLlama(tiny, HostBackend.fake_device(), GpuSplit(2))
     s1, s2 = eng.new_state(64), eng.new_state(64)
     eng.forward(SEQ[:5], s1)
     s1.commit(5)
     eng.forward(SEQ[6:13], s2)
     s2.commit(7)
     w1, w2 = SEQ[5:8], SEQ[13:14]
-    both = eng.forward_batch([(w1, s1), (w2, s2)])
+    both = [r.logits for r in eng.forward_batch([(w1, s1), (w2, s2)])]
     s1.commit(0)
     s2.commit(0)
     assert np.array_equal(both[0], eng.forward(w1, s1))
@@ -111,7 +111,7 @@ def test_one_transfer_each_way_per_moe_layer(tmp_path):
     write_tiny_model(path, arch="llama", n_layers=3, n_experts=4, top_k=2, qtype="Q8_0", seed=1)
     m = load_model(str(path))
     dev = HostBackend.fake_device()
-    eng = GpuLlama(m, dev, Placement(3))
+    eng = GpuLlama(m, dev, GpuSplit(3))
     st = eng.new_state(64)
     eng.forward(SEQ[:6], st)
     st.commit(6)
@@ -130,7 +130,7 @@ def test_dense_model_moves_only_indices_and_logits(tmp_path):
     path = tmp_path / "dense.gguf"
     write_tiny_model(path, arch="llama", qtype="F32", seed=2)
     dev = HostBackend.fake_device()
-    eng = GpuLlama(load_model(str(path)), dev, Placement(2))
+    eng = GpuLlama(load_model(str(path)), dev, GpuSplit(2))
     st = eng.new_state(32)
     eng.forward(SEQ[:5], st)
     assert (dev.h2d, dev.d2h) == (1, 1)
@@ -141,7 +141,7 @@ def test_session_parity_with_speculation(tmp_path):
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, arch="qwen3moe", n_experts=4, top_k=2, qtype="Q4_0", seed=4)
     m = load_model(str(path))
-    eng = GpuLlama(m, HostBackend.fake_device(), Placement(1, False, True))
+    eng = GpuLlama(m, HostBackend.fake_device(), GpuSplit(1, False, True))
     prompt = [int(t) for t in np.r_[SEQ, SEQ, SEQ]]
     ref, _ = GuildSession(m, n_ctx=128).generate(prompt, 24)
     got, st = GuildSession(eng, n_ctx=128).generate(prompt, 24, drafter=make_drafter("lookup", min_match=2),
@@ -155,7 +155,7 @@ def test_session_parity_with_speculation(tmp_path):
 
 
 def test_kv_state_errors(tiny):
-    eng = GpuLlama(tiny, HostBackend.fake_device(), Placement(2))
+    eng = GpuLlama(tiny, HostBackend.fake_device(), GpuSplit(2))
     st = eng.new_state(8)
     assert st.n_ctx == 8 and st.nbytes > 0
     eng.forward(SEQ[:3], st)
@@ -175,19 +175,19 @@ def test_default_placement_fills_layers_then_output_then_embeddings(tiny):
     s = gpu_sizes(tiny, 64)
     layers = sum(s["layers"])
     reserve = 512 * 2**20
-    assert default_placement(tiny, reserve + layers + s["output"] + s["embed"], 64) == Placement(2, True, True)
+    assert default_placement(tiny, reserve + layers + s["output"] + s["embed"], 64) == GpuSplit(2, True, True)
     assert default_placement(tiny, reserve + layers + s["output"], 64).output_gpu
-    assert default_placement(tiny, reserve + s["layers"][0], 64) == Placement(1, False, False)
-    assert default_placement(tiny, reserve, 64) == Placement(0, False, False)
+    assert default_placement(tiny, reserve + s["layers"][0], 64) == GpuSplit(1, False, False)
+    assert default_placement(tiny, reserve, 64) == GpuSplit(0, False, False)
     assert s["kv_per_layer"] == 2 * tiny.args.n_kv_heads * tiny.args.head_dim * 64 * 4
 
 
 def test_placement_from_section():
-    assert Placement.from_section({"gpu_layers": 3, "embed": "cpu"}, 4) == Placement(3, False, True)
-    assert Placement.from_section({}, 4) == Placement(4, True, True)
-    assert Placement(2, False, True).as_section() == {"gpu_layers": 2, "embed": "cpu", "output": "gpu"}
+    assert GpuSplit.from_section({"gpu_layers": 3, "embed": "cpu"}, 4) == GpuSplit(3, False, True)
+    assert GpuSplit.from_section({}, 4) == GpuSplit(4, True, True)
+    assert GpuSplit(2, False, True).as_section() == {"gpu_layers": 2, "embed": "cpu", "output": "gpu"}
     with pytest.raises(Exception, match="placement"):
-        Placement.from_section({"gpu_layers": 9}, 4)
+        GpuSplit.from_section({"gpu_layers": 9}, 4)
 
 
 def test_placement_from_plan(tiny):
@@ -196,8 +196,8 @@ def test_placement_from_plan(tiny):
 
     g = tiny.gguf
     everything = placement_for(g, GpuInfo("Big GPU", "8.9", 2**34), 64)
-    assert placement_from_plan(everything, tiny, 64) == Placement(2, True, True)
-    assert placement_from_plan(placement_for(g, None, 64), tiny, 64) == Placement(0, False, False)
+    assert placement_from_plan(everything, tiny, 64) == GpuSplit(2, True, True)
+    assert placement_from_plan(placement_for(g, None, 64), tiny, 64) == GpuSplit(0, False, False)
     # a budget for about one layer's hot path: never more on the GPU than the plan budgeted
     s = gpu_sizes(tiny, 64)
     small = placement_for(g, GpuInfo("Small GPU", "6.1", int((s["layers"][0] * 1.5 + 256 * 2**20) / 0.9)), 64)
@@ -207,7 +207,7 @@ def test_placement_from_plan(tiny):
 
 # -- device resolution ------------------------------------------------------------------------------------
 def test_resolve_device(monkeypatch):
-    import guild.device as d
+    import guild.engine.device as d
 
     assert resolve_device("cpu") == Device("cpu")
     with pytest.raises(BadFlagError, match="--device"):
@@ -215,7 +215,7 @@ def test_resolve_device(monkeypatch):
     monkeypatch.setattr(d, "probe_cuda", lambda index=0: (None, "no CUDA device"))
     auto = resolve_device("auto")
     assert auto.kind == "cpu" and "no CUDA device" in auto.describe()
-    with pytest.raises(DeviceUnavailableError, match="--device cuda: no CUDA device"):
+    with pytest.raises(DeviceUnavailableError, match="no usable CUDA GPU: no CUDA device"):
         resolve_device("cuda")
     gpu = Device("cuda", "GeForce GTX 1070", 61, 8 * 2**30, 7 * 2**30)
     monkeypatch.setattr(d, "probe_cuda", lambda index=0: (gpu, ""))
@@ -236,11 +236,12 @@ def test_probe_here_is_consistent():
 
 
 def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
-    """run.use_device end to end with a fake CUDA device: the default placement from the free VRAM, the
+    """load.place end to end with a fake CUDA device: the default placement from the free VRAM, the
     engine swapped in, the device said in words; auto falls back when the architecture has no GPU path."""
-    import guild.device as d
-    import guild.engine_cuda as ec
-    from guild.run import Loaded, use_device
+    import guild.engine.cuda as ec
+    import guild.engine.device as d
+    from guild.load import LoadedModel as Loaded
+    from guild.load import place as use_device
 
     path = tmp_path / "m.gguf"
     write_tiny_model(path, arch="llama", n_experts=4, top_k=2, qtype="Q8_0", seed=6)
@@ -250,7 +251,7 @@ def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
     monkeypatch.setattr(ec, "CudaBackend", lambda index=0: HostBackend.fake_device())
     lm = Loaded(str(path), m.gguf, m, None, 0.0)
     use_device(lm, "auto", 64)
-    assert isinstance(lm.model, GpuLlama) and lm.model.placement == Placement(2, True, True)
+    assert isinstance(lm.model, GpuLlama) and lm.model.placement == GpuSplit(2, True, True)
     assert "Fake GPU" in lm.device and "experts on CPU" in lm.device
     st = lm.model.new_state(32)
     assert np.array_equal(lm.model.forward(SEQ[:4], st), m.forward(SEQ[:4], m.new_state(32)))
@@ -258,7 +259,8 @@ def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
     other = types.SimpleNamespace(args=types.SimpleNamespace(arch="qwen3next"), gguf=m.gguf)
     lm2 = Loaded(str(path), m.gguf, other, None, 0.0)
     use_device(lm2, "auto", 64)
-    assert lm2.model is other and lm2.device.startswith("cpu (auto:") and "qwen3next" in lm2.device
+    assert lm2.model is other and lm2.device == "cpu" and lm2.device_reason.startswith("auto:")
+    assert "qwen3next" in lm2.device_reason
     with pytest.raises(GpuPathError, match="qwen3next"):
         use_device(lm2, "cuda", 64)
 

@@ -9,6 +9,8 @@ import pytest
 from drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from reference_hybrid import reference_hybrid_forward
 
+from guild.engine.sampling import SamplingParams
+from guild.engine.session import GuildSession
 from guild.errors import GuildError, MetadataError
 from guild.gguf import GGUFFile
 from guild.kernels import ref
@@ -16,10 +18,8 @@ from guild.kernels.cpu import deltanet as gdn
 from guild.models import load_model
 from guild.models.qwen3next import Qwen3Next
 from guild.models.qwen35moe import Qwen35Moe
-from guild.sampling import SamplingParams
-from guild.session import GuildSession
-from guild.spec.suffix_drafter import SuffixDrafter
-from guild.testing import write_tiny_hybrid
+from guild.spec.lookup import SuffixDrafter
+from guild.tools.tiny_hybrid import write_tiny_hybrid
 
 rng = np.random.default_rng(0)
 
@@ -171,7 +171,7 @@ def test_long_windows_match_float64_twin(tiny):
 
 def _llama_cpp_logits(path: str, tokens) -> np.ndarray:
     pytest.importorskip("llama_cpp")
-    from guild.perf import open_llama_cpp
+    from guild.tools.perf import open_llama_cpp
 
     try:
         llm = open_llama_cpp(path, logits_all=True, n_ctx=64, n_threads=2, type_k=0, type_v=0, flash_attn=False)
@@ -300,7 +300,7 @@ def test_batched_sessions_equal_solo(tiny):
     sa, sb = model.new_state(64), model.new_state(64)
     got = [[], []]
     for (ta, tb) in (((0, 4), (5, 7)), ((4, 9), (7, 14))):
-        la, lb = model.forward_batch([(SEQ[ta[0] : ta[1]], sa), (SEQ[tb[0] : tb[1]], sb)])
+        la, lb = (r.logits for r in model.forward_batch([(SEQ[ta[0] : ta[1]], sa), (SEQ[tb[0] : tb[1]], sb)]))
         sa.commit(ta[1] - ta[0])
         sb.commit(tb[1] - tb[0])
         got[0].append(la)
@@ -370,7 +370,7 @@ def test_sampled_parity(tiny):
 # metadata, layer pattern, errors
 # =========================================================================================================
 def test_layer_pattern(tiny, tmp_path):
-    from guild.inspect import layer_pattern
+    from guild.describe import layer_pattern
 
     assert tiny("qwen3next")[1].layer_pattern == "RRRA"
     assert tiny("qwen35moe-q8")[1].layer_pattern == "RRARRA"

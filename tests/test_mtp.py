@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from reference import reference_hidden, reference_mtp
 
+from guild.engine.sampling import SamplingParams
+from guild.engine.session import GuildSession
 from guild.models import load_model
 from guild.models.mtp import MtpError, find_mtp_head, load_mtp_head
-from guild.sampling import SamplingParams
-from guild.session import GuildSession
 from guild.spec import MtpOptions, make_drafter
-from guild.spec.mtp_drafter import MtpDrafter
-from guild.testing import write_tiny_hybrid, write_tiny_model, write_tiny_mtp_head
+from guild.spec.mtp import MtpDrafter
+from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
+from guild.tools.tiny_hybrid import write_tiny_hybrid
 
 KINDS = {"llama": dict(), "llama-moe": dict(n_experts=4, top_k=2), "qwen3": dict(arch="qwen3"),
          "q8": dict(qtype="Q8_0")}
@@ -40,10 +41,9 @@ def test_head_logits_match_twin(pair):
     cache = head.new_cache(64)
     _, got = head.forward(toks, hidden, cache, n_logits=len(toks))
     assert np.abs(got - want).max() <= 1e-3 * max(1.0, np.abs(want).max())
-    # the base's own hidden rows are the twin's (state.hidden before the output norm)
-    st = m.new_state(64)
-    m.forward(SEQ[:-1], st)
-    assert np.abs(head.base_hidden(st.hidden) - hidden).max() <= 1e-3 * np.abs(hidden).max()
+    # the base's own hidden rows are the twin's (ForwardResult.hidden: before the output norm)
+    out = m.forward_batch([(SEQ[:-1], m.new_state(64))])[0]
+    assert np.abs(head.base_hidden(out.hidden) - hidden).max() <= 1e-3 * np.abs(hidden).max()
 
 
 def _drive(m, head, keeps, k=3):
@@ -52,18 +52,18 @@ def _drive(m, head, keeps, k=3):
     d = MtpDrafter(head, 128, max_k=k)
     st = m.new_state(128)
     toks = list(SEQ[:6])
-    m.forward(toks, st)
+    out = m.forward_batch([(toks, st)])[0]
     st.commit(len(toks))
-    d.observe_hidden(0, st.hidden)
+    d.observe_hidden(0, out.hidden)
     toks.append(int(SEQ[6]))
     rng = np.random.default_rng(0)
     for keep in keeps:
         d.propose(toks, k)
         window = [toks[-1], *rng.integers(3, 300, size=4).tolist()]
         pos0 = st.pos
-        m.forward(window, st)
+        out = m.forward_batch([(window, st)])[0]
         st.commit(keep)
-        d.observe_hidden(pos0, st.hidden[:keep])
+        d.observe_hidden(pos0, out.hidden[:keep])
         toks += window[1:keep] + [int(rng.integers(3, 300))]
     return d, toks
 
@@ -77,17 +77,16 @@ def test_catch_up_and_rollback_equal_a_fresh_recompute(pair):
     P = d.cache.pos
     assert P == len(toks) - 1  # every committed position, nothing of the speculative chain
     # fresh: the base over all committed tokens at once, the head over all rows at once (row invariance)
-    st = m.new_state(128)
-    m.forward(toks[:-1], st)
+    hidden = m.forward_batch([(toks[:-1], m.new_state(128))])[0].hidden
     fresh = head.new_cache(128)
-    head.forward(toks[1:], head.base_hidden(st.hidden), fresh, 0)
+    head.forward(toks[1:], head.base_hidden(hidden), fresh, 0)
     fresh.commit(P)
     assert np.array_equal(d.cache.k[..., :P], fresh.k[..., :P])
     assert np.array_equal(d.cache.v[:, :, :P], fresh.v[:, :, :P])
     assert not d.cache.k[..., P:].any() and not d.cache.v[:, :, P:].any()
     # the drafts equal those of a drafter that saw every row in one go
     d2 = MtpDrafter(head, 128, max_k=3)
-    d2.observe_hidden(0, st.hidden)
+    d2.observe_hidden(0, hidden)
     p1 = d.last_prob
     assert d2.propose(toks, 3).tolist() == drafts and len(drafts) == 3
     assert d2.last_prob == p1
@@ -100,13 +99,12 @@ def test_rewind_truncates_the_head(pair):
     head = find_mtp_head(m)
     d, toks = _drive(m, head, [2, 2])
     d.propose(toks, 1)
-    st = m.new_state(128)
-    m.forward(toks[:4], st)
-    d.observe_hidden(3, st.hidden[3:4])  # the session rewound to 3 tokens and fed one
+    hidden = m.forward_batch([(toks[:4], m.new_state(128))])[0].hidden
+    d.observe_hidden(3, hidden[3:4])  # the session rewound to 3 tokens and fed one
     d.propose(toks[:5], 1)
     assert d.cache.pos == 4
     with pytest.raises(RuntimeError, match="missed"):
-        d.observe_hidden(9, st.hidden[:1])
+        d.observe_hidden(9, hidden[:1])
 
 
 @pytest.mark.parametrize("strategy", ["mtp", "adaptive"])
@@ -166,10 +164,9 @@ def test_nextn_block_of_a_hybrid_model(tmp_path):
     assert head.info.kind == "nextn" and head.info.ffn == "moe"
     d, toks = _drive(m, head, [1, 3, 2], k=2)
     d.propose(toks, 2)
-    st = m.new_state(128)
-    m.forward(toks[:-1], st)
+    hidden = m.forward_batch([(toks[:-1], m.new_state(128))])[0].hidden
     fresh = head.new_cache(128)
-    head.forward(toks[1:], head.base_hidden(st.hidden), fresh, 0)
+    head.forward(toks[1:], head.base_hidden(hidden), fresh, 0)
     P = d.cache.pos
     assert np.array_equal(d.cache.k[..., :P], fresh.k[..., :P])
     ref, _ = GuildSession(m, n_ctx=128).generate(SEQ, 24)

@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 from guild.calib.optimize import local_plan_path, optimize
 from guild.cli import app
 from guild.errors import BadFlagError, GuildError, PlanSealError
+from guild.load import load
 from guild.plan import MAX_T, CpuTuning, GpuInfo, KernelTuning, Placement, SpecCalibration, load_plan, read_plan
 from guild.plan import write_plan as write
-from guild.testing import write_tiny_model
+from guild.tools.tiny import write_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plan(tiny):
-    return optimize(str(tiny), tiny.with_name("tiny.gexec"), mode="quick", context=200, progress=False)
+    return optimize(load(str(tiny)), tiny.with_name("tiny.gexec"), mode="quick", context=200, progress=False)
 
 
 def cli(*args):
@@ -33,7 +34,7 @@ def cli(*args):
 
 def test_optimize_tiny_moe_measures_every_pass(tiny, tmp_path):
     t0 = time.perf_counter()
-    p = optimize(str(tiny), tmp_path / "p.gexec", mode="quick", context=128, progress=False)
+    p = optimize(load(str(tiny)), tmp_path / "p.gexec", mode="quick", context=128, progress=False)
     assert time.perf_counter() - t0 < 60
     assert read_plan(tmp_path / "p.gexec") == p and p.path == str(tmp_path / "p.gexec")
     s = p.spec
@@ -60,7 +61,7 @@ def test_optimize_tiny_moe_measures_every_pass(tiny, tmp_path):
 
 def test_optimize_dense_model_has_no_expert_costs(tmp_path):
     m = write_tiny_model(tmp_path / "dense.gguf", qtype="Q8_0")
-    s = optimize(str(m), None, mode="quick", context=64, progress=False).spec
+    s = optimize(load(str(m)), None, mode="quick", context=64, progress=False).spec
     assert s.verify_cpu_expert_ms is None and s.distinct_experts is None and s.distinct_expert_ratio is None
     assert len(s.verify_window_ms) == MAX_T
 
@@ -69,7 +70,7 @@ def test_optimize_flags_are_checked(tiny):
     for kw, match in ((dict(mode="slow"), "--mode"), (dict(context=4), "--context"), (dict(spec=2), "--spec 2"),
                       (dict(prefill_batch=0), "--prefill-batch"), (dict(repeats=0), "repeats")):
         with pytest.raises(BadFlagError, match=match):
-            optimize(str(tiny), None, progress=False, **kw)
+            optimize(load(str(tiny)), None, progress=False, **kw)
 
 
 def _fields(cls) -> set:
@@ -177,17 +178,17 @@ def test_cli_optimize_prints_a_line_per_pass(tiny, tmp_path):
 
 # -- --gexec in run and bench -------------------------------------------------------------------------------
 def test_runner_uses_the_plan_costs_and_threads(plan, tiny, monkeypatch):
-    import guild.run as run_mod
+    import guild.load as load_mod
     from guild.run import DecodeOptions, Runner
 
     seen = []
-    real = run_mod.make_drafter
+    real = load_mod.make_drafter
 
     def spy(*a, **kw):
         seen.append(kw.get("costs"))
         return real(*a, **kw)
 
-    monkeypatch.setattr(run_mod, "make_drafter", spy)
+    monkeypatch.setattr(load_mod, "make_drafter", spy)
     r = Runner(str(tiny), DecodeOptions(strategy="adaptive", max_tokens=4, gexec=plan.path))
     assert r.plan == plan and r.threads == plan.cpu.threads
     assert seen[-1] == plan.spec_costs()
@@ -220,7 +221,7 @@ def test_plan_from_another_machine_strict_fails_else_regenerates(plan, tiny, tmp
 
 
 def test_cpu_plan_on_a_gpu_machine_is_regenerated_with_a_placement(plan, tiny, tmp_path, monkeypatch):
-    from guild.calib import probe
+    from guild import machine as probe
     from guild.run import DecodeOptions, Runner
 
     if plan.hardware.gpu is not None:
@@ -246,7 +247,7 @@ def test_tampered_plan_is_always_an_error(plan, tiny, tmp_path):
 
 
 def test_bench_takes_the_plan(plan, tiny):
-    from guild.bench import bench
+    from guild.tools.bench import bench
 
     rep = bench(str(tiny), ["W9"], ["adaptive"], max_tokens=4, context=512, out=None, progress=False,
                 gexec=plan.path)
@@ -257,13 +258,13 @@ def test_bench_takes_the_plan(plan, tiny):
 
 def test_optimize_measures_the_mtp_head(tmp_path):
     from guild.errors import BadFlagError
-    from guild.testing import write_tiny_mtp_head
+    from guild.tools.tiny import write_tiny_mtp_head
 
     base = write_tiny_model(tmp_path / "m.gguf", n_experts=4, top_k=2, context=512)
     with pytest.raises(BadFlagError, match="needs an MTP head"):
-        optimize(str(base), tmp_path / "x.gexec", mode="quick", context=128, spec=1, progress=False)
+        optimize(load(str(base)), tmp_path / "x.gexec", mode="quick", context=128, spec=1, progress=False)
     write_tiny_mtp_head(base, tmp_path / "m.mtp.gguf")  # the sidecar beside the model
-    p = optimize(str(base), tmp_path / "p.gexec", mode="quick", context=128, spec=1, progress=False)
+    p = optimize(load(str(base)), tmp_path / "p.gexec", mode="quick", context=128, spec=1, progress=False)
     s = p.spec
     assert 0 < s.mtp_kv_catchup_ms and 0 < s.mtp_draft_step_ms and "sidecar m.mtp.gguf" in s.mtp_note
     assert p.header.spec == 1

@@ -35,8 +35,8 @@ import pytest
 from gguf import GGUFReader
 
 from guild.models import load_model
-from guild.perf import open_llama_cpp
-from guild.testing import write_tiny_model
+from guild.tools.perf import open_llama_cpp
+from guild.tools.tiny import write_tiny_model
 
 # 12 ids of the tiny 320-token vocabulary: bytes, merges and one control token (317 = <|endoftext|>).
 TINY_TOKENS = (5, 300, 17, 260, 99, 261, 42, 7, 317, 128, 64, 270)

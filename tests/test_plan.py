@@ -17,8 +17,9 @@ from guild.errors import (
     PlanError,
     PlanSealError,
 )
+from guild.load import load
 from guild.plan import SECTIONS, GpuInfo, Plan, load_plan, read_plan, render, section_digest, write_plan
-from guild.testing import write_tiny_model
+from guild.tools.tiny import write_tiny_model
 
 GPU_5070 = GpuInfo("NVIDIA GeForce RTX 5070", "12.0", 12 * 2**30)
 
@@ -32,7 +33,7 @@ def tiny(tmp_path_factory):
 def plan(tiny) -> Plan:
     from guild.calib.optimize import optimize
 
-    return optimize(str(tiny), tiny.with_name("tiny.gexec"), mode="quick", context=96, progress=False)
+    return optimize(load(str(tiny)), tiny.with_name("tiny.gexec"), mode="quick", context=96, progress=False)
 
 
 def _reseal(body: bytes) -> bytes:

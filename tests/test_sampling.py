@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from guild.engine.sampling import SamplingParams, apply_penalties, philox_uniform, process, sample
+from guild.engine.verify import Verifier
 from guild.errors import BadFlagError
-from guild.sampling import SamplingParams, apply_penalties, philox_uniform, process, sample
-from guild.verify import Verifier
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from guild.run import load
-from guild.sampling import SamplingParams
-from guild.session import GuildSession, generate_concurrent
+from guild.engine.sampling import SamplingParams
+from guild.engine.session import GuildSession, generate_concurrent
+from guild.load import load
 from guild.spec import make_drafter
 
 PROMPTS = [
@@ -48,7 +48,7 @@ def test_forward_batch_rows_equal_solo(lm):
     a, b = m.new_state(64), m.new_state(64)
     m.forward([5, 6, 7], a)
     a.commit(3)
-    la, lb = m.forward_batch([([8, 9], a), ([10, 11, 12], b)])
+    la, lb = (r.logits for r in m.forward_batch([([8, 9], a), ([10, 11, 12], b)]))
     a2, b2 = m.new_state(64), m.new_state(64)
     m.forward([5, 6, 7], a2)
     a2.commit(3)

@@ -4,8 +4,8 @@
 import pytest
 from drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 
-from guild.sampling import SamplingParams
-from guild.session import GuildSession
+from guild.engine.sampling import SamplingParams
+from guild.engine.session import GuildSession
 
 PROMPT = [1, 9690, 198, 2683, 253, 1345, 3084, 563, 4159, 30, 2, 198, 1, 520, 9531, 198]  # ChatML-ish ids
 N = 24

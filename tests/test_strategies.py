@@ -3,9 +3,9 @@
 import pytest
 
 from guild.chat import Conversation
-from guild.run import load
-from guild.sampling import SamplingParams
-from guild.session import GuildSession
+from guild.engine.sampling import SamplingParams
+from guild.engine.session import GuildSession
+from guild.load import load
 from guild.spec import make_drafter
 
 DOC = (

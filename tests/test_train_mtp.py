@@ -1,4 +1,4 @@
-"""guild train-mtp: the MTP head trainer (guild/train_mtp.py) on tiny random models."""
+"""guild train-mtp: the MTP head trainer (guild/tools/train_mtp/) on tiny random models."""
 
 import sys
 
@@ -10,12 +10,12 @@ torch = pytest.importorskip("torch")
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
-from guild import train_mtp as tm  # noqa: E402
 from guild.errors import GuildError, ModelNotFoundError  # noqa: E402
 from guild.gguf import GGUFFile  # noqa: E402
 from guild.kernels import ref  # noqa: E402
 from guild.models import load_model  # noqa: E402
-from guild.testing import write_tiny_model  # noqa: E402
+from guild.tools import train_mtp as tm  # noqa: E402
+from guild.tools.tiny import write_tiny_model  # noqa: E402
 
 TINY = dict(text_tokens=500, gen_tokens=100, seq_len=32, batch=4, lr=3e-3, threads=1, progress=False)
 

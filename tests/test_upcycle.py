@@ -18,7 +18,7 @@ from guild.errors import (
     UnsupportedArchitectureError,
 )
 from guild.gguf import GGUFFile
-from guild.testing import write_tiny_model
+from guild.tools.tiny import write_tiny_model
 
 Q = GGMLQuantizationType
 FFN = ("gate", "up", "down")

@@ -5,7 +5,7 @@ which is gated full attention; every layer has routed experts plus a sigmoid-gat
 as llama.cpp's converter writes it (conversion/qwen.py): norms stored with the +1 folded in except
 `ssm_norm`, `ssm_a` = -exp(A_log), `ssm_conv1d` [C, K], `attn_q` = [query_h | gate_h] per head. Decode math per
 HF transformers' modeling_qwen3_next. The window forward keeps row invariance; the recurrent state rolls back
-per row through guild.state.HybridState.
+per row through guild.engine.state.HybridState.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.state import HybridState
 from ..errors import GuildError, MetadataError
 from ..gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu import deltanet as gdn
@@ -21,9 +22,8 @@ from ..kernels.cpu import ops
 from ..kernels.cpu.moe import moe_ffn
 from ..kernels.cpu.quant import dequantize_rows, pack
 from ..kernels.ref import rope_tables
-from ..state import HybridState
-from . import ModelArgs
-from .llama import Linear, _expert, output_logits, window_context
+from .base import ForwardResult, ModelArgs
+from .llama import Linear, Window, _expert, output_logits
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,8 @@ class HybridMoe:
 
     V_TILED = False
     BA_FUSED = True
+    returns_hidden = True  # as models.llama.Llama
+    hosts_mtp_head = True
 
     def __init__(self, g: GGUFFile, args: ModelArgs, d: DeltaNetArgs, rollback: str = "snapshot"):
         self.gguf, self.args, self.d, self.rollback = g, args, d, rollback
@@ -180,7 +182,7 @@ class HybridMoe:
     @property
     def layer_pattern(self) -> str:
         """One letter per block: R Gated DeltaNet, A full attention, M an MTP block (in the file, not run), e.g.
-        "RRRARRRA": the string guild.inspect.layer_pattern derives from the metadata."""
+        "RRRARRRA": the string guild.describe.layer_pattern derives from the metadata."""
         return "".join("R" if r else "A" for r in self.d.recurrent) + "M" * self.n_mtp
 
     def mtp_block(self, g: GGUFFile, bid: int):
@@ -200,9 +202,9 @@ class HybridMoe:
     def forward(self, tokens, state: HybridState, last_only: bool = False) -> np.ndarray:
         """Logits [T, vocab] ([1, vocab] if last_only) of a window at the state's position; the rows are
         written but not committed: call state.commit(keep)."""
-        return self.forward_batch([(tokens, state)], last_only)[0]
+        return self.forward_batch([(tokens, state)], last_only)[0].logits
 
-    def forward_batch(self, windows, last_only: bool = False) -> list[np.ndarray]:
+    def forward_batch(self, windows, last_only: bool = False) -> list[ForwardResult]:
         """Windows of several sessions in one pass: rows side by side through every matmul and expert; the
         recurrence, conv and attention run per session over its own state."""
         a = self.args
@@ -216,26 +218,26 @@ class HybridMoe:
         x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream
         dequantize_rows(self.embed, np.concatenate(toks), x)
         h = np.empty_like(x)
-        ctx = window_context(states, offs, pos0s, positions, a.n_heads)
+        w = Window(states, offs, pos0s, positions, a.n_heads, a.n_layers)
         for li in range(a.n_layers):
-            self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, h, ctx)
-        return output_logits(self, x, h, offs, last_only, states)
+            self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, h, w)
+        return output_logits(self, x, h, w, last_only)
 
-    def block(self, li: int, blk, x: np.ndarray, h: np.ndarray, ctx) -> None:
+    def block(self, li: int, blk, x: np.ndarray, h: np.ndarray, w: Window) -> None:
         """One block (norms, mixer, MoE) over the residual rows x in place; `li` is its slot in each state (an
-        MTP head runs its own attention block on its own one-layer KV cache). ctx: see llama.window_context."""
+        MTP head runs its own attention block on its own one-layer KV cache)."""
         (norm_in, norm_post), mixer, ffn = blk
         ops.rmsnorm(x, norm_in, self.args.norm_eps, h)
         if isinstance(mixer, DeltaNetLayer):
-            x += self._deltanet(li, mixer, h, ctx)
+            x += self._deltanet(li, mixer, h, w)
         else:
-            x += self._attention(li, mixer, h, ctx)
+            x += self._attention(li, mixer, h, w)
         ops.rmsnorm(x, norm_post, self.args.norm_eps, h)
-        x += self._moe(li, ffn, h, ctx[0])
+        x += self._moe(li, ffn, h, w)
 
-    def _deltanet(self, li: int, L: DeltaNetLayer, h: np.ndarray, ctx) -> np.ndarray:
+    def _deltanet(self, li: int, L: DeltaNetLayer, h: np.ndarray, w: Window) -> np.ndarray:
         d, eps = self.d, self.args.norm_eps
-        states, offs = ctx[0], ctx[1]
+        states, offs = w.states, w.offs
         R = h.shape[0]
         nk, nv, dk = d.k_heads, d.v_heads, d.head_dim
         C = d.conv_dim
@@ -267,9 +269,9 @@ class HybridMoe:
         gdn.gated_rmsnorm(core, z, L.norm, eps, y)
         return L.out(y.reshape(R, nv * dk))
 
-    def _attention(self, li: int, L: AttentionLayer, h: np.ndarray, ctx) -> np.ndarray:
+    def _attention(self, li: int, L: AttentionLayer, h: np.ndarray, w: Window) -> np.ndarray:
         a = self.args
-        states, offs, pos0s, positions, scores = ctx
+        states, offs, pos0s, positions, scores = w.states, w.offs, w.pos0s, w.positions, w.scores
         R = h.shape[0]
         H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         qkv = L.qkv(h)  # [R, 2 H hd + 2 Hkv hd]
@@ -293,12 +295,10 @@ class HybridMoe:
         gdn.sigmoid_mul(att.reshape(R, H * hd), gate, gated)
         return L.wo(gated)
 
-    def _moe(self, li: int, L: MoeLayer, h: np.ndarray, states) -> np.ndarray:
+    def _moe(self, li: int, L: MoeLayer, h: np.ndarray, w: Window) -> np.ndarray:
         a = self.args
         ffn = np.empty_like(h)
-        n = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
-        for st in states:  # the union over the batch is what this forward paid for
-            st.distinct_experts[li] = n
+        w.distinct[li] = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
         gu = L.shexp_gu(h)
         act = np.empty((h.shape[0], gu.shape[1] // 2), np.float32)
         ops.swiglu(gu, act)

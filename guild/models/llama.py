@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.state import KVCache
 from ..errors import UnsupportedQuantTypeError
-from ..gguf import GGUFFile, f32
+from ..gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu import ops
 from ..kernels.cpu.moe import moe_ffn
 from ..kernels.cpu.quant import dequantize_rows, matmul, pack
 from ..kernels.ref import rope_tables
-from ..state import KVCache
-from . import ModelArgs
+from .base import ForwardResult, ModelArgs
 
 
 def fuse(tensors, pack) -> tuple[int, int, list]:
@@ -53,8 +53,6 @@ class Linear:
 
 def _expert(t, e):
     """Expert e's slice of a stacked expert tensor, as a 2-D tensor view."""
-    from ..gguf import Tensor
-
     return Tensor(f"{t.name}[{e}]", t.qtype, t.shape[1:], t.data[e])
 
 
@@ -84,6 +82,9 @@ class Layer:
 class Llama:
     ROPE_NEOX = False
     QK_NORM = False
+    returns_hidden = True  # forwards return the final residual rows (ForwardResult.hidden)
+    hosts_mtp_head = True  # an MTP head can run its block with this model's layers (mtp_block)
+    n_mtp = 0  # nextn (MTP) blocks the file appends after the trunk (hybrids read it from the metadata)
 
     def __init__(self, g: GGUFFile, args: ModelArgs):
         self.gguf, self.args = g, args
@@ -116,14 +117,12 @@ class Llama:
     def forward(self, tokens, state: KVCache, last_only: bool = False) -> np.ndarray:
         """Run a window of T tokens at the state's committed position; returns logits [T, vocab] ([1, vocab]
         if last_only). The rows are written to the cache but not committed: call state.commit(keep)."""
-        return self.forward_batch([(tokens, state)], last_only)[0]
+        return self.forward_batch([(tokens, state)], last_only)[0].logits
 
-    def block(self, li: int, L: Layer, x: np.ndarray, h: np.ndarray, ctx) -> None:
+    def block(self, li: int, L: Layer, x: np.ndarray, h: np.ndarray, w: Window) -> None:
         """One decoder layer over the residual rows x [R, dim] in place (h: scratch); `li` is the layer's slot in
-        each state's cache (an MTP head runs its own block on its own one-layer cache). ctx: (states, row offsets
-        of the windows, their first positions, all rows' positions, attention scores scratch); see window_context."""
+        each state's cache (an MTP head runs its own block on its own one-layer cache)."""
         a = self.args
-        states, offs, pos0s, positions, scores = ctx
         R = x.shape[0]
         H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         ops.rmsnorm(x, L.attn_norm, a.norm_eps, h)
@@ -134,21 +133,22 @@ class Llama:
         if L.q_norm is not None:
             ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
             ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
-        ops.rope(q, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
-        ops.rope(k, positions, self.cos, self.sin, self.n_rot, a.rope_neox)
+        ops.rope(q, w.positions, self.cos, self.sin, self.n_rot, a.rope_neox)
+        ops.rope(k, w.positions, self.cos, self.sin, self.n_rot, a.rope_neox)
         att = np.empty((R, H, hd), np.float32)
         scale = np.float32(1.0 / np.sqrt(hd))
-        for i, st in enumerate(states):
-            r0, r1 = offs[i], offs[i + 1]
+        for i, st in enumerate(w.states):
+            r0, r1 = w.offs[i], w.offs[i + 1]
             st.write(li, k[r0:r1], v[r0:r1])
-            ops.attention(q[r0:r1], st.k[li], st.v[li], pos0s[i], scale, att[r0:r1], scores)
+            kc, vc = st.kv_layer(li)
+            ops.attention(q[r0:r1], kc, vc, w.pos0s[i], scale, att[r0:r1], w.scores)
         x += L.wo(att.reshape(R, H * hd))
         ops.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
         if L.moe:
             ffn = np.empty_like(h)
-            n = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
-            for st in states:  # the union over the batch is what this forward paid for
-                st.distinct_experts[li] = n
+            # the union over the batch is what this forward paid for
+            w.distinct[li] = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob,
+                                     ffn)
             x += ffn
         else:
             gu = L.gu(h)
@@ -156,7 +156,7 @@ class Llama:
             ops.swiglu(gu, act)
             x += L.down(act)
 
-    def forward_batch(self, windows, last_only: bool = False) -> list[np.ndarray]:
+    def forward_batch(self, windows, last_only: bool = False) -> list[ForwardResult]:
         """Windows of several sessions [(tokens, state), ...] in one pass: the rows of all windows go through
         every matmul and expert together (weights read once), attention runs per session over its own cache.
         Row invariance makes each session's logits bitwise those of running it alone (while the total stays
@@ -173,34 +173,39 @@ class Llama:
         x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream, sessions' rows side by side
         dequantize_rows(self.embed, tokens, x)
         h = np.empty_like(x)
-        ctx = window_context(states, offs, pos0s, positions, a.n_heads)
+        w = Window(states, offs, pos0s, positions, a.n_heads, a.n_layers)
         for li, L in enumerate(self.layers):
-            self.block(li, L, x, h, ctx)
-        return output_logits(self, x, h, offs, last_only, states)
+            self.block(li, L, x, h, w)
+        return output_logits(self, x, h, w, last_only)
 
 
-def window_context(states, offs, pos0s, positions, n_heads: int) -> tuple:
-    """What every layer of a batched window needs besides the rows: (states, row offsets of the windows, their
-    first positions, all rows' positions, one attention-scores scratch [longest window x heads, longest context])."""
-    sizes = np.diff(offs)
-    max_len = max(int(p + n) for p, n in zip(pos0s, sizes, strict=True))
-    return states, offs, pos0s, positions, np.empty((int(sizes.max()) * n_heads, max_len), np.float32)
+class Window:
+    """What every layer of a batched forward needs besides the rows: the sessions' states, the row offsets of
+    their windows, their first positions, all rows' positions, one attention-scores scratch [longest window x
+    heads, longest context], and the distinct routed experts per layer it records."""
+
+    __slots__ = ("states", "offs", "pos0s", "positions", "scores", "distinct")
+
+    def __init__(self, states, offs, pos0s, positions, n_heads: int, n_layers: int):
+        sizes = np.diff(offs)
+        max_len = max(int(p + n) for p, n in zip(pos0s, sizes, strict=True))
+        self.states, self.offs, self.pos0s, self.positions = states, offs, pos0s, positions
+        self.scores = np.empty((int(sizes.max()) * n_heads, max_len), np.float32)
+        self.distinct = np.zeros(n_layers, np.int32)
 
 
-def output_logits(model, x: np.ndarray, h: np.ndarray, offs: np.ndarray, last_only: bool,
-                  states=()) -> list[np.ndarray]:
-    """Final norm and LM head over the residual rows x [R, dim] (h: scratch), split back per window
-    (offs: row offsets of the windows); with last_only, only each window's last row. Each state keeps its
-    window's final residual rows as `state.hidden` [T, dim] (before the final norm): the MTP head's input."""
-    a = model.args
-    for i, st in enumerate(states):
-        st.hidden = x[offs[i] : offs[i + 1]]
+def output_logits(model, x: np.ndarray, h: np.ndarray, w: Window, last_only: bool) -> list[ForwardResult]:
+    """Final norm and LM head over the residual rows x [R, dim] (h: scratch), split back per window; with
+    last_only, only each window's last row. Each result keeps its window's final residual rows [T, dim] (before
+    the final norm: the MTP head's input) and the forward's distinct experts."""
+    a, offs = model.args, w.offs
+    n = len(offs) - 1
+    hidden = [x[offs[i] : offs[i + 1]] for i in range(n)]
     if last_only:
         rows = offs[1:] - 1
         x, h = x[rows], h[rows]
     ops.rmsnorm(x, model.out_norm, a.norm_eps, h)
     logits = np.empty((x.shape[0], a.vocab_size), np.float32)
     matmul(model.output, h, logits)
-    if last_only:
-        return [logits[i : i + 1] for i in range(len(offs) - 1)]
-    return [logits[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
+    split = [logits[i : i + 1] for i in range(n)] if last_only else [logits[offs[i] : offs[i + 1]] for i in range(n)]
+    return [ForwardResult(lg, hd, w.distinct) for lg, hd in zip(split, hidden, strict=True)]

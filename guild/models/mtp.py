@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine.state import KVCache
 from ..errors import GuildError
 from ..gguf import GGUFFile, f32
 from ..kernels.cpu import ops
 from ..kernels.cpu.quant import dequantize_rows, matmul, pack
-from ..state import KVCache
-from .llama import Linear, window_context
+from .llama import Linear, Window
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped for the embedded models
 SIDECAR_SUFFIX = ".mtp.gguf"
@@ -85,7 +85,7 @@ class MtpHead:
         return KVCache(1, a.n_kv_heads, a.head_dim, n_ctx)
 
     def base_hidden(self, x: np.ndarray) -> np.ndarray:
-        """The base's normed hidden [R, dim] from its final residual rows x (state.hidden)."""
+        """The base's normed hidden [R, dim] from its final residual rows x (ForwardResult.hidden)."""
         h = np.empty_like(x)
         ops.rmsnorm(np.ascontiguousarray(x), self.base.out_norm, self.args.norm_eps, h)
         return h
@@ -109,7 +109,7 @@ class MtpHead:
         h = np.empty_like(x)
         offs = np.array([0, R])
         positions = np.arange(pos0, pos0 + R, dtype=np.int64)
-        self.base.block(0, self.block, x, h, window_context([cache], offs, [pos0], positions, a.n_heads))
+        self.base.block(0, self.block, x, h, Window([cache], offs, [pos0], positions, a.n_heads, 1))
         ops.rmsnorm(x, self.head_norm, a.norm_eps, h)
         if not n_logits:
             return h, None
@@ -140,10 +140,10 @@ def find_mtp_head(base, path: str | Path | None = None, draft_vocab: int | None 
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise MtpError(f"--mtp-head {p}: no such file")
+            raise MtpError(f"MTP head {p}: no such file")
         return _sidecar(base, p, draft_vocab)
     g = base.gguf
-    n = getattr(base, "n_mtp", 0)
+    n = base.n_mtp
     if n and g.has(f"blk.{base.args.n_layers}.nextn.eh_proj.weight"):
         return MtpHead(base, g, base.args.n_layers, "nextn", draft_vocab)
     cand = sidecar_path(g.path)

@@ -9,31 +9,25 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .adaptive_scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
+from ..window import MAX_DRAFT
+from .base import Drafter
 from .costs import SpecCosts
+from .scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
 
 MAX_PENDING = 64  # shadow proposals awaiting their tokens (each resolves within k emitted tokens)
 MAX_CATCHUP_TIMED = 8  # an MTP propose that caught up more rows than a window commits is not timed
 
 
-def _signals(d) -> dict:
-    if d.name == "lookup":
-        return {"match_len": d.last_match_len, "freq": d.last_freq, "group": d.last_group,
-                "consensus": d.last_consensus}
-    if d.name == "retrieval":
-        return {"match_len": d.last_match_len, "confidence": d.last_confidence}
-    return {"prob": getattr(d, "last_prob", 0.0)}
-
-
-class AdaptiveDrafter:
+class AdaptiveDrafter(Drafter):
     """Drafter protocol over several drafters and one scheduler. `clock` times each drafter's propose (the
     scheduler itself reads no clock); the session reports each window through `observe`."""
 
     name = "adaptive"
 
-    def __init__(self, drafters: Sequence, costs: SpecCosts | None = None, max_draft: int = 7,
+    def __init__(self, drafters: Sequence, costs: SpecCosts | None = None, max_draft: int = MAX_DRAFT,
                  clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3):
         self.drafters = list(drafters)
+        self.follows_rows = any(d.follows_rows for d in self.drafters)
         self.scheduler = AdaptiveScheduler(SchedulerConfig(max_draft=max_draft, mtp_cap_k=mtp_cap_k), costs)
         self.clock = clock
         self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
@@ -43,20 +37,17 @@ class AdaptiveDrafter:
     def ingest(self, tokens) -> None:
         """Reference text for the drafters that keep a corpus (retrieval)."""
         for d in self.drafters:
-            if hasattr(d, "ingest"):
-                d.ingest(tokens)
+            d.ingest(tokens)
 
     def observe_hidden(self, pos0: int, rows) -> None:
         """The session's committed hidden rows, for the drafters that follow them (MTP)."""
         for d in self.drafters:
-            if hasattr(d, "observe_hidden"):
-                d.observe_hidden(pos0, rows)
+            d.observe_hidden(pos0, rows)
 
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         self.pending.clear()  # what follows a new prompt is not the continuation they predicted
         for d in self.drafters:
-            if hasattr(d, "start"):
-                d.start(history, prompt_start)
+            d.start(history, prompt_start)
 
     def _resolve(self, history: Sequence[int]) -> None:
         n = len(history)
@@ -76,15 +67,16 @@ class AdaptiveDrafter:
         self._resolve(history)
         props = []
         for d in self.drafters:  # the lazy ones (MTP) last: asked only when they could beat what is on the table
-            if getattr(d, "lazy", False) and not self.scheduler.ask(d.name, props, k):
+            if d.lazy and not self.scheduler.ask(d.name, props, k):
                 continue
             t = self.clock()
             toks = d.propose(history, max(k, 0)) if k > 0 else np.empty(0, np.int32)
-            if getattr(d, "catchup_rows", 0) <= MAX_CATCHUP_TIMED:  # a long lagging catch-up is not the steady cost
+            if d.catchup_rows <= MAX_CATCHUP_TIMED:  # a long lagging catch-up is not the steady cost
                 self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
-            if d.name == "mtp" and toks.size:
-                self.scheduler.observe_mtp_prob(d.last_prob)
-            p = Proposal(d.name, tuple(toks.tolist()), _signals(d))
+            sig = d.signals()
+            if d.lazy and toks.size:  # the head's confidence (docs/adaptive.md "MTP confidence")
+                self.scheduler.observe_mtp_prob(sig["prob"])
+            p = Proposal(d.name, tuple(toks.tolist()), sig)
             props.append(p)
             if p.tokens:
                 self.pending.append((p, len(history)))

@@ -68,9 +68,8 @@ def gdn_gates(alpha, b, dt_bias, a, g, beta):
             beta[t, h] = np.float32(1.0) / (np.float32(1.0) + np.exp(-b[t, h]))
 
 
-# Below this many state elements x rows a window's recurrence runs on one thread: a parallel region costs more
-# than the work (measured here: 0.1 ms serial for 8 heads x 64 x 64 x 5 rows, 0.26 ms for 32 x 128 x 128 x 1
-# row; a parallel region 0.05 ms idle, up to 12 ms on a loaded machine). Both run the same per-head code.
+# Below this many state elements x rows a window's recurrence runs on one thread: starting a parallel region
+# costs more than the work (python -m guild.tools.perf_hybrid times both). Both run the same per-head code.
 GDN_PARALLEL_MIN = 1 << 20
 
 

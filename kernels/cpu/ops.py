@@ -1,7 +1,8 @@
 """Numba kernels for the non-matmul parts of a transformer window: RMSNorm, RoPE, GQA attention, SwiGLU, routing.
 
-All keep the row-invariance contract (DESIGN.md): work is split over rows/heads/features, never inside one
-reduction, and every reduction runs in a fixed order that does not depend on T or the thread count.
+All keep the row-invariance contract (docs/contracts.md "Row invariance"): work is split over rows/heads/
+features, never inside one reduction, and every reduction runs in a fixed order that does not depend on T or
+the thread count.
 Twins: guild.kernels.ref (same names).
 """
 

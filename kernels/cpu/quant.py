@@ -13,7 +13,7 @@ bit-fiddling goes through small intrinsics that stay in 32-bit lanes (Numba woul
 bytes keep their ggml bit-packing, so a packed matrix holds the GGUF bytes (K-quants: plus their sub-scales
 decoded to bytes, < 3 %).
 
-Row invariance (DESIGN.md "Contracts"). Output feature n of row t is one sequential fma chain over k in a
+Row invariance (docs/contracts.md "Row invariance"). Output feature n of row t is one sequential fma chain over k in a
 fixed per-type ("canonical") order and nothing else: no horizontal reductions, no re-association, no
 fast-math. T = 1 and T = 2 dequantise in registers; T >= 3 dequantises each block once into a float32 scratch
 and runs the chains of all rows from it, four rows at a time sharing the loads. All paths evaluate bitwise

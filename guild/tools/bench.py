@@ -13,15 +13,19 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import __version__
-from .chat import Conversation
-from .errors import BadFlagError, GuildError
-from .sampling import SamplingParams
-from .session import GuildSession, generate_concurrent
-from .spec import STRATEGIES, MtpOptions, make_drafter
+import numba
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import __version__
+from ..chat import run_turn
+from ..engine.sampling import SamplingParams
+from ..errors import BadFlagError, GuildError
+from ..run import DecodeOptions, load_for, slots
+from ..spec import STRATEGIES, MtpOptions
+from ..workloads import load_workloads
 
 
 class ParityError(GuildError):
@@ -57,57 +61,33 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    import numba
-
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": numba.get_num_threads(),
             "python": platform.python_version(), "guild": __version__}
 
 
-def run_workload(lm, w, strategy: str, sampling: SamplingParams, max_draft: int, context: int,
-                 max_tokens: int | None = None, sessions: int = 1, costs=None, mtp: MtpOptions = MtpOptions()
-                 ) -> RunRecord:
-    """One workload (all its turns) on fresh sessions with the strategy's drafter; with sessions > 1, that
-    many copies run concurrently (one batched forward per round) and must agree token for token."""
-    from .run import mtp_head_for
-
-    tok = lm.tokenizer
-    convs, drafters = [], []
-    for _ in range(sessions):
-        d = make_drafter(strategy, costs=costs, mtp_head=mtp_head_for(lm, strategy, mtp), n_ctx=context, mtp=mtp)
-        if hasattr(d, "ingest"):  # retrieval, and adaptive's retrieval drafter
-            for text in w.corpus_texts():
-                d.ingest(tok.encode(text))
-        convs.append(Conversation(GuildSession(lm.model, n_ctx=context, eos_ids=tok.eos_ids), tok))
-        drafters.append(d)
-    rec = RunRecord(w.key, strategy, 0, [], 0, 0.0, 0, 0)
+def run_workload(lm, w, opts: DecodeOptions, repeat: int = 0) -> RunRecord:
+    """One workload (all its turns) on fresh sessions with the strategy's drafter (the workload's documents as
+    its corpus); with opts.sessions > 1, that many copies run concurrently (one batched forward per round) and
+    must agree token for token."""
+    ss = slots(lm, opts, opts.sessions, corpus_texts=w.corpus_texts())
+    rec = RunRecord(w.key, opts.strategy, repeat, [], 0, 0.0, 0, 0)
     experts = []
-    n = max_tokens or w.max_tokens
-    for turn in w.render_turns():
-        reqs = []
-        for c, d in zip(convs, drafters, strict=True):
-            prompt = c.prepare(turn) if w.chat else tok.encode(turn, add_special=not c.session.tokens)
-            reqs.append((c.session, dict(prompt=prompt, max_tokens=n, sampling=sampling, drafter=d,
-                                         max_draft=max_draft)))
-        if sessions == 1:
-            s, kw = reqs[0]
-            results = [s.generate(kw.pop("prompt"), kw.pop("max_tokens"), **kw)]
-            rec.decode_s += results[0][1].decode_s
-            rec.generated += max(results[0][1].generated_tokens - 1, 0)
+    for text in w.render_turns():
+        turns, cs = run_turn(ss, text, chat=w.chat, max_tokens=opts.max_tokens, max_draft=opts.max_draft)
+        if cs is None:
+            rec.decode_s += turns[0].stats.decode_s
+            rec.generated += max(turns[0].stats.generated_tokens - 1, 0)
         else:
-            results, cs = generate_concurrent(reqs)
             rec.rounds_ms += cs.rounds_ms
             rec.decode_s += cs.decode_s
             rec.generated += cs.generated_tokens
-        out, st = results[0]
-        for i, (o, _) in enumerate(results[1:], 1):
-            if o != out:
-                raise ParityError(f"parity failure: {w.key} {strategy}: concurrent session {i} differs from session 0")
-        if w.chat:
-            for c, (o, _) in zip(convs, results, strict=True):
-                c.record(tok.decode([t for t in o if t not in tok.eos_ids]))
-        rec.tokens.append(out)
-        for _, st in results:
-            for r in st.windows:
+        for i, t in enumerate(turns[1:], 1):
+            if t.tokens != turns[0].tokens:
+                raise ParityError(f"parity failure: {w.key} {opts.strategy}: concurrent session {i} differs from "
+                                  "session 0")
+        rec.tokens.append(turns[0].tokens)
+        for t in turns:
+            for r in t.stats.windows:
                 rec.drafted += r.k
                 rec.accepted += r.emitted - 1
                 rec.windows[r.strategy] += 1
@@ -180,33 +160,18 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
           mtp: MtpOptions = MtpOptions()) -> dict:
     """`gexec`: a `guild optimize` plan whose calibrated costs seed the adaptive drafters (checked against this
     machine and model; regenerated next to it on a mismatch unless `strict_plan`)."""
-    from .run import load, mtp_head_for, use_device
-    from .workloads import load_workloads
-
     strategies = list(dict.fromkeys(["normal", *strategies]))
     for s in strategies:
         if s not in STRATEGIES:
             raise BadFlagError(f"--strategies: unknown strategy '{s}' (choose from {', '.join(STRATEGIES)})")
     if repeats < 1:
         raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
-    if not 1 <= sessions <= 8:
-        raise BadFlagError(f"--sessions must be in 1..8, got {sessions}")
-    if strict_plan and gexec is None:
-        raise BadFlagError("--strict-plan needs --gexec PLAN")
-    if device == "cuda":
-        from .device import resolve_device
-
-        resolve_device(device)  # fail before loading the model
-    lm = load(model)
-    plan = None
-    if gexec is not None:
-        from .calib.optimize import plan_for
-
-        plan = plan_for(gexec, lm, strict=strict_plan, progress=progress)
-    costs = plan.spec_costs() if plan else None
-    use_device(lm, device, context, plan)  # --device: attention/dense on the GPU, experts on the CPU
+    base = DecodeOptions(max_draft=max_draft, context=context, gexec=gexec, strict_plan=strict_plan, device=device,
+                         mtp=mtp, sessions=sessions, **({} if max_tokens is None else {"max_tokens": max_tokens}))
+    lm = load_for(model, base)
+    plan = lm.plan
     for s in strategies:
-        mtp_head_for(lm, s, mtp)  # no head for `mtp`: fail before any work
+        lm.mtp_head(s)  # no head for `mtp`: fail before any work
     ws = []
     for w in load_workloads(workloads):
         ws += w.instances(lm.tokenizer, context)
@@ -214,16 +179,14 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     records: list[RunRecord] = []
     ref: dict = {}
     t_start = time.time()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress, transient=True) as bar:
         task = bar.add_task("bench", total=len(jobs))
         for rep, w, s in jobs:
             bar.update(task, description=f"repeat {rep + 1} · {w.key} · {s}")
-            samp = sampling or w.sampling_params()
-            rec = run_workload(lm, w, s, samp, max_draft, context, max_tokens, sessions, costs, mtp)
-            rec.repeat = rep
+            opts = replace(base, strategy=s, sampling=sampling or w.sampling_params(),
+                           max_tokens=max_tokens or w.max_tokens)
+            rec = run_workload(lm, w, opts, rep)
             if s == "normal":
                 ref[(w.key, rep)] = rec
             else:
@@ -231,7 +194,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
             records.append(rec)
             bar.advance(task)
     info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft, "sessions": sessions,
-            "plan": plan.path if plan else None, "device": lm.device,
+            "plan": plan.path if plan else None, "device": lm.device, "device_reason": lm.device_reason,
             "sampling": "workload defaults" if sampling is None else str(sampling),
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.time() - t_start, 1)}
     rows = summarise(records)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ContextOverflowError
+from ..errors import ContextOverflowError
+from ..kernels.cpu.deltanet import gdn_recurrence
+from ..window import MAX_WINDOW
 
 
 class KVCache:
@@ -12,7 +14,8 @@ class KVCache:
     [n_layers, n_kv_heads, n_ctx, head_dim], float32.
 
     `begin(T)` reserves rows pos..pos+T-1 for a window; `commit(keep)` keeps the first `keep` of them and
-    clears the rest, so the cache is exactly what `keep` single-token steps would have left (DESIGN.md "Window").
+    clears the rest, so the cache is exactly what `keep` single-token steps would have left
+    (docs/contracts.md "Window").
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int):
@@ -21,15 +24,13 @@ class KVCache:
         self.v = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), np.float32)
         self.pos = 0  # committed rows
         self.pending = 0  # rows written by the open window
-        self.distinct_experts = np.zeros(n_layers, np.int32)  # union size per layer in the last window
-        self.hidden: np.ndarray | None = None  # [T, dim] final residual rows of the last window (set by forward)
 
     def begin(self, T: int) -> int:
         if self.pending:
             raise RuntimeError("KVCache.begin: previous window not committed")
         if self.pos + T > self.n_ctx:
             raise ContextOverflowError(
-                f"context full: {self.pos} + {T} tokens exceed --context {self.n_ctx}"
+                f"context full: {self.pos} + {T} tokens exceed the context of {self.n_ctx} tokens"
             )
         self.pending = T
         return self.pos
@@ -78,14 +79,13 @@ class HybridState:
     writes only its final S, into a second buffer, and keeps each row's recurrence inputs (q, k, v, g, beta);
     commit swaps buffers when every row is kept, else reruns the `keep` rows from the committed S with the same
     kernel (bitwise what `keep` single steps leave). Windows longer than MAX_SNAPSHOT_ROWS (prefill chunks)
-    replay in both modes. Measured (guild.perf_hybrid, and 30 layers of 32 x 128 x 128 states, T = 5):
-    snapshots add ~5% to the window's recurrence, replaying costs a whole recurrence row per kept row (keep = 4:
-    ~75% of the window's), so snapshots win, at the price of up to 4.5x the state memory. The conv history
-    becomes the last K-1 of (history, first `keep` conv inputs). Nothing of rows >= keep survives (DESIGN.md
-    "Window").
+    replay in both modes. Replaying costs a whole recurrence row per kept row where a snapshot costs one store
+    per row, so snapshots are the default, at the price of up to 1 + MAX_SNAPSHOT_ROWS states per layer
+    (`python -m guild.tools.perf_hybrid` measures both). The conv history becomes the last K-1 of (history,
+    first `keep` conv inputs). Nothing of rows >= keep survives (docs/contracts.md "Window").
     """
 
-    MAX_SNAPSHOT_ROWS = 8
+    MAX_SNAPSHOT_ROWS = MAX_WINDOW
 
     def __init__(self, n_layers: int, attn_layers, rec_layers, n_kv_heads: int, head_dim: int, n_ctx: int,
                  kmap: np.ndarray, k_dim: int, v_dim: int, conv_dim: int, conv_kernel: int,
@@ -104,8 +104,6 @@ class HybridState:
         self.cur = 0  # buffer of S holding the committed state
         self.dst = np.zeros(0, np.int64)  # buffer each row of the open window writes
         self._rows: list = [None] * len(rec_layers)  # per layer: (conv inputs, q, k, v, g, beta) of the window
-        self.distinct_experts = np.zeros(n_layers, np.int32)
-        self.hidden: np.ndarray | None = None  # [T, dim] final residual rows of the last window (set by forward)
         self._checkpoint = None  # (pos, S, conv) after the last fully committed prefill window
         self._prefill = False
 
@@ -153,7 +151,6 @@ class HybridState:
         self._rows[self.rec_slot[layer]] = (xconv, q, k, v, g, beta)
 
     def commit(self, keep: int) -> None:
-        from .kernels.cpu.deltanet import gdn_recurrence
 
         T = self.pending
         if not 0 <= keep <= T:

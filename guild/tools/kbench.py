@@ -1,6 +1,6 @@
 """Micro-benchmark of the quantized CPU matrix kernels: G weights/s (N*K / seconds per matmul call).
 
-    python -m guild.kbench [--types Q4_1,Q8_0] [--threads 1,2] [--rows 1,2,4,8] [--seconds 0.3]
+    python -m guild.tools.kbench [--types Q4_1,Q8_0] [--threads 1,2] [--rows 1,2,4,8] [--seconds 0.3]
 
 Shapes are those of SmolLM2-135M (N x K = output x input features): attention 576x576, FFN gate/up 1536x576,
 FFN down 576x1536, output head 49152x576. Types whose block (256 for K-quants, IQ4_XS) does not divide
@@ -17,8 +17,8 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from .kernels import ref_quant
-from .kernels.cpu import quant as kq
+from ..kernels import ref_quant
+from ..kernels.cpu import quant as kq
 
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
 TYPES = ("Q4_1", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16", "F32")
@@ -81,7 +81,7 @@ def run(types, threads, rows, seconds: float) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m guild.kbench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m guild.tools.kbench", description=__doc__.splitlines()[0])
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated quant types")
     ap.add_argument("--threads", default="1,2", help="comma-separated Numba thread counts")
     ap.add_argument("--rows", default="1,2,4,8", help="comma-separated window sizes T")

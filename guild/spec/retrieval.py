@@ -1,4 +1,4 @@
-"""Session-local retrieval drafter: REST-style length-weighted continuation voting (seed 000, 3.2).
+"""Session-local retrieval drafter: REST-style length-weighted continuation voting (docs/adaptive.md "Drafters").
 
 REST (He et al. 2023, "REST: Retrieval-Based Speculative Decoding") drafts from a datastore of text by
 finding the spans whose context matches the current suffix and letting them vote on the continuation. Here
@@ -57,6 +57,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from numba import njit
+
+from .base import Drafter
 
 MAX_MATCH = 64  # backward extension cap (and the query length)
 HITS_PER_LOOKUP = 8  # new candidate positions taken per (anchor order, tier)
@@ -374,10 +376,13 @@ def _as_tokens(tokens) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------- drafter
-class RetrievalDrafter:
+class RetrievalDrafter(Drafter):
     """Session-local retrieval drafter (see the module docstring). One instance per session."""
 
     name = "retrieval"
+
+    def signals(self) -> dict:
+        return {"match_len": self.last_match_len, "confidence": self.last_confidence}
 
     def __init__(self, max_corpus_tokens: int = 1 << 20, min_confidence: float = 0.35, max_candidates: int = 16,
                  stream_boost: float = 1.0, corpus_boost: float = 0.8, max_stream_tokens: int = 65536):

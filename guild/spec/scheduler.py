@@ -1,5 +1,5 @@
 """Cost-aware adaptive decoding: per window, pick the strategy s and draft length k that minimise expected
-milliseconds per committed token (seed 000 sections 3.3 and 8.1-8.2; seed 001 "systems/math decision rule"):
+milliseconds per committed token (docs/adaptive.md):
 
     C(s, k) = (D(s) + V(1+k) + [mtp] M_catchup) / E[keep],   E[keep] = sum_{i=0..k} prod_{j<=i} a_j
 
@@ -16,12 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..window import MAX_WINDOW as MAX_T
 from .costs import SpecCosts
 
-MAX_T = 8  # windows of T = 1 + k <= 8 rows
-
-# Prior acceptance per signal bucket (seed 000 3.3: isolated 3-grams 0.32; repeated 3-grams and longer matches
-# 0.78..0.95). A bucket is chosen from the drafter's signals at proposal time; see `bucket()`.
+# Prior acceptance per signal bucket (docs/adaptive.md "Acceptance": isolated 3-grams 0.32; repeated 3-grams and longer
+# matches 0.78..0.95). A bucket is chosen from the drafter's signals at proposal time; see `bucket()`.
 PRIORS: dict[str, dict[str, float]] = {
     "lookup": {"iso3": 0.32, "split": 0.30, "rep3": 0.78, "m4": 0.85, "m8": 0.95},
     "retrieval": {"weak3": 0.32, "conf3": 0.60, "m4": 0.80, "m8": 0.90},
@@ -58,7 +57,7 @@ class SchedulerConfig:
     min_dwell: int = 3  # windows in a mode before switching away (backing off to normal is always allowed)
     backoff_after: int = 2  # consecutive zero-acceptance windows that send the mode back to normal
     prior_strength: float = 2.0  # pseudo-trials behind each prior
-    depth_penalty: float = 0.55  # pseudo-failures 0.55 i(i-1), fading with trials (seed 000 8.2.1)
+    depth_penalty: float = 0.55  # pseudo-failures 0.55 i(i-1), fading with trials (docs/adaptive.md "Acceptance")
     decay: float = 0.98  # per-update decay of acceptance counts: tracks a changing text
     cost_decay: float = 0.9  # decay of the empirical cost sums and window-time averages
     default_slope: float = 0.5  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan)
@@ -363,6 +362,6 @@ class AdaptiveScheduler:
         self.costs.observe_draft(strategy, ms)
 
     def observe_mtp_prob(self, p: float) -> None:
-        """The MTP head's top-1 probability of the draft it just proposed (seed 000 3.3: mtp_prob_ema)."""
+        """The MTP head's top-1 probability of the draft it just proposed (docs/adaptive.md "MTP confidence")."""
         e, w = self.mtp_prob_ema, self.cfg.prob_ema
         self.mtp_prob_ema = p if e is None else (1 - w) * e + w * p

@@ -12,8 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .calib.optimize import size
+from .calib.probe import hardware_identity
 from .errors import BadFlagError, GuildError, PlanMismatchError
+from .gguf import GGUFFile
+from .models.mtp import ARCH as ARCH_MTP
+from .models.mtp import sidecar_path
 from .plan import MAX_T, Plan, read_plan
+from .upcycle import TAGS, resolve_model
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
@@ -45,9 +51,6 @@ def compress_pattern(s: str) -> str:
 
 
 def model_summary(path: str | os.PathLike) -> dict:
-    from .gguf import GGUFFile
-    from .models.mtp import ARCH as ARCH_MTP
-    from .models.mtp import sidecar_path
 
     g = GGUFFile(path)
     a = g.architecture
@@ -105,7 +108,6 @@ def print_model(d: dict, console: Console) -> None:
 # plans
 def plan_json(plan: Plan, hardware=None) -> dict:
     """Every calibrated field, plus whether the plan matches this machine (the model is not checked here)."""
-    from .calib.probe import hardware_identity
 
     try:
         plan.hardware.check(hardware or hardware_identity(), plan.path)
@@ -135,7 +137,6 @@ def _ms(x: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
 
 
 def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
-    from .calib.optimize import size
 
     h, hw, m = plan.header, plan.hardware, plan.model
     t = Table(title=f"plan {plan.path}", show_header=False, title_justify="left")
@@ -199,7 +200,7 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
 
 def plot(plan: Plan, out: str | os.PathLike) -> Path:
     try:
-        import matplotlib
+        import matplotlib  # optional: guild[plot]
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -235,7 +236,6 @@ def inspect(path: str | os.PathLike, *, full: bool = False, as_json: bool = Fals
             console: Console | None = None) -> dict:
     """Show a plan or a GGUF model; returns what `--json` prints."""
     console = console or Console(highlight=False)
-    from .upcycle import TAGS, resolve_model
 
     if str(path) in TAGS and not Path(path).is_file():  # a model tag: the embedded models
         path = resolve_model(str(path))

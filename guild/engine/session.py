@@ -14,12 +14,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .errors import BadFlagError, ContextOverflowError
+from ..errors import ContextOverflowError, GuildError
+from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
+from ..models.base import ForwardResult
+from ..spec.base import Drafter, NoDrafter
+from ..window import MAX_DRAFT
 from .sampling import GREEDY, SamplingParams, sample
-from .spec import Drafter, NoDrafter
 from .verify import Verifier
-
-MAX_DRAFT = 7  # k <= 7: windows of T <= 8 rows (DESIGN.md "Window")
 
 
 @dataclass(frozen=True)
@@ -95,28 +96,27 @@ class GuildSession:
 
     def __init__(self, model, n_ctx: int | None = None, prefill_batch: int = 512, eos_ids: Sequence[int] = ()):
         if prefill_batch < 1:
-            raise BadFlagError(f"--prefill-batch must be >= 1, got {prefill_batch}")
+            raise ValueError(f"prefill_batch must be >= 1, got {prefill_batch}")
         self.model = model
         self.state = model.new_state(n_ctx)
         self.prefill_batch = prefill_batch
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.tokens: list[int] = []  # every token of the conversation; the first state.pos are in the cache
-        self.on_rows: Callable[[int, np.ndarray], None] | None = None  # gets (pos0, final hidden rows) of commits
 
     @property
     def n_ctx(self) -> int:
         return self.state.n_ctx
 
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
-        """Append tokens and feed everything not yet in the cache, in chunks of up to prefill_batch rows.
-        Returns the last row's logits [vocab]."""
+    def prefill(self, tokens: Sequence[int], drafter: Drafter | None = None) -> np.ndarray:
+        """Append tokens and feed everything not yet in the cache, in chunks of up to prefill_batch rows; a
+        drafter that follows the rows gets them. Returns the last row's logits [vocab]."""
         new = [int(t) for t in tokens]
         pending = self.tokens[self.state.pos :] + new
         if not pending:
-            raise BadFlagError("empty prompt")
+            raise GuildError("empty prompt")
         if self.state.pos + len(pending) >= self.n_ctx:
             raise ContextOverflowError(
-                f"prompt of {len(pending)} tokens does not fit --context {self.n_ctx} "
+                f"prompt of {len(pending)} tokens does not fit the context of {self.n_ctx} tokens "
                 f"({self.state.pos} already used; at least one generated token must fit)"
             )
         self.tokens += new
@@ -125,10 +125,11 @@ class GuildSession:
         for s in range(0, arr.size, self.prefill_batch):
             chunk = arr[s : s + self.prefill_batch]
             pos0 = self.state.pos
-            logits = self.model.forward(chunk, self.state, last_only=True)
+            res = self.model.forward_batch([(chunk, self.state)], last_only=True)[0]
             self.state.commit(chunk.size)
-            if self.on_rows is not None:
-                self.on_rows(pos0, self.state.hidden)
+            logits = res.logits
+            if drafter is not None and drafter.follows_rows:
+                drafter.observe_hidden(pos0, res.hidden)
         return logits[-1]
 
     def generate(
@@ -147,7 +148,7 @@ class GuildSession:
         while not g.done:
             window = g.window()
             t = time.perf_counter()
-            g.finish(self.model.forward(window, self.state), t)
+            g.finish(self.model.forward_batch([(window, self.state)])[0], t)
         return g.result()
 
     def rewind(self, n: int) -> None:
@@ -166,21 +167,22 @@ class Generation:
                  sampling: SamplingParams = GREEDY, drafter: Drafter | None = None, max_draft: int = 4,
                  strategy: str | None = None):
         if max_tokens < 1:
-            raise BadFlagError(f"--max-tokens must be >= 1, got {max_tokens}")
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if not 0 <= max_draft <= MAX_DRAFT:
-            raise BadFlagError(f"--spec-max-draft must be in 0..{MAX_DRAFT}, got {max_draft}")
+            raise ValueError(f"max_draft must be in 0..{MAX_DRAFT}, got {max_draft}")
         self.s, self.max_tokens, self.on_token, self.max_draft = session, max_tokens, on_token, max_draft
         self.drafter = drafter or NoDrafter()
         self.strategy = strategy or self.drafter.name
         self.sampling = sampling
         self.verifier = Verifier(sampling, session.eos_ids)
         self.st = GenerationStats(prompt_tokens=len(prompt))
-        session.on_rows = getattr(self.drafter, "observe_hidden", None)  # an MTP head follows the commits
+        if self.drafter.follows_rows and not session.model.returns_hidden:
+            raise GuildError(f"the {self.drafter.name} drafter needs the model's hidden rows, which this engine "
+                             "keeps on its device")
         t0 = time.perf_counter()
         prompt_start = len(session.tokens)
-        logits = session.prefill(prompt)
-        if hasattr(self.drafter, "start"):  # optional hook (indexes the prompt: counted as prefill)
-            self.drafter.start(session.tokens, prompt_start)
+        logits = session.prefill(prompt, self.drafter)
+        self.drafter.start(session.tokens, prompt_start)  # indexes the prompt: counted as prefill
         self.st.prefill_s = time.perf_counter() - t0
         self.out: list[int] = []
         self.t0 = time.perf_counter()
@@ -200,26 +202,25 @@ class Generation:
         td = time.perf_counter()
         draft = np.asarray(self.drafter.propose(s.tokens, room), np.int64)[:room] if room > 0 else ()
         window = [s.tokens[-1], *(int(d) for d in draft)]
-        decision = getattr(self.drafter, "last_decision", None) if room > 0 else None
+        decision = self.drafter.last_decision if room > 0 else None
         self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3, decision)
         return window
 
-    def finish(self, logits: np.ndarray, t_forward: float) -> None:
-        """Verify the window's logits [T, vocab] (forward started at perf_counter() == t_forward), commit."""
+    def finish(self, out: ForwardResult, t_forward: float) -> None:
+        """Verify the window's forward (logits [T, vocab]; started at perf_counter() == t_forward), commit."""
         window, pos0, draft_ms, decision = self._pending
-        s = self.s
-        res = self.verifier.verify(logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
+        s, d = self.s, self.drafter
+        res = self.verifier.verify(out.logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
         s.state.commit(res.keep)
-        if s.on_rows is not None:
-            s.on_rows(pos0, s.state.hidden[: res.keep])
+        if d.follows_rows:
+            d.observe_hidden(pos0, out.hidden[: res.keep])
         verify_ms = (time.perf_counter() - t_forward) * 1e3
         k = len(window) - 1
-        strategy = getattr(self.drafter, "last_strategy", self.strategy) if k else "normal"
-        if hasattr(self.drafter, "observe"):  # the adaptive scheduler learns from measured windows
-            self.drafter.observe(k, draft_ms, verify_ms, len(res.tokens))
+        strategy = (d.last_strategy or self.strategy) if k else "normal"
+        d.observe(k, draft_ms, verify_ms, len(res.tokens))  # the adaptive scheduler learns from measured windows
         self.st.windows.append(WindowRecord(
             strategy, k, draft_ms, verify_ms, res.keep, len(res.tokens),
-            tuple(int(x) for x in s.state.distinct_experts), decision,
+            tuple(int(x) for x in out.distinct_experts), decision,
         ))
         self._emit(res.tokens)
         self.st.stop_reason = res.stop or ("context" if s.state.pos >= s.n_ctx else "")
@@ -266,11 +267,9 @@ def generate_concurrent(requests: Sequence[tuple[GuildSession, dict]]) -> tuple[
     """Run several sessions' generations together: each round, every active session proposes its window and
     one batched forward serves them all (experts read once for every row). `requests` holds
     (session, generate keyword arguments incl. prompt and max_tokens); the sessions share one model."""
-    from .kernels.cpu.quant import ROW_INVARIANT_ROWS
-
     model = requests[0][0].model
     if any(s.model is not model for s, _ in requests):
-        raise BadFlagError("concurrent sessions must share one model")
+        raise ValueError("concurrent sessions must share one model")
     gens = [Generation(s, **kw) for s, kw in requests]  # prefills, one session after another
     cs = ConcurrentStats()
     t0 = time.perf_counter()
@@ -285,9 +284,9 @@ def generate_concurrent(requests: Sequence[tuple[GuildSession, dict]]) -> tuple[
                 rows += len(windows[j])
                 j += 1
             t = time.perf_counter()
-            logits = model.forward_batch([(windows[n], active[n].s.state) for n in range(i, j)])
+            outs = model.forward_batch([(windows[n], active[n].s.state) for n in range(i, j)])
             for n in range(i, j):
-                active[n].finish(logits[n - i], t)
+                active[n].finish(outs[n - i], t)
             i = j
         cs.rounds_ms.append((time.perf_counter() - tr) * 1e3)
     cs.decode_s = time.perf_counter() - t0

@@ -7,9 +7,9 @@ LM head but the last row's, whose logits are draft 1), commits them, then chains
 after any accept/reject equals a fresh recompute (tests/test_mtp.py).
 
 Drafts are greedy (argmax), so the verifier's exact rule holds for sampling too. `last_prob` is the head's
-top-1 probability of draft 1 — the scheduler's confidence signal. With
-`min_p > 0` a window whose first draft is less likely than that is a plain step (seed 000 3.3), and the chain
-stops at the first draft under it. No I/O, no clock.
+top-1 probability of draft 1 — the scheduler's confidence signal (docs/adaptive.md "MTP confidence"). With
+`min_p > 0` a window whose first draft is less likely than that is a plain step, and the chain stops at the
+first draft under it. No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..window import MAX_DRAFT
+from .base import Drafter
+
 
 def _top1(logits: np.ndarray) -> tuple[int, float]:
     j = int(np.argmax(logits))
@@ -25,13 +28,14 @@ def _top1(logits: np.ndarray) -> tuple[int, float]:
     return j, float(1.0 / np.exp(z).sum())
 
 
-class MtpDrafter:
+class MtpDrafter(Drafter):
     name = "mtp"
     lazy = True  # a head forward per proposal: the adaptive scheduler asks only when it could pay
+    follows_rows = True  # catches its own cache up over the base's committed rows
 
     def __init__(self, head, n_ctx: int, max_k: int = 3, min_p: float = 0.0):
-        if not 1 <= max_k <= 7:
-            raise ValueError(f"mtp max_k must be in 1..7, got {max_k}")
+        if not 1 <= max_k <= MAX_DRAFT:
+            raise ValueError(f"mtp max_k must be in 1..{MAX_DRAFT}, got {max_k}")
         self.head, self.max_k, self.min_p = head, max_k, min_p
         self.cache = head.new_cache(n_ctx)
         self._rows: list[tuple[int, np.ndarray]] = []  # (position, final residual rows) not yet in the cache
@@ -51,6 +55,9 @@ class MtpDrafter:
             raise RuntimeError(f"MtpDrafter: rows at {pos0} after {end} (the drafter missed the rows between)")
         if len(rows):
             self._rows.append((pos0, rows))
+
+    def signals(self) -> dict:
+        return {"prob": self.last_prob}
 
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         """After the prompt's prefill: catch up over its rows now (the session counts this as prefill), all but

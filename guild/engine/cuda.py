@@ -2,7 +2,7 @@
 router, dense FFNs, embeddings/output and the KV cache on the GPU (CuPy RawKernels, kernels/cuda/), routed
 experts on the CPU (Numba, kernels/cpu/moe.py).
 
-Orchestration and backends. The window forward below is written once against a small backend interface: the
+Orchestration. The window forward below is written once against the backends of guild.engine.backends: the
 CPU kernels' signatures, allocation, and staged transfers. `CudaBackend` runs it on the GPU; `HostBackend`
 runs it with the CPU kernels on NumPy arrays, both for the layers a placement leaves on the CPU and, as a
 separate instance (`HostBackend.fake_device()`), as a stand-in GPU in CPU tests, where the same
@@ -35,275 +35,32 @@ Row invariance: every GPU kernel keeps a row's arithmetic independent of T and o
 (kernels/cuda/*.cu), and the CPU experts are the CPU model's, so rows stay invariant on the GPU too. GPU and
 CPU logits agree within a tolerance (different summation orders), not bitwise.
 
-Placement: layers [0, gpu_layers) run on the GPU with their KV cache; later layers, if the VRAM budget is
+Placement (GpuSplit): layers [0, gpu_layers) run on the GPU with their KV cache; later layers, if the VRAM budget is
 short, run on the CPU (x crosses once at the boundary); embeddings and output on either side.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ContextOverflowError, GuildError
-from .kernels.cpu import ops as cpu_ops
-from .kernels.cpu import quant as cpu_quant
-from .kernels.cpu.moe import experts_ffn
-from .models.llama import fuse
+from ..errors import ContextOverflowError, GpuPathError, GuildError
+from ..kernels.cpu.moe import experts_ffn
+from ..models.base import ForwardResult
+from ..plan import group_of
+from .backends import CudaBackend, HostBackend
 
 GPU_ARCHS = ("llama", "qwen3", "qwen3moe")
 _ALIGN = 256  # staging buffer sections start on this many bytes
 _RESERVE = 512 * 2**20  # VRAM left for the CUDA context, activations and the memory pool's slack
 
 
-class GpuPathError(GuildError):
-    pass
-
-
-# ---------------------------------------------------------------------------------------------------------
-# backends
-class HostBackend:
-    """NumPy arrays and the CPU kernels. `device=False`: the host itself (arrays are shared with the caller);
-    `device=True` (`fake_device()`): a stand-in GPU whose transfers copy and are counted, for CPU tests."""
-
-    def __init__(self, name: str = "cpu", device: bool = False):
-        self.name, self.device = name, device
-        self.h2d = self.d2h = 0  # transfers and their bytes (fake device only)
-        self.h2d_bytes = self.d2h_bytes = 0
-
-    @classmethod
-    def fake_device(cls) -> HostBackend:
-        return cls("fake-gpu", device=True)
-
-    def activate(self):
-        return contextlib.nullcontext()
-
-    # arrays
-    def empty(self, shape, dtype=np.float32):
-        return np.empty(shape, dtype)
-
-    def zeros(self, shape, dtype=np.float32):
-        return np.zeros(shape, dtype)
-
-    def upload(self, a: np.ndarray):
-        return np.array(a, copy=True) if self.device else np.ascontiguousarray(a)
-
-    def linear(self, cpu_weights, tensors, name: str):
-        """Weights for matmul: the CPU model's packed matrix or Linear (shared, not copied)."""
-        return cpu_weights
-
-    def view(self, buf, offset: int, shape, dtype):
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return buf[offset : offset + n].view(dtype).reshape(shape)
-
-    def bytes_of(self, a):
-        return a.reshape(-1).view(np.uint8)
-
-    def take_rows(self, x, rows_host: np.ndarray, rows_dev):
-        return np.ascontiguousarray(x[rows_host])
-
-    # transfers (staged through pinned host buffers on a real GPU)
-    def pinned(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
-
-    def to_host(self, src, dst: np.ndarray) -> None:
-        np.copyto(dst, src)
-        self.d2h += 1
-        self.d2h_bytes += dst.nbytes
-
-    def to_device(self, src: np.ndarray, dst) -> None:
-        np.copyto(dst, src)
-        self.h2d += 1
-        self.h2d_bytes += src.nbytes
-
-    def wait(self) -> None:
-        pass
-
-    # kernels (the CPU kernels' signatures)
-    def matmul(self, w, x, out, accumulate: bool = False) -> None:
-        if isinstance(w, cpu_quant.PackedMatrix):
-            if accumulate:
-                tmp = np.empty(out.shape, np.float32)
-                cpu_quant.matmul(w, x, tmp)
-                out += tmp
-            else:
-                cpu_quant.matmul(w, x, out)
-        else:  # models.llama.Linear (parts of different quant types)
-            y = w(x)
-            if accumulate:
-                out += y
-            else:
-                out[...] = y
-
-    def dequantize_rows(self, w, rows, out) -> None:
-        cpu_quant.dequantize_rows(w, rows, out)
-
-    def rmsnorm(self, x, w, eps, out) -> None:
-        cpu_ops.rmsnorm(x, w, eps, out)
-
-    def rmsnorm_heads(self, x, w, eps) -> None:
-        cpu_ops.rmsnorm_heads(x, w, eps)
-
-    def rope(self, x, positions, cos, sin, n_rot, neox) -> None:
-        cpu_ops.rope(x, positions, cos, sin, n_rot, neox)
-
-    def attention(self, q, kt, vc, pos0, scale, out) -> None:
-        T, H, _ = q.shape
-        scores = np.empty((T * H, pos0 + T), np.float32)
-        cpu_ops.attention(q, kt, vc, pos0, np.float32(scale), out, scores)
-
-    def swiglu(self, gu, out) -> None:
-        cpu_ops.swiglu(gu, out)
-
-    def softmax_topk(self, logits, k, renorm, ids, weights) -> None:
-        cpu_ops.softmax_topk(logits, k, renorm, ids, weights)
-
-    def add(self, x, y) -> None:
-        x += y
-
-    def kv_write(self, kt, vc, k, v, pos0) -> None:
-        T = k.shape[0]
-        kt[:, :, pos0 : pos0 + T] = k.transpose(1, 2, 0)
-        vc[:, pos0 : pos0 + T] = v.transpose(1, 0, 2)
-
-    def split_qkv(self, qkv, H, Hkv, hd):
-        """q, k, v [R, heads, hd] from the fused [R, (H + 2 Hkv) hd] output (contiguous copies, as the CPU
-        model makes them)."""
-        R = qkv.shape[0]
-        q = np.ascontiguousarray(qkv[:, : H * hd]).reshape(R, H, hd)
-        k = np.ascontiguousarray(qkv[:, H * hd : (H + Hkv) * hd]).reshape(R, Hkv, hd)
-        v = np.ascontiguousarray(qkv[:, (H + Hkv) * hd :]).reshape(R, Hkv, hd)
-        return q, k, v
-
-
-class DeviceLinear:
-    """One or more GPU matrices sharing an input, fused when their quant types agree (as models.llama.Linear)."""
-
-    def __init__(self, tensors, pack):
-        self.n_out, self.n_in, self.parts = fuse(tensors, pack)
-        self.nbytes = sum(p.nbytes for p in self.parts)
-
-
-class CudaBackend:
-    """CuPy arrays on one GPU, the kernels of kernels/cuda/, one non-blocking stream, pinned staging buffers."""
-
-    def __init__(self, index: int = 0):
-        import cupy
-
-        from .kernels.cuda import ops as kops
-
-        self.cp, self.k = cupy, kops
-        self.name, self.device = f"cuda:{index}", True
-        self.h2d = self.d2h = self.h2d_bytes = self.d2h_bytes = 0
-        self._dev = cupy.cuda.Device(index)
-        with self._dev:
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-
-    @contextlib.contextmanager
-    def activate(self):
-        with self._dev, self.stream:
-            yield
-
-    def empty(self, shape, dtype=np.float32):
-        return self.cp.empty(shape, dtype)
-
-    def zeros(self, shape, dtype=np.float32):
-        return self.cp.zeros(shape, dtype)
-
-    def upload(self, a: np.ndarray):
-        return self.cp.asarray(np.ascontiguousarray(a))
-
-    def linear(self, cpu_weights, tensors, name: str):
-        for t in tensors:
-            self.k.check_matrix(t.qtype, t.shape[0], t.shape[1], t.name)
-        return DeviceLinear(tensors, self.k.pack)
-
-    def view(self, buf, offset: int, shape, dtype):
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return buf[offset : offset + n].view(dtype).reshape(shape)
-
-    def bytes_of(self, a):
-        return a.reshape(-1).view(self.cp.uint8)
-
-    def take_rows(self, x, rows_host: np.ndarray, rows_dev):
-        return self.cp.take(x, rows_dev, axis=0)
-
-    def pinned(self, nbytes: int) -> np.ndarray:
-        mem = self.cp.cuda.alloc_pinned_memory(max(int(nbytes), 1))
-        return np.frombuffer(mem, np.uint8, int(nbytes))  # keeps `mem` alive
-
-    @staticmethod
-    def _addr(a) -> int:
-        return a.data.ptr
-
-    def to_host(self, src, dst: np.ndarray) -> None:
-        rt = self.cp.cuda.runtime
-        rt.memcpyAsync(dst.ctypes.data, self._addr(src), dst.nbytes, rt.memcpyDeviceToHost, self.stream.ptr)
-        self.d2h += 1
-        self.d2h_bytes += dst.nbytes
-
-    def to_device(self, src: np.ndarray, dst) -> None:
-        rt = self.cp.cuda.runtime
-        rt.memcpyAsync(self._addr(dst), src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, self.stream.ptr)
-        self.h2d += 1
-        self.h2d_bytes += src.nbytes
-
-    def wait(self) -> None:
-        self.stream.synchronize()
-
-    def matmul(self, w: DeviceLinear, x, out, accumulate: bool = False) -> None:
-        off = 0
-        for p in w.parts:
-            self.k.matmul(p, x, out if len(w.parts) == 1 else out[:, off : off + p.n_rows], accumulate)
-            off += p.n_rows
-
-    def dequantize_rows(self, w: DeviceLinear, rows, out) -> None:
-        self.k.dequantize_rows(w.parts[0], rows, out)
-
-    def rmsnorm(self, x, w, eps, out) -> None:
-        self.k.rmsnorm(x, w, eps, out)
-
-    def rmsnorm_heads(self, x, w, eps) -> None:
-        self.k.rmsnorm_heads(x, w, eps)
-
-    def rope(self, x, positions, cos, sin, n_rot, neox) -> None:
-        self.k.rope(x, positions, cos, sin, n_rot, neox)
-
-    def attention(self, q, kt, vc, pos0, scale, out) -> None:
-        self.k.attention(q, kt, vc, pos0, scale, out)
-
-    def swiglu(self, gu, out) -> None:
-        self.k.swiglu(gu, out)
-
-    def softmax_topk(self, logits, k, renorm, ids, weights) -> None:
-        self.k.softmax_topk(logits, k, renorm, ids, weights)
-
-    def add(self, x, y) -> None:
-        self.k.add(x, y)
-
-    def kv_write(self, kt, vc, k, v, pos0) -> None:
-        self.k.kv_write(kt, vc, k, v, pos0)
-
-    def split_qkv(self, qkv, H, Hkv, hd):
-        """Views into the fused output (the kernels take row strides): no copies, no launches."""
-        R = qkv.shape[0]
-        q = qkv[:, : H * hd].reshape(R, H, hd)
-        k = qkv[:, H * hd : (H + Hkv) * hd].reshape(R, Hkv, hd)
-        v = qkv[:, (H + Hkv) * hd :].reshape(R, Hkv, hd)
-        # rope and QK-norm work in place: a reshape that copied would silently lose them
-        base = self._addr(qkv)
-        for a, off in ((q, 0), (k, H * hd), (v, (H + Hkv) * hd)):
-            if self._addr(a) != base + 4 * off or (R > 1 and a.strides[0] != qkv.strides[0]):
-                raise RuntimeError("split_qkv: reshape copied instead of returning a view")
-        return q, k, v
-
-
 # ---------------------------------------------------------------------------------------------------------
 # placement
 @dataclass(frozen=True)
-class Placement:
+class GpuSplit:
     """What runs on the GPU: layers [0, gpu_layers) (attention, norms, router, dense FFN, their KV cache), the
     embedding table and the output matrix. Routed experts always stay on the CPU.
 
@@ -314,7 +71,7 @@ class Placement:
     output_gpu: bool = True
 
     @classmethod
-    def from_section(cls, sec: Mapping, n_layers: int) -> Placement:
+    def from_section(cls, sec: Mapping, n_layers: int) -> GpuSplit:
         try:
             n = int(sec.get("gpu_layers", n_layers))
             emb, out = (str(sec.get(k, "gpu")).lower() for k in ("embed", "output"))
@@ -333,13 +90,11 @@ class Placement:
         return self.gpu_layers > 0 or self.embed_gpu or self.output_gpu
 
 
-def placement_from_plan(pl, model, n_ctx: int) -> Placement:
+def placement_from_plan(pl, model, n_ctx: int) -> GpuSplit:
     """The engine's placement from a plan's (guild.plan.Placement: per-group device cpu|gpu|split and GPU
     bytes, filled by calib/placement.py in layer order). The engine keeps a layer whole on one side, so it takes
     the longest prefix of layers whose every per-layer group (attention, KV cache, norms, router, dense FFN)
     fits in that group's GPU bytes: never more on the GPU than the plan budgeted."""
-    from .calib.placement import group_of
-
     a, g = model.args, model.gguf
     groups = {x.name: x for x in pl.groups}
     per_layer: dict[str, list[int]] = {}
@@ -368,7 +123,7 @@ def placement_from_plan(pl, model, n_ctx: int) -> Placement:
 
     out = on("output")
     emb = on("embeddings") or (model.tied and out)
-    return Placement(n, emb, out)
+    return GpuSplit(n, emb, out)
 
 
 def _tensor_bytes(t) -> int:
@@ -391,7 +146,7 @@ def gpu_sizes(model, n_ctx: int) -> dict:
     return {"layers": layers, "embed": embed, "output": output, "tied": not g.has("output.weight"), "kv_per_layer": kv}
 
 
-def default_placement(model, free_bytes: int, n_ctx: int) -> Placement:
+def default_placement(model, free_bytes: int, n_ctx: int) -> GpuSplit:
     """Fill the VRAM left after a reserve: layers in order, then the output matrix, then the embeddings
     (an embedding lookup on the CPU costs only the rows' upload)."""
     s = gpu_sizes(model, n_ctx)
@@ -406,7 +161,7 @@ def default_placement(model, free_bytes: int, n_ctx: int) -> Placement:
     if out:
         budget -= s["output"]
     emb = out and (s["tied"] or s["embed"] <= budget)
-    return Placement(n, emb, out)
+    return GpuSplit(n, emb, out)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -421,7 +176,6 @@ class DeviceKVCache:
         self.n_ctx = n_ctx
         self.pos = 0
         self.pending = 0
-        self.distinct_experts = np.zeros(a.n_layers, np.int32)
         self.k, self.v = [], []
         try:
             for L in engine.layers:
@@ -430,7 +184,7 @@ class DeviceKVCache:
                     self.v.append(L.be.zeros((a.n_kv_heads, n_ctx, a.head_dim)))
         except Exception as e:
             if type(e).__name__ == "OutOfMemoryError":
-                raise GpuPathError(f"GPU out of memory for a KV cache of --context {n_ctx}; lower --context") from None
+                raise GpuPathError(f"GPU out of memory for a KV cache of {n_ctx} tokens") from None
             raise
         self._be = [L.be for L in engine.layers]
 
@@ -438,7 +192,8 @@ class DeviceKVCache:
         if self.pending:
             raise RuntimeError("KVCache.begin: previous window not committed")
         if self.pos + T > self.n_ctx:
-            raise ContextOverflowError(f"context full: {self.pos} + {T} tokens exceed --context {self.n_ctx}")
+            raise ContextOverflowError(f"context full: {self.pos} + {T} tokens exceed the context of {self.n_ctx} "
+                                       "tokens")
         self.pending = T
         return self.pos
 
@@ -509,12 +264,14 @@ class GpuLlama:
     and the rest, routed experts always, on the CPU. Same interface as models.llama.Llama for sessions:
     `args`, `gguf`, `new_state`, `forward`, `forward_batch`."""
 
-    def __init__(self, cpu_model, device, placement: Placement, host: HostBackend | None = None):
+    hosts_mtp_head = False  # the MTP head's block runs with the CPU model's layers only
+
+    def __init__(self, cpu_model, device, placement: GpuSplit, host: HostBackend | None = None):
         a = cpu_model.args
         if a.arch not in GPU_ARCHS:
-            raise GpuPathError(f"the GPU path supports {', '.join(GPU_ARCHS)}, not '{a.arch}': use --device cpu")
+            raise GpuPathError(f"the GPU path supports {', '.join(GPU_ARCHS)}, not '{a.arch}'")
         if a.head_dim > 256:
-            raise GpuPathError(f"head_dim {a.head_dim} > 256 is not supported on the GPU: use --device cpu")
+            raise GpuPathError(f"head_dim {a.head_dim} > 256 is not supported on the GPU")
         if not 0 <= placement.gpu_layers <= a.n_layers:
             raise GpuPathError(f"placement: gpu_layers {placement.gpu_layers} not in 0..{a.n_layers}")
         self.cpu, self.args, self.gguf = cpu_model, a, cpu_model.gguf
@@ -546,31 +303,36 @@ class GpuLlama:
         self._logits = _Staging(with_dev=False)  # logits (D2H)
         self._move = _Staging(with_dev=False)  # x across the placement boundary
 
+    @property
+    def returns_hidden(self) -> bool:
+        """The final residual rows come back only when the output side is the host (no transfer for them)."""
+        return not self.out_be.device
+
     def _rope_tables(self, be):
         if be.name not in self._tables:
             self._tables[be.name] = (be.upload(self.cpu.cos), be.upload(self.cpu.sin))
 
     @classmethod
-    def build(cls, cpu_model, device_info, n_ctx: int, placement: Placement | Mapping | None = None) -> GpuLlama:
-        """The GPU engine on a CUDA device (guild.device.Device) with a plan's placement or the default."""
+    def build(cls, cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | None = None) -> GpuLlama:
+        """The GPU engine on a CUDA device (guild.engine.device.Device) with a plan's placement or the default."""
         a = cpu_model.args
         if a.arch not in GPU_ARCHS:
-            raise GpuPathError(f"the GPU path supports {', '.join(GPU_ARCHS)}, not '{a.arch}': use --device cpu")
+            raise GpuPathError(f"the GPU path supports {', '.join(GPU_ARCHS)}, not '{a.arch}'")
         if isinstance(placement, Mapping):
-            placement = Placement.from_section(placement, a.n_layers)
+            placement = GpuSplit.from_section(placement, a.n_layers)
         if placement is None:
             placement = default_placement(cpu_model, device_info.free_bytes, n_ctx)
         if not placement.uses_gpu:
             need = gpu_sizes(cpu_model, n_ctx)["layers"][0] + _RESERVE
             raise GpuPathError(
-                f"nothing fits on {device_info.name}: one layer at --context {n_ctx} needs {need / 2**20:.0f} MiB, "
-                f"{device_info.free_bytes / 2**20:.0f} MiB free; lower --context or use --device cpu"
+                f"nothing fits on {device_info.name}: one layer at a context of {n_ctx} tokens needs "
+                f"{need / 2**20:.0f} MiB, {device_info.free_bytes / 2**20:.0f} MiB free"
             )
         try:
             return cls(cpu_model, CudaBackend(device_info.index), placement)
         except Exception as e:
             if type(e).__name__ == "OutOfMemoryError":
-                raise GpuPathError(f"GPU out of memory while uploading the model ({e}); use --device cpu") from None
+                raise GpuPathError(f"GPU out of memory while uploading the model ({e})") from None
             raise
 
     def describe(self) -> str:
@@ -585,7 +347,7 @@ class GpuLlama:
         return DeviceKVCache(self, n_ctx)
 
     def forward(self, tokens, state: DeviceKVCache, last_only: bool = False) -> np.ndarray:
-        return self.forward_batch([(tokens, state)], last_only)[0]
+        return self.forward_batch([(tokens, state)], last_only)[0].logits
 
     # -- the window ---------------------------------------------------------------------------------
     def _to(self, x, src, dst):
@@ -611,8 +373,9 @@ class GpuLlama:
             dst.to_device(host[:nbytes], dst.bytes_of(out))
         return out
 
-    def forward_batch(self, windows, last_only: bool = False) -> list[np.ndarray]:
-        """Windows of several sessions [(tokens, state), ...] in one pass, as models.llama.Llama.forward_batch."""
+    def forward_batch(self, windows, last_only: bool = False) -> list[ForwardResult]:
+        """Windows of several sessions [(tokens, state), ...] in one pass, as models.llama.Llama.forward_batch.
+        The final residual rows come back only when they end on the host (no transfer is made for them)."""
         a = self.args
         toks = [np.ascontiguousarray(t, np.int64).reshape(-1) for t, _ in windows]
         states = [st for _, st in windows]
@@ -637,6 +400,7 @@ class GpuLlama:
         scale = 1.0 / np.sqrt(hd)
         eps = a.norm_eps
 
+        distinct = np.zeros(a.n_layers, np.int32)
         be = self.embed_be
         with be.activate():
             x = be.empty((R, D))
@@ -664,9 +428,7 @@ class GpuLlama:
                     be.attention(q[r0:r1], st.k[li], st.v[li], pos0s[i], scale, att[r0:r1])
                 be.matmul(L.wo, att.reshape(R, H * hd), x, accumulate=True)
                 if a.is_moe:
-                    n = self._moe(L, be, x, R)
-                    for st in states:  # the union over the batch is what this forward paid for
-                        st.distinct_experts[li] = n
+                    distinct[li] = self._moe(L, be, x, R)  # the union over the batch is what it paid for
                 else:
                     be.rmsnorm(x, L.ffn_norm, eps, h)
                     gu = be.empty((R, L.gu.n_out))
@@ -676,6 +438,8 @@ class GpuLlama:
                     be.matmul(L.down, act, x, accumulate=True)
         x = self._to(x, be, self.out_be)
         be = self.out_be
+        n = len(windows)
+        hidden = [None] * n if be.device else [x[offs[i] : offs[i + 1]] for i in range(n)]
         with be.activate():
             if last_only:
                 x = be.take_rows(x, last, meta[be.name][2])
@@ -690,9 +454,9 @@ class GpuLlama:
                 be.to_host(be.bytes_of(logits), host[:nbytes])
                 be.wait()
                 logits = host[:nbytes].view(np.float32).reshape(n_out, a.vocab_size).copy()
-        if last_only:
-            return [logits[i : i + 1] for i in range(len(windows))]
-        return [logits[offs[i] : offs[i + 1]] for i in range(len(windows))]
+        rows = [(i, i + 1) for i in range(n)] if last_only else [(offs[i], offs[i + 1]) for i in range(n)]
+        split = [logits[a:b] for a, b in rows]
+        return [ForwardResult(lg, hd, distinct) for lg, hd in zip(split, hidden, strict=True)]
 
     def _moe(self, L, be, x, R: int) -> int:
         """Route on `be`, run the experts on the CPU, add their output into x (one D2H + one H2D on a device)."""

@@ -1,4 +1,4 @@
-"""Verifier: the exact accept rule for a window of T = 1 + k rows (DESIGN.md "Window", seed 000 §3.4).
+"""Verifier: the exact accept rule for a window of T = 1 + k rows (docs/contracts.md "Window").
 
 Row t of the window [root, d1..dk] predicts absolute position pos0 + t + 1 from the history up to d_t. Its
 target token Y is drawn exactly as plain decoding would draw it (same logits by row invariance, same

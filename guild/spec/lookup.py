@@ -1,4 +1,5 @@
-"""Prompt-lookup drafter: n-gram anchors in a bounded hash table, backward suffix extension (seed 000, 3.1).
+"""Prompt-lookup drafter: n-gram anchors in a bounded hash table, backward suffix extension (Saxena 2023,
+"Prompt Lookup Decoding"; docs/adaptive.md "Drafters").
 
 Proposes the tokens that followed the best earlier occurrence of the history's suffix. No I/O, no clock:
 the same history always gives the same proposal.
@@ -32,6 +33,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from numba import njit
+
+from .base import Drafter
 
 WAYS = 4
 MAX_PROBE = 16
@@ -230,7 +233,7 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, int(x - 1).bit_length())
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Prompt-lookup drafter over the session's own token history.
 
     Ranking: the longest backward match (capped at ``max_match``) wins; among equal lengths, the candidate
@@ -251,6 +254,10 @@ class SuffixDrafter:
     """
 
     name = "lookup"
+
+    def signals(self) -> dict:
+        return {"match_len": self.last_match_len, "freq": self.last_freq, "group": self.last_group,
+                "consensus": self.last_consensus}
 
     def __init__(self, min_match: int = 3, max_match: int = 64, max_history: int = 65536,
                  table_bits: int | None = None):

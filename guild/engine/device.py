@@ -11,13 +11,9 @@ import ctypes
 import sys
 from dataclasses import dataclass
 
-from .errors import BadFlagError, GuildError
-
-DEVICES = ("auto", "cpu", "cuda")
-
-
-class DeviceUnavailableError(GuildError):
-    pass
+from ..errors import BadFlagError, DeviceUnavailableError, GuildError
+from ..options import DEVICES
+from .cuda import GpuLlama, placement_from_plan
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ def _first_line(e: BaseException) -> str:
 def probe_cuda(index: int = 0) -> tuple[Device | None, str]:
     """(the CUDA device, "") when CuPy can use GPU `index`, else (None, the reason)."""
     try:
-        import cupy
+        import cupy  # optional: guild[gpu]
     except ImportError:
         return None, "CuPy is not installed (pip install 'guild[gpu]')"
     except Exception as e:  # a broken install raises other errors at import
@@ -78,7 +74,7 @@ def probe_cuda(index: int = 0) -> tuple[Device | None, str]:
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     cc = int(props["major"]) * 10 + int(props["minor"])
     try:
-        from .kernels.cuda import arch_option
+        from ..kernels.cuda import arch_option  # loads NVRTC, which may be missing
 
         arch_option(cc)
     except GuildError as e:
@@ -99,5 +95,21 @@ def resolve_device(spec: str | None) -> Device:
     if dev is not None:
         return dev
     if s == "cuda":
-        raise DeviceUnavailableError(f"--device cuda: {why}")
+        raise DeviceUnavailableError(f"no usable CUDA GPU: {why}")
     return Device("cpu", note=f"auto: {why}")
+
+
+def place_model(model, spec: str | None, context: int, placement=None) -> tuple[object, Device, str]:
+    """`--device spec`: the model with its attention/dense share on the GPU (`placement`: a plan's placement
+    section, else the default for the VRAM free now; routed experts stay on the CPU), the device, and why the
+    CPU runs it when `auto` did not take the GPU. `cuda` raises where `auto` falls back."""
+    dev = resolve_device(spec)
+    if not dev.is_cuda:
+        return model, dev, dev.note
+    try:
+        split = placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
+        return GpuLlama.build(model, dev, context, split), dev, ""
+    except GuildError as e:
+        if (spec or "auto").strip().lower() == "cuda":
+            raise
+        return model, Device("cpu", note=f"auto: {e}"), f"auto: {e}"

@@ -1,6 +1,6 @@
 """Micro-benchmarks of the drafters' latencies (benchmarks, not tests).
 
-Run: ``python -m guild.spec.bench_drafters``. Each ``bench_*`` function returns a dict of numbers and prints
+Run: ``python -m guild.tools.bench_drafters``. Each ``bench_*`` function returns a dict of numbers and prints
 one line per measurement; `main()` runs whichever ones exist in this module.
 """
 
@@ -9,6 +9,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
+from guild.spec.lookup import SuffixDrafter
+from guild.spec.retrieval import RetrievalDrafter
+
+from ..calib.spec import replay as _replay
 
 
 def text_like_tokens(n: int, vocab: int = 49152, seed: int = 0) -> np.ndarray:
@@ -35,26 +40,8 @@ def _pct(xs, q):
     return float(np.percentile(np.asarray(xs), q))
 
 
-def _replay(drafter, hist, src_list, src, steps, seed):
-    """Propose as a session does: before each call append the 1-4 tokens the previous window committed.
-    Returns (latencies in s, calls that drafted, tokens drafted)."""
-    lat, hits, drafted = [], 0, 0
-    r = np.random.default_rng(seed)
-    while len(lat) < steps and src < len(src_list):
-        step = int(r.integers(1, 5))
-        hist.extend(src_list[src : src + step])
-        src += step
-        t0 = time.perf_counter()
-        p = drafter.propose(hist, 4)
-        lat.append(time.perf_counter() - t0)
-        hits += p.size > 0
-        drafted += p.size
-    return lat, hits, drafted
-
-
 def bench_lookup(n: int = 65536, steps: int = 4000, seed: int = 0) -> dict:
     """SuffixDrafter at an n-token history: append cost (amortised) and propose latency (median, p90)."""
-    from guild.spec.suffix_drafter import SuffixDrafter
 
     toks = text_like_tokens(n + 4 * n, seed=seed)
     as_list = toks.tolist()
@@ -124,7 +111,6 @@ def bench_retrieval(n_stream: int = 65536, n_corpus: int = 262144, steps: int = 
     """RetrievalDrafter at an n_stream-token stream plus an n_corpus-token corpus: ingest and start costs,
     propose latency (median, p90) on text-like tokens whose stream partly quotes the corpus, and on a
     degenerate, highly repetitive stream (long hash chains, many candidates)."""
-    from guild.spec.retrieval_drafter import RetrievalDrafter
 
     rng = np.random.default_rng(seed)
     corpus = text_like_tokens(n_corpus, seed=seed + 1)

@@ -1,4 +1,4 @@
-"""The sampling chain and position-keyed draws (DESIGN.md "Sampling"; seed 000 section 3.4).
+"""The sampling chain and position-keyed draws (docs/contracts.md "Sampling").
 
 Chain, in llama.cpp's order: repetition / frequency / presence penalties → top_k → top_p → min_p →
 temperature → inverse CDF. The target token at absolute position q is Y_q = F⁻¹(u_q) over the processed
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BadFlagError
+from ..errors import BadFlagError
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Benchmark of the hybrid Gated-DeltaNet path (`python -m guild.perf_hybrid`).
+"""Benchmark of the hybrid Gated-DeltaNet path (`python -m guild.tools.perf_hybrid`).
 
 Builds a tiny-but-not-trivial random qwen35moe in a temp dir (8 layers "RRRA RRRA", dim 512, 64 experts top-8 +
 a shared expert, DeltaNet 4 key / 8 value heads of 64, Q8_0) and reports:
@@ -20,7 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
+
+from ..engine import state as state_mod
+from ..engine.session import GuildSession
+from ..kernels.cpu import deltanet as gdn
+from ..models import load_model
+from ..spec.lookup import SuffixDrafter
+from .tiny_hybrid import write_tiny_hybrid
 
 BENCH_MODEL = dict(
     arch="qwen35moe", n_layers=8, full_attention_interval=4, dim=512, n_heads=8, n_kv_heads=2, head_dim=64,
@@ -57,7 +65,6 @@ class _Timer:
 
 
 def build(dirpath: Path, qtype: str, copy_bias: float = 0.0) -> str:
-    from .testing import write_tiny_hybrid
 
     name = f"bench-{qtype}{'-copy' if copy_bias else ''}.gguf"
     return str(write_tiny_hybrid(dirpath / name, qtype=qtype, copy_bias=copy_bias, **BENCH_MODEL))
@@ -65,7 +72,6 @@ def build(dirpath: Path, qtype: str, copy_bias: float = 0.0) -> str:
 
 def window_costs(model, reps: int, rng) -> dict:
     """V(T) (forward + commit(T)), recurrence share, and the T = 5 rollback overhead of both strategies."""
-    from .kernels.cpu import deltanet as gdn
 
     out: dict = {"rollback": model.rollback, "V_ms": {}, "recurrence_ms": {}, "recurrence_share": {}}
     vocab = model.args.vocab_size
@@ -128,7 +134,6 @@ def window_costs(model, reps: int, rng) -> dict:
 def real_size_rollback(reps: int, T: int = 5, layers: int = 30, Hv: int = 32, Hk: int = 16, d: int = 128) -> dict:
     """The recurrence alone at Qwen3.5-35B-A3B's size (30 DeltaNet layers, 32 value heads of 128 x 128): a T-row
     window written as snapshots vs in place, and the replay of `keep` rows that the in-place layout pays."""
-    from .kernels.cpu import deltanet as gdn
 
     rng = np.random.default_rng(1)
     q = rng.standard_normal((T, Hk, d)).astype(np.float32)
@@ -171,9 +176,6 @@ def real_size_rollback(reps: int, T: int = 5, layers: int = 30, Hv: int = 32, Hk
 def copy_workload(model, n_tokens: int, max_draft: int, reps: int, edit_every: int = 12) -> dict:
     """Plain vs lookup on a copy workload: the prompt holds (an edited copy of) the model's own answer to the
     question it ends with."""
-    from . import state as state_mod
-    from .session import GuildSession
-    from .spec.suffix_drafter import SuffixDrafter
 
     question = [int(t) for t in np.random.default_rng(5).integers(0, 256, 24)]
 
@@ -226,20 +228,18 @@ def copy_workload(model, n_tokens: int, max_draft: int, reps: int, edit_every: i
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m guild.perf_hybrid", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m guild.tools.perf_hybrid", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--qtype", default="Q8_0")
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens per copy-workload run")
     ap.add_argument("--max-draft", type=int, default=4)
-    ap.add_argument("--copy-bias", type=float, default=5.0, help="see guild.testing.write_tiny_hybrid")
+    ap.add_argument("--copy-bias", type=float, default=5.0, help="see guild.tools.tiny_hybrid.write_tiny_hybrid")
     ap.add_argument("--edit-every", type=int, default=12, help="copy workload: every n-th token of the copy edited")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
 
-    import numba
 
-    from .models import load_model
 
     numba.set_num_threads(a.threads)
     report: dict = {"model": dict(BENCH_MODEL, qtype=a.qtype), "threads": a.threads}

@@ -11,17 +11,29 @@ import json
 import platform
 import statistics
 import sys
+import sysconfig
+import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ..chat import Conversation
+from ..engine.sampling import SamplingParams
+from ..engine.session import GuildSession
+from ..engine.verify import Verifier
+from ..kernels.cpu import moe as moe_mod
+from ..kernels.cpu import ops as ops_mod
+from ..load import load, set_threads
+from ..models import llama as llama_mod
+from ..spec import make_drafter
+from ..upcycle import embedded_dense_path, ensure_embedded_moe
 
 SHORT = "Write a short story about a robot who learns to paint."
 
 
 def long_prompt_text() -> str:
     """~600 tokens of real text shipped with Python itself (the `textwrap` module's source)."""
-    import textwrap
 
     return Path(textwrap.__file__).read_text()[:2200]
 
@@ -31,7 +43,6 @@ def _median(xs):
 
 
 def guild_decode(model, ids, n, repeats):
-    from .session import GuildSession
 
     dec, pre, toks = [], [], None
     for _ in range(repeats):
@@ -45,7 +56,7 @@ def guild_decode(model, ids, n, repeats):
 def open_llama_cpp(path, **kwargs):
     """A llama_cpp.Llama with ggml's "extra" buffer types off: on AMX-capable CPUs llama-cpp-python 0.3.36
     places Q4/Q8 weights in the AMX buffer, whose matmul segfaults here; the plain CPU kernels run instead."""
-    import llama_cpp
+    import llama_cpp  # optional: the llama.cpp anchor
     import llama_cpp.llama_cpp as C
 
     default = C.llama_model_default_params
@@ -88,7 +99,6 @@ def llama_cpp_decode(path, ids, n, threads, repeats):
 
 def window_costs(model, ids, repeats=7, max_T=8):
     """Median ms of one verification window of T rows at the prompt's context, T = 1..max_T."""
-    from .session import GuildSession
 
     s = GuildSession(model, n_ctx=len(ids) + 16)
     s.prefill(ids)
@@ -99,9 +109,9 @@ def window_costs(model, ids, repeats=7, max_T=8):
         for _ in range(repeats):
             win = rng.integers(100, 20000, T)
             t0 = time.perf_counter()
-            model.forward(win, s.state)
+            out = model.forward_batch([(win, s.state)])[0]
             times.append((time.perf_counter() - t0) * 1e3)
-            d.append(s.state.distinct_experts.mean())
+            d.append(out.distinct_experts.mean())
             s.state.commit(0)
         ms[T], distinct[T] = _median(times), float(np.mean(d))
     return ms, distinct
@@ -110,9 +120,6 @@ def window_costs(model, ids, repeats=7, max_T=8):
 def verifier_share(model, ids, T=5, repeats=9):
     """Share of a T-row window spent in the verifier (sampling chain with penalties on every row) vs the
     forward, on the given model; drafts are wrong from row 1 so every row is sampled."""
-    from .sampling import SamplingParams
-    from .session import GuildSession
-    from .verify import Verifier
 
     p = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1,
                        frequency_penalty=0.1, presence_penalty=0.1, seed=12345)
@@ -135,10 +142,6 @@ def verifier_share(model, ids, T=5, repeats=9):
 
 def python_share(model, ids, steps=24):
     """Fraction of a decode step's wall time outside kernel calls (timed wrappers around every kernel)."""
-    from .kernels.cpu import moe as moe_mod
-    from .kernels.cpu import ops as ops_mod
-    from .models import llama as llama_mod
-    from .session import GuildSession
 
     acc = [0.0]
 
@@ -188,7 +191,6 @@ AGREEMENT_PROMPTS = (
 def moe_agreement(dense, moe, tokenizer, n=64):
     """Greedy top-1 agreement of the upcycled MoE with its dense source: the dense model's greedy continuation
     is fed to both (teacher forcing) and their argmax compared at every generated position."""
-    from .session import GuildSession
 
     agree = total = 0
     for p in AGREEMENT_PROMPTS:
@@ -205,7 +207,6 @@ def moe_agreement(dense, moe, tokenizer, n=64):
 
 def summarise_document() -> str:
     """A real document shipped with Python: the history section of its LICENSE (about 450 tokens)."""
-    import sysconfig
 
     path = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
     text = path.read_text() if path.is_file() else long_prompt_text()
@@ -222,10 +223,6 @@ SPEC_PROMPTS = {
 def spec_table(model_tag="smollm2-135m-moe", n=128, repeats=3, ks=(1, 2, 3, 4), strategies=("lookup", "retrieval")):
     """tok/s of lookup and retrieval (k = 1..4) vs normal on a summarise and a story prompt; every run's tokens
     are checked against normal's (parity). Returns markdown rows."""
-    from .chat import Conversation
-    from .run import load
-    from .session import GuildSession
-    from .spec import make_drafter
 
     lm = load(model_tag)
     rows = ["| prompt | strategy | k | tok/s | vs normal | acceptance | tokens/window |", "|---" * 7 + "|"]
@@ -256,7 +253,7 @@ def spec_table(model_tag="smollm2-135m-moe", n=128, repeats=3, ks=(1, 2, 3, 4), 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m guild.perf", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m guild.tools.perf", description=__doc__)
     ap.add_argument("--threads", type=int, default=None, help="threads for guild and llama.cpp (default: all)")
     ap.add_argument("--tokens", type=int, default=128, help="greedy tokens generated per run")
     ap.add_argument("--repeats", type=int, default=3)
@@ -264,8 +261,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results", help="folder for perf.json and perf.md")
     ap.add_argument("--spec", action="store_true", help="only the lookup/retrieval vs normal table (MoE model)")
     a = ap.parse_args(argv)
-    from .run import load, set_threads
-    from .upcycle import embedded_dense_path, ensure_embedded_moe
 
     threads = set_threads(a.threads)
     if a.spec:

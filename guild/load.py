@@ -1,0 +1,121 @@
+"""One loader for every command (run, bench, optimize, and a server): a model (tag or GGUF path) with its plan,
+CPU threads, device placement and MTP head → LoadedModel, which then hands out sessions and drafters."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numba
+
+from .calib.optimize import plan_for
+from .engine.device import place_model, resolve_device
+from .engine.session import GuildSession
+from .errors import BadFlagError, GuildError
+from .gguf import GGUFFile
+from .models import load_model
+from .models.mtp import find_mtp_head, load_mtp_head
+from .plan import Plan
+from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
+from .tokenizer import Tokenizer
+from .upcycle import resolve_model
+
+
+def set_threads(threads: int | None) -> int:
+    """Numba worker threads for the kernels (None = leave as is); returns the count in use."""
+    if threads is not None:
+        if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
+            raise BadFlagError(f"--threads must be in 1..{numba.config.NUMBA_NUM_THREADS}, got {threads}")
+        numba.set_num_threads(threads)
+    return numba.get_num_threads()
+
+
+@dataclass
+class LoadedModel:
+    path: str
+    gguf: GGUFFile
+    model: object  # a models/ architecture, or the GPU engine built on it
+    tokenizer: Tokenizer
+    load_s: float
+    threads: int = 1
+    device: str = "cpu"  # what runs the model, in words
+    device_reason: str = ""  # why the CPU runs it when --device auto did not take the GPU
+    plan: Plan | None = None
+    mtp: MtpOptions = field(default_factory=MtpOptions)
+    _heads: dict = field(default_factory=dict, repr=False)  # (head file, draft vocab) -> MtpHead | None
+
+    @property
+    def costs(self):
+        """The plan's calibrated costs for the adaptive scheduler (None without a plan)."""
+        return self.plan.spec_costs() if self.plan is not None else None
+
+    def mtp_head(self, strategy: str):
+        """The MTP head a strategy drafts with: None for strategies that use none and, for `adaptive`, when the
+        model has none; `mtp` without one is an error saying how to train one."""
+        s = STRATEGIES[strategy]
+        if not s.uses_head:
+            return None
+        if not self.model.hosts_mtp_head:
+            if s.needs_head or self.mtp.head is not None:
+                raise BadFlagError("MTP drafting runs with --device cpu for now (the GPU engine has no MTP head)")
+            return None
+        key = (self.mtp.head, self.mtp.vocab)
+        if key not in self._heads:
+            self._heads[key] = find_mtp_head(self.model, self.mtp.head, self.mtp.vocab or None)
+        if self._heads[key] is None and s.needs_head:
+            load_mtp_head(self.model, self.mtp.head)  # raises, saying how to make one
+        return self._heads[key]
+
+    def drafter(self, spec: SpecOptions, n_ctx: int, corpus_texts=()) -> Drafter:
+        """A session's drafter, seeded with the plan's costs, its corpus (--retrieval-corpus files and
+        `corpus_texts`) ingested."""
+        d = make_drafter(spec, costs=self.costs, mtp_head=self.mtp_head(spec.strategy), n_ctx=n_ctx)
+        for f in spec.corpus:
+            d.ingest(self.tokenizer.encode(read_text(f)))
+        for text in corpus_texts:
+            d.ingest(self.tokenizer.encode(text))
+        return d
+
+    def session(self, n_ctx: int, prefill_batch: int = 512) -> GuildSession:
+        return GuildSession(self.model, n_ctx=n_ctx, prefill_batch=prefill_batch, eos_ids=self.tokenizer.eos_ids)
+
+
+def read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise GuildError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def place(lm: LoadedModel, device: str | None, context: int, placement=None) -> None:
+    """Put lm's model on `device` (see engine.device.place_model) and say where it runs."""
+    t0 = time.perf_counter()
+    lm.model, dev, lm.device_reason = place_model(lm.model, device, context, placement)
+    lm.load_s += time.perf_counter() - t0
+    lm.device = f"{dev.describe()} · {lm.model.describe()}" if dev.is_cuda else "cpu"
+
+
+def load(model: str | None, plan: str | Path | None = None, threads: int | None = None, device: str | None = "cpu",
+         mtp: MtpOptions = MtpOptions(), *, context: int = 4096, strict_plan: bool = False,
+         progress: bool = True) -> LoadedModel:
+    """Open `model` (a tag or a GGUF path), check `plan` (a `guild optimize` file: regenerated next to it when
+    it is for another machine or model, unless strict_plan) and apply its thread count unless `threads` is
+    given, then place the model on `device` (the plan's placement when it has one)."""
+    if strict_plan and plan is None:
+        raise BadFlagError("--strict-plan needs --gexec PLAN")
+    if (device or "").lower() == "cuda":
+        resolve_device(device)  # a missing GPU fails before the model loads
+    set_threads(threads)
+    t0 = time.perf_counter()
+    path = str(resolve_model(model, progress=progress))
+    g = GGUFFile(path)
+    lm = LoadedModel(path, g, load_model(g), Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp)
+    lm.load_s = time.perf_counter() - t0
+    if plan is not None:
+        lm.plan = plan_for(plan, lm, strict=strict_plan, progress=progress)
+        if threads is None:
+            set_threads(min(lm.plan.cpu.threads, numba.config.NUMBA_NUM_THREADS))
+    lm.threads = set_threads(None)
+    place(lm, device, context, lm.plan.placement if lm.plan is not None else None)
+    return lm

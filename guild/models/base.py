@@ -1,0 +1,91 @@
+"""What every architecture shares: its hyperparameters (ModelArgs, from GGUF metadata) and what a forward
+returns (ForwardResult)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import GuildError, UnsupportedArchitectureError
+from ..gguf import GGUFFile
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    context_length: int
+    rope_base: float = 10000.0
+    rope_dim: int = 0  # rotated dims per head; 0 = head_dim
+    rope_neox: bool = False  # rotate halves (NEOX) instead of adjacent pairs
+    norm_eps: float = 1e-5
+    qk_norm: bool = False
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
+    norm_topk_prob: bool = True
+
+    def __post_init__(self):
+        for f in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length"):
+            if getattr(self, f) <= 0:
+                raise GuildError(f"model {self.arch}: {f} must be positive, got {getattr(self, f)}")
+        if self.n_heads % self.n_kv_heads:
+            raise GuildError(f"model {self.arch}: head_count {self.n_heads} not a multiple of head_count_kv")
+        if self.rope_dim % 2 or self.rope_dim > self.head_dim:
+            raise GuildError(f"model {self.arch}: rope dimension_count {self.rope_dim} invalid for head_dim")
+        if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
+            raise GuildError(f"model {self.arch}: expert_used_count {self.n_experts_used} not in 1..expert_count")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, **overrides) -> ModelArgs:
+        a = g.architecture
+        dim = g.get(f"{a}.embedding_length", int)
+        n_heads = g.get(f"{a}.attention.head_count", int)
+        head_dim = g.get(f"{a}.attention.key_length", int, dim // n_heads)
+        vocab = g.get(f"{a}.vocab_size", int, None) or len(g.get("tokenizer.ggml.tokens", list, [])) or None
+        if vocab is None:
+            vocab = g.tensor("token_embd.weight").shape[0]
+        n_experts = g.get(f"{a}.expert_count", int, 0)
+        kw = dict(
+            arch=a,
+            n_layers=g.get(f"{a}.block_count", int),
+            dim=dim,
+            n_heads=n_heads,
+            n_kv_heads=g.get(f"{a}.attention.head_count_kv", int, n_heads),
+            head_dim=head_dim,
+            ffn_dim=g.get(f"{a}.feed_forward_length", int, 0),
+            vocab_size=vocab,
+            context_length=g.get(f"{a}.context_length", int, 2048),
+            rope_base=g.get(f"{a}.rope.freq_base", float, 10000.0),
+            rope_dim=g.get(f"{a}.rope.dimension_count", int, head_dim),
+            norm_eps=g.get(f"{a}.attention.layer_norm_rms_epsilon", float, 1e-5),
+            n_experts=n_experts,
+            n_experts_used=g.get(f"{a}.expert_used_count", int, 0) if n_experts else 0,
+            expert_ffn_dim=g.get(f"{a}.expert_feed_forward_length", int, 0),
+            norm_topk_prob=bool(g.get(f"{a}.expert_weights_norm", int, 1)),
+        )
+        scaling = g.get(f"{a}.rope.scaling.type", str, "none")
+        if scaling not in ("none", ""):
+            raise UnsupportedArchitectureError(f"{g.path}: rope scaling '{scaling}' is not supported yet")
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    """One window's output: what the session verifies and what its consumers read (MTP head, calibration)."""
+
+    logits: np.ndarray  # [T, vocab] ([1, vocab] with last_only)
+    hidden: np.ndarray | None  # [T, dim] final residual rows before the output norm (None: kept on a device)
+    distinct_experts: np.ndarray  # [n_layers] union of routed experts over the forward's rows (zeros: dense)

@@ -1,0 +1,45 @@
+"""The tree's rules, checked from the source: no import cycles (function-level imports included), the
+library below the application, tools used by nothing."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import import_graph  # noqa: E402
+
+
+def test_no_import_cycles():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_graph.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 cycles" in r.stdout
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    es = [("a", "b", False, 1), ("b", "c", True, 2), ("c", "a", False, 3), ("c", "d", False, 4)]
+    assert import_graph.cycles(es) == [["a", "b", "c"]]
+
+
+def test_layers():
+    """The engine, models and drafters never import the application, calibration or tools; calibration never
+    imports the application; nothing but the CLI imports the tools; kernels import kernels (and guild.errors)."""
+    app = ("guild.cli", "guild.run", "guild.chat", "guild.load", "guild.describe")
+    for a, b, _, line in import_graph.edges():
+        where = f"{a} imports {b} (line {line})"
+        if a.startswith(("guild.engine", "guild.models", "guild.spec", "guild.kernels")):
+            assert not b.startswith(("guild.calib", "guild.tools", *app)), where
+        if a.startswith("guild.calib"):
+            assert not b.startswith(("guild.tools", *app)), where
+        if b.startswith("guild.tools"):
+            assert a.startswith(("guild.tools", "guild.cli")), where
+        if a.startswith("guild.kernels"):
+            assert b.startswith(("guild.kernels", "guild.errors")), where
+
+
+def test_window_limit_is_the_kernels_row_invariant_path():
+    from guild.kernels.cpu.quant import GEMV_MAX_ROWS, ROW_INVARIANT_ROWS
+    from guild.window import MAX_DRAFT, MAX_WINDOW
+
+    assert MAX_DRAFT == MAX_WINDOW - 1 and MAX_WINDOW <= GEMV_MAX_ROWS <= ROW_INVARIANT_ROWS
