@@ -31,14 +31,14 @@ MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the e
 
 # engine errors speak in engine terms; here they get the flag that changes the outcome
 _HINTS = (
-    (ContextOverflowError, "--context sets the context"),
-    (DeviceUnavailableError, "--device cpu runs without a GPU"),
-    (GpuPathError, "--device cpu runs everything on the CPU"),
+    (ContextOverflowError, lambda e: f"--context {e.n_ctx}; raise it" if e.n_ctx else "raise --context"),
+    (DeviceUnavailableError, lambda e: "--device cpu runs without a GPU"),
+    (GpuPathError, lambda e: "--device cpu runs everything on the CPU"),
 )
 
 
 def _fail(e: GuildError) -> None:
-    hint = next((h for cls, h in _HINTS if isinstance(e, cls)), None)
+    hint = next((h(e) for cls, h in _HINTS if isinstance(e, cls)), None)
     msg = str(e) + (f" ({hint})" if hint else "")
     err.print(f"[bold red]error:[/] {escape(msg)}", markup=True, soft_wrap=True)
     raise typer.Exit(1)

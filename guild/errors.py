@@ -26,7 +26,11 @@ class MetadataError(GuildError):
 
 
 class ContextOverflowError(GuildError):
-    pass
+    """The tokens do not fit the context; `n_ctx` is its size (the CLI names the flag that sets it)."""
+
+    def __init__(self, msg: str, n_ctx: int | None = None):
+        super().__init__(msg)
+        self.n_ctx = n_ctx
 
 
 class BadFlagError(GuildError):

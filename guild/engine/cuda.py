@@ -193,7 +193,7 @@ class DeviceKVCache:
             raise RuntimeError("KVCache.begin: previous window not committed")
         if self.pos + T > self.n_ctx:
             raise ContextOverflowError(f"context full: {self.pos} + {T} tokens exceed the context of {self.n_ctx} "
-                                       "tokens")
+                                       "tokens", self.n_ctx)
         self.pending = T
         return self.pos
 

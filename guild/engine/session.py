@@ -117,7 +117,7 @@ class GuildSession:
         if self.state.pos + len(pending) >= self.n_ctx:
             raise ContextOverflowError(
                 f"prompt of {len(pending)} tokens does not fit the context of {self.n_ctx} tokens "
-                f"({self.state.pos} already used; at least one generated token must fit)"
+                f"({self.state.pos} already used; at least one generated token must fit)", self.n_ctx
             )
         self.tokens += new
         arr = np.asarray(pending, np.int64)

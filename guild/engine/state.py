@@ -30,7 +30,7 @@ class KVCache:
             raise RuntimeError("KVCache.begin: previous window not committed")
         if self.pos + T > self.n_ctx:
             raise ContextOverflowError(
-                f"context full: {self.pos} + {T} tokens exceed the context of {self.n_ctx} tokens"
+                f"context full: {self.pos} + {T} tokens exceed the context of {self.n_ctx} tokens", self.n_ctx
             )
         self.pending = T
         return self.pos
