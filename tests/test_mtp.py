@@ -1,4 +1,4 @@
-"""The MTP head (guild/models/mtp.py) and MtpDrafter (guild/spec/mtp_drafter.py): logits against the float64
+"""The MTP head (guild/models/mtp.py) and MtpDrafter (guild/spec/mtp.py): logits against the float64
 twin, catch-up/rollback against a fresh recompute, loading rules, and token parity of mtp/adaptive with plain
 decoding on tiny random models (tests/test_embedded.py runs the trained head of the embedded model)."""
 

@@ -71,7 +71,7 @@ class KVCache:
 class HybridState:
     """State of a hybrid Gated-DeltaNet model (qwen3next, qwen35moe): a KV cache for the full-attention layers
     and, per DeltaNet layer, the recurrent state S [Hv, dk, dv] and the conv history [K-1, C] (the last K-1
-    conv inputs). Same interface as KVCache, so guild/session.py drives it unchanged.
+    conv inputs). Same interface as KVCache, so guild/engine/session.py drives it unchanged.
 
     A window runs the recurrence from the committed S without modifying it. `rollback="snapshot"` (default):
     the window writes S after every row into a pool of buffers (1 + the longest window, <= MAX_SNAPSHOT_ROWS)
