@@ -54,6 +54,9 @@ class GGUFFile:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise GgufFormatError(f"{self.path}: no such file")
+        from .gguf_check import check_index
+
+        check_index(self.path)  # bounded: the reader below trusts counts, lengths and offsets
         try:
             self._reader = GGUFReader(self.path, "r")
         except Exception as e:  # the reader raises ValueError/IndexError/struct errors on corrupt files
@@ -84,8 +87,8 @@ class GGUFFile:
         if typ is not None:
             try:
                 v = typ(v)
-            except (TypeError, ValueError):
-                raise MetadataError(f"{self.path}: metadata '{key}' has the wrong type ({v!r})") from None
+            except (TypeError, ValueError, OverflowError):
+                raise MetadataError(f"{self.path}: metadata '{key}' has the wrong type ({str(v)[:80]})") from None
         return v
 
     # -- tensors ------------------------------------------------------------------------------------

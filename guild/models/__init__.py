@@ -49,7 +49,7 @@ class ModelArgs:
         a = g.architecture
         dim = g.get(f"{a}.embedding_length", int)
         n_heads = g.get(f"{a}.attention.head_count", int)
-        head_dim = g.get(f"{a}.attention.key_length", int, dim // n_heads)
+        head_dim = g.get(f"{a}.attention.key_length", int, dim // n_heads if n_heads > 0 else 0)
         vocab = g.get(f"{a}.vocab_size", int, None) or len(g.get("tokenizer.ggml.tokens", list, [])) or None
         if vocab is None:
             vocab = g.tensor("token_embd.weight").shape[0]
@@ -95,4 +95,7 @@ def load_model(path_or_file, **overrides):
         raise UnsupportedArchitectureError(
             f"{g.path}: unsupported architecture '{g.architecture}' (supported: {', '.join(sorted(reg))})"
         )
+    from .validate import validate_file
+
+    validate_file(g, cls, overrides)  # shapes, ranges, allocations, finite weights: before any kernel runs
     return cls.from_gguf(g, **overrides)

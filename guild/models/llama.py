@@ -16,6 +16,7 @@ from ..kernels.cpu.quant import dequantize_rows, matmul, pack
 from ..kernels.ref import rope_tables
 from ..state import KVCache
 from . import ModelArgs
+from .validate import check_finite
 
 
 def fuse(tensors, pack) -> tuple[int, int, list]:
@@ -201,6 +202,7 @@ def output_logits(model, x: np.ndarray, h: np.ndarray, offs: np.ndarray, last_on
     ops.rmsnorm(x, model.out_norm, a.norm_eps, h)
     logits = np.empty((x.shape[0], a.vocab_size), np.float32)
     matmul(model.output, h, logits)
+    check_finite(logits, model.gguf.path)
     if last_only:
         return [logits[i : i + 1] for i in range(len(offs) - 1)]
     return [logits[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]

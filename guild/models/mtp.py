@@ -53,6 +53,9 @@ class MtpHead:
         missing = [n for n in need if not g.has(n)]
         if missing:
             raise MtpError(f"{g.path}: MTP head lacks {', '.join(missing)}")
+        from .validate import check_mtp_head
+
+        check_mtp_head(g, base, bid)  # shapes against the base, draft ids in range, finite weights
         a = base.args
         self.base, self.args = base, a
         self.enorm, self.hnorm = f32(g.tensor(p + "enorm.weight")), f32(g.tensor(p + "hnorm.weight"))
