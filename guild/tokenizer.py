@@ -414,13 +414,15 @@ class Tokenizer:
             "messages": list(messages),
             "add_generation_prompt": add_generation_prompt,
         }
+        from .template_guard import render
+
         try:
-            return template.render(**variables)
+            return render(template, variables)  # time, output, depth and memory limits
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"tokenizer.chat_template: render failed: {_one_line(e)}") from None
-        except (TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
+        except Exception as e:  # noqa: BLE001 - the template is the file's code: any failure in it is its error
             raise ChatTemplateError(
                 f"tokenizer.chat_template: render failed ({type(e).__name__}: {_one_line(e)})"
             ) from None
@@ -429,19 +431,21 @@ class Tokenizer:
         if self._template_cache is None:
             import jinja2
             import jinja2.ext
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-            )
+            from .template_guard import GuardedEnvironment, guard_filters
+
+            env = GuardedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
             source = self.chat_template if self.chat_template else CHATML_TEMPLATE
+            guard_filters(env)
             try:
                 self._template_cache = env.from_string(source)
             except jinja2.TemplateError as e:
                 raise MetadataError(f"tokenizer.chat_template: invalid Jinja template: {_one_line(e)}") from None
+            except (RecursionError, MemoryError, ValueError, OverflowError) as e:  # pathological nesting
+                raise MetadataError(f"tokenizer.chat_template: cannot compile ({type(e).__name__})") from None
         return self._template_cache
 
     def __repr__(self) -> str:
@@ -639,7 +643,7 @@ def _build_spm(meta: dict, tokens: list[str], types: list[int]):
 # chat-template helpers (as transformers' apply_chat_template provides them)
 # ------------------------------------------------------------------------------------------------
 def _raise_exception(message):
-    raise ChatTemplateError(f"tokenizer.chat_template: {message}")
+    raise ChatTemplateError(f"tokenizer.chat_template: {_one_line(ValueError(str(message)[:500]))}")
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
