@@ -17,7 +17,7 @@ TIME_LIMIT_S = 2.0  # real chat templates render in milliseconds
 MAX_OUTPUT = 4 * 2**20  # characters of rendered prompt (well past any context window)
 MAX_VALUE = MAX_OUTPUT  # length of one string/list an operator, filter or method call may build
 MAX_DEPTH = 200  # nested Python frames under render (macro recursion, recursive loops)
-MAX_GROWTH = 1 * 2**30  # resident memory the render may add
+MAX_GROWTH = 256 * 2**20  # resident memory the render may add
 MAX_POW_BITS = 4096
 _WIDTH = re.compile(r"%[-+ #0]*(\d{7,})|\{[^}]*?(\d{7,})[^}]*\}")
 
@@ -116,16 +116,15 @@ def render(template, variables: dict) -> str:
     ticks = [0]
 
     def check():
+        ticks[0] += 1
         if time.monotonic() > deadline:
             raise TemplateLimit(f"tokenizer.chat_template: rendering took over {TIME_LIMIT_S:g} s")
-        if rss0 and _rss() - rss0 > MAX_GROWTH:
+        if rss0 and ticks[0] % 16 == 0 and _rss() - rss0 > MAX_GROWTH:  # a /proc read: not every line
             raise TemplateLimit(f"tokenizer.chat_template: rendering used over {MAX_GROWTH >> 20} MiB")
 
     def local(frame, event, arg):
         if event == "line":
-            ticks[0] += 1
-            if ticks[0] % 256 == 0:
-                check()
+            check()
         elif event == "return":
             depth[0] -= 1
         return local
@@ -147,9 +146,7 @@ def render(template, variables: dict) -> str:
             if n > MAX_OUTPUT:
                 raise TemplateLimit(f"tokenizer.chat_template: output over {MAX_OUTPUT} characters")
             out.append(chunk)
-            ticks[0] += 1
-            if ticks[0] % 256 == 0:
-                check()
+            check()
     finally:
         sys.settrace(old)
     text = "".join(out)

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
+from . import cache_check
 from .errors import (
     BadFlagError,
     GgufFormatError,
@@ -96,11 +97,12 @@ def ensure_embedded_moe(progress: bool = True) -> Path:
         dense = embedded_dense_path()
     except ModelNotFoundError:
         # The dense package is gone but a build of this recipe version is cached: still usable.
-        if path.is_file() and (read_recipe(path) or "").startswith(f"guild-upcycle/{UPCYCLE_VERSION} "):
+        if path.is_file() and (read_recipe(path) or "").startswith(f"guild-upcycle/{UPCYCLE_VERSION} ") \
+                and cache_check.verified(path):
             return path
         raise
-    if path.is_file() and read_recipe(path) == recipe(dense):
-        return path  # built before, by this version of the recipe, from this dense file
+    if path.is_file() and read_recipe(path) == recipe(dense) and cache_check.verified(path):
+        return path  # built before, by this version of the recipe, from this dense file, and intact
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -108,7 +110,7 @@ def ensure_embedded_moe(progress: bool = True) -> Path:
             f"{path.parent}: cannot create the cache directory ({e.strerror}); set GUILD_CACHE_DIR"
         ) from None
     _remove_stale_parts(path)
-    return upcycle(dense, path, progress=progress)
+    return cache_check.record(upcycle(dense, path, progress=progress))
 
 
 def resolve_model(name_or_path: str | os.PathLike | None, progress: bool = True) -> Path:

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from ..errors import GuildError, UnsupportedArchitectureError
 from ..gguf import GGUFFile
 
+# ModelArgs field -> the GGUF metadata key (under the architecture's prefix) it comes from, for error messages
+_KEYS = {"n_layers": "block_count", "dim": "embedding_length", "n_heads": "attention.head_count",
+         "n_kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+         "vocab_size": "vocab_size (or tokenizer.ggml.tokens)", "context_length": "context_length"}
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -30,11 +35,11 @@ class ModelArgs:
     norm_topk_prob: bool = True
 
     def __post_init__(self):
-        for f in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length"):
+        for f, key in _KEYS.items():
             if getattr(self, f) <= 0:
-                raise GuildError(f"model {self.arch}: {f} must be positive, got {getattr(self, f)}")
+                raise GuildError(f"{self.arch}.{key} must be positive, got {getattr(self, f)}")
         if self.n_heads % self.n_kv_heads:
-            raise GuildError(f"model {self.arch}: head_count {self.n_heads} not a multiple of head_count_kv")
+            raise GuildError(f"{self.arch}.attention.head_count {self.n_heads} not a multiple of head_count_kv")
         if self.rope_dim % 2 or self.rope_dim > self.head_dim:
             raise GuildError(f"model {self.arch}: rope dimension_count {self.rope_dim} invalid for head_dim")
         if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
