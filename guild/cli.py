@@ -105,8 +105,10 @@ def run(
                                       "-i lines take U+FFFD for them instead)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the model's chat template."),
     conversation: Path | None = typer.Option(
-        None, "--conversation", help="JSON/YAML list of user turns, run as one chat (implies --chat)."),
-    interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat on stdin, one line per turn."),
+        None, "--conversation", help="JSON/YAML list of user turns, run as one chat (implies --chat); UTF-8, "
+        "at most 16 MiB, no YAML aliases."),
+    interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat on stdin, one line per turn "
+                                     "(invalid UTF-8 becomes U+FFFD)."),
     sessions: int = typer.Option(1, "--sessions", help="Run N sessions concurrently (seeds seed+i), batched."),
     max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most (per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),

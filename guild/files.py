@@ -111,7 +111,7 @@ def check_writable(path: str | os.PathLike, what: str, error: type[GuildError] =
         os.unlink(probe)
     except OSError as e:
         raise error(f"{what} {path}: cannot write there ({e.strerror or e})") from None
-    if path.exists() and not os.access(path, os.W_OK) and not os.access(parent, os.W_OK):
+    if path.exists() and not os.access(path, os.W_OK):
         raise error(f"{what} {path}: not writable")
     return path
 

@@ -11,6 +11,7 @@ from .errors import BadFlagError, GuildError
 
 MAX_PROMPT_CHARS = 8 * 2**20  # far past any context window, small enough to tokenise
 MAX_CONVERSATION_BYTES = 16 * 2**20
+MAX_CORPUS_BYTES = 256 * 2**20  # a retrieval corpus: documents, not a dataset
 
 
 def prompt_text(text: str, what: str, replace: bool = False) -> str:
@@ -44,14 +45,16 @@ def _escaped_only(text: str) -> bool:
         return False
 
 
-def read_text_file(path: str | os.PathLike, what: str, limit: int = MAX_CONVERSATION_BYTES) -> str:
-    """A UTF-8 text file of at most `limit` bytes (read no further than that: /dev/zero ends here too)."""
+def read_text_file(path: str | os.PathLike, what: str, limit: int = MAX_CONVERSATION_BYTES,
+                   errors: str = "strict") -> str:
+    """A UTF-8 text file of at most `limit` bytes (read no further than that: /dev/zero ends here too);
+    errors="replace" takes U+FFFD for invalid bytes instead of failing."""
     from .files import read_capped
 
     p = Path(path)
     data = read_capped(p, limit, f"{what} {p}")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8", errors)
     except UnicodeDecodeError as e:
         raise GuildError(f"{what} {p}: invalid UTF-8 at byte {e.start}") from None
 

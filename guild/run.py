@@ -11,7 +11,9 @@ from pathlib import Path
 from .chat import Conversation, Turn, stream_text
 from .errors import BadFlagError
 from .gguf import GGUFFile
+from .inputs import MAX_CORPUS_BYTES, read_text_file
 from .models import load_model
+from .models.validate import check_context
 from .sampling import GREEDY, SamplingParams
 from .session import GuildSession
 from .spec import MtpOptions, check_flags, make_drafter
@@ -216,7 +218,8 @@ def _slot(lm: Loaded, opts: DecodeOptions, costs=None):
     drafter = make_drafter(opts.strategy, min_match=opts.min_match, lookup_window=opts.lookup_window, costs=costs,
                            mtp_head=mtp_head_for(lm, opts.strategy, opts.mtp), n_ctx=opts.context, mtp=opts.mtp)
     for f in opts.corpus:
-        drafter.ingest(lm.tokenizer.encode(Path(f).read_text(errors="replace")))
+        drafter.ingest(lm.tokenizer.encode(read_text_file(f, "--retrieval-corpus", MAX_CORPUS_BYTES, "replace")))
+    check_context(lm.model, opts.context)  # the KV cache fits in memory (guild/models/validate.py)
     s = GuildSession(lm.model, n_ctx=opts.context, prefill_batch=opts.prefill_batch, eos_ids=lm.tokenizer.eos_ids)
     return Conversation(s, lm.tokenizer), drafter
 

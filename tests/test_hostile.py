@@ -328,7 +328,8 @@ def test_atomic_path_cleans_up_and_removes_stale_temporaries(tmp_path):
 def test_sigterm_during_an_atomic_write_leaves_nothing(tmp_path):
     code = ("import os, signal, sys\nfrom guild.files import atomic_path\n"
             f"with atomic_path({str(tmp_path / 'out.bin')!r}, 'x') as t:\n"
-            "    t.write_bytes(b'partial')\n    os.kill(os.getpid(), signal.SIGTERM)\n    import time; time.sleep(30)\n")
+            "    t.write_bytes(b'partial')\n    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    import time; time.sleep(30)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []

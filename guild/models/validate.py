@@ -17,6 +17,7 @@ import resource
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
+from numba import njit
 
 from ..errors import GuildError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
 
@@ -95,6 +96,15 @@ def check_args(path: str, a, n_tensors: int) -> None:
     n_rot = a.rope_dim or a.head_dim
     # rope tables: float64 angles plus cos/sin, float64 then float32 (kernels/ref.py rope_tables)
     check_alloc(path, f"{key}.context_length {a.context_length} (rope tables)", a.context_length * (n_rot // 2) * 32)
+
+
+def check_context(model, n_ctx: int) -> None:
+    """`--context`: the KV cache a session of the model allocates (keys and values, float32, every layer)."""
+    a = model.args
+    n = min(n_ctx, a.context_length)
+    check_alloc(getattr(model.gguf, "path", a.arch), f"--context {n_ctx} (KV cache)",
+                2 * 4 * a.n_layers * a.n_kv_heads * a.head_dim * n,
+                f"; give a smaller --context (the model allows {a.context_length})")
 
 
 def symbols(a, d=None) -> dict:
@@ -256,23 +266,30 @@ _SCALE_OFFSETS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q4
 _EXP_MASK = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
 
 
+@njit(cache=True)
+def _count_exponent_ones(raw, stride, off, width, mask):
+    """Fields of `width` bytes (little-endian) at raw[i * stride + off] whose exponent bits (mask) are all ones:
+    inf or NaN. One pass over the mapped bytes, no copies (a 400 MB model scans in tens of milliseconds)."""
+    n = 0
+    for i in range(raw.size // stride):
+        j = i * stride + off
+        v = np.uint32(raw[j]) | (np.uint32(raw[j + 1]) << 8)
+        if width == 4:
+            v |= (np.uint32(raw[j + 2]) << 16) | (np.uint32(raw[j + 3]) << 24)
+        if v & mask == mask:
+            n += 1
+    return n
+
+
 def nonfinite_count(t) -> int:
     """Non-finite values among a tensor's floats (F32/F16/BF16 elements) or its blocks' f16 scales."""
-    raw = np.asarray(t.data)
+    raw = np.asarray(t.data).reshape(-1).view(np.uint8)
     if t.qtype in _EXP_MASK:
         typ, mask = _EXP_MASK[t.qtype]
-        bits = raw.reshape(-1).view(np.uint8).view(typ)
-        return int(np.count_nonzero((bits & typ(mask)) == typ(mask)))  # exponent all ones: inf or NaN
-    offs = _SCALE_OFFSETS.get(t.qtype)
-    if offs is None:
-        return 0
+        w = np.dtype(typ).itemsize
+        return int(_count_exponent_ones(raw, w, 0, w, mask))
     _, tsize = GGML_QUANT_SIZES[t.qtype]
-    blocks = raw.reshape(-1).view(np.uint8).reshape(-1, tsize)
-    n = 0
-    for o in offs:
-        h = np.ascontiguousarray(blocks[:, o : o + 2]).view(np.uint16)
-        n += int(np.count_nonzero((h & np.uint16(0x7C00)) == np.uint16(0x7C00)))
-    return n
+    return sum(int(_count_exponent_ones(raw, tsize, o, 2, 0x7C00)) for o in _SCALE_OFFSETS.get(t.qtype, ()))
 
 
 def scan_finite(g) -> None:

@@ -212,7 +212,7 @@ class _Proc:
 
 
 def run_cases(cases: list[tuple[str, int]], workers: int = 2, timeout: float = 10.0, env: dict | None = None,
-              start_timeout: float = 300.0, progress=None) -> list[dict]:
+              start_timeout: float = 900.0, progress=None) -> list[dict]:
     """Run (category, index) cases over `workers` processes; returns one record per case."""
     # workers run outside the checkout so that a PYTHONPATH given here (another guild, e.g. the code before a
     # fix) comes first; this checkout after it provides tests.fuzz
