@@ -45,6 +45,7 @@ class Worker:
         self._base = None
         for i, name in enumerate(gen.GGUF_SEEDS):  # every kernel compiled (or read from Numba's cache) before timing
             assert self.run_gguf(i, None) == "ok", name
+        _warm_quant_kernels()
 
     def base(self):
         if self._base is None:
@@ -137,6 +138,22 @@ class Worker:
         for tx in turns:
             self.tok.encode(self.tok.apply_chat_template([{"role": "user", "content": tx}]))
         return "ok"
+
+
+def _warm_quant_kernels() -> None:
+    """A mutated file may give a tensor any supported quant type: compile each type's matmul and row lookup now
+    (1 and 3 rows), so that a first-time Numba compile is not timed as a hang."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from guild.gguf import SUPPORTED_QTYPES
+    from guild.kernels.cpu.quant import dequantize_rows, matmul, pack
+
+    for qt in SUPPORTED_QTYPES:
+        bs, ts = GGML_QUANT_SIZES[qt]
+        w = pack(qt, np.zeros((4, 256 // bs * ts), np.uint8), 4, 256)
+        for t in (1, 3):
+            matmul(w, np.ones((t, 256), np.float32), np.empty((t, 4), np.float32))
+        dequantize_rows(w, np.array([1, 2]), np.empty((2, 256), np.float32))
 
 
 def _peak_reset() -> None:
