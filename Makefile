@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup setup-oracle run test bench bench-full mtp-head lint clean
+.PHONY: setup setup-oracle run test bench bench-full mtp-head lint clean fuzz fuzz-boundscheck
 
 setup: $(VENV)/.setup-done
 
@@ -26,6 +26,16 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# hostile inputs (tests/fuzz): 10,000 mutated GGUFs, plans, chat templates and prompts, 4 GiB and 10 s per case;
+# prints cases, clean errors, crashes, hangs and peak memory per category (exit 1 on any crash or hang)
+fuzz: setup
+	$(BIN)/python -m tests.fuzz.harness -n 10000 --json fuzz-results.json
+
+# the model-file cases again with Numba's bounds checks compiled in (a fresh cache: the cached kernels have none),
+# so that any out-of-bounds read in a kernel raises there and counts as a crash
+fuzz-boundscheck: setup
+	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$$(mktemp -d) $(BIN)/python -m tests.fuzz.harness -n 2000 --only gguf --timeout 120 --json fuzz-boundscheck.json
 
 # reduced set (a few minutes on 2 cores): engine speed vs llama.cpp, then workloads x strategies (parity-checked)
 bench: setup

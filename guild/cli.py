@@ -14,11 +14,23 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError
+from .errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
+from .files import check_writable
+from .inputs import conversation_turns, prompt_text
+from .last_resort import run_cli
 from .options import MTP_K, MTP_VOCAB, MtpOptions
 
-app = typer.Typer(
-    help="guild: run Mixture-of-Experts GGUF models on the CPU (and GPU), with exact speculative decoding.",
+
+class GuildApp(typer.Typer):
+    """The CLI; calling it (the `guild` script) turns whatever escapes a command into one line: guild.last_resort."""
+
+    def __call__(self, *args, **kwargs):
+        return run_cli(super().__call__, *args, **kwargs)
+
+
+app = GuildApp(
+    help="guild: run Mixture-of-Experts GGUF models on the CPU (and GPU), with exact speculative decoding. "
+         "Errors print one line; --debug (anywhere) or GUILD_DEBUG=1 adds the traceback.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -44,6 +56,12 @@ def _fail(e: GuildError) -> None:
     raise typer.Exit(1)
 
 
+def _writable(path: Path | None, what: str, error=GuildError) -> None:
+    """An output path checked before the work that ends by writing it (guild.files.check_writable)."""
+    if path is not None:
+        check_writable(path, what, error)
+
+
 SPEC = "Speculative decoding (exact: the same tokens as --decode-strategy normal)"
 DEVICE_HELP = ("auto (a CUDA GPU when CuPy sees one, else the CPU), cpu or cuda: where attention and dense layers "
                "run; routed experts always run on the CPU.")
@@ -53,22 +71,15 @@ STRICT_HELP = "Fail on a --gexec plan for another machine or model instead of re
 
 
 def _conversation(path: Path) -> list[str]:
-    """User turns from a JSON or YAML file: a list of strings or of {role, content} messages."""
-    import yaml  # deferred: see the module docstring
+    """User turns from a JSON or YAML file (size-capped, UTF-8, no YAML aliases): guild.inputs."""
+    return conversation_turns(path)
 
+
+def _trace(write_trace, path: Path, turns) -> None:
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise GuildError(f"--conversation {path}: cannot read ({str(e).splitlines()[0]})") from None
-    turns = []
-    for m in data if isinstance(data, list) else []:
-        if isinstance(m, str):
-            turns.append(m)
-        elif isinstance(m, dict) and m.get("role", "user") == "user" and isinstance(m.get("content"), str):
-            turns.append(m["content"])
-    if not turns:
-        raise GuildError(f"--conversation {path}: expected a list of user messages (strings or role/content)")
-    return turns
+        write_trace(path, turns)
+    except OSError as e:  # checked writable before the run; the disk may still fill up
+        raise GuildError(f"--trace {path}: cannot write ({e.strerror or e})") from None
 
 
 def _print_stats(res, sampling) -> None:
@@ -99,11 +110,14 @@ def _print_stats(res, sampling) -> None:
 @app.command()
 def run(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
-    prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
+    prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text (UTF-8; invalid bytes are an error; "
+                                      "-i lines take U+FFFD for them instead)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the model's chat template."),
     conversation: Path | None = typer.Option(
-        None, "--conversation", help="JSON/YAML list of user turns, run as one chat (implies --chat)."),
-    interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat on stdin, one line per turn."),
+        None, "--conversation", help="JSON/YAML list of user turns, run as one chat (implies --chat); UTF-8, "
+        "at most 16 MiB, no YAML aliases."),
+    interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat on stdin, one line per turn "
+                                     "(invalid UTF-8 becomes U+FFFD)."),
     sessions: int = typer.Option(1, "--sessions", help="Run N sessions concurrently (seeds seed+i), batched."),
     max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most (per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
@@ -163,6 +177,9 @@ def run(
             sys.stdout.write(("\n" if i else "") + f">>> {text}\n")
 
     try:
+        _writable(trace, "--trace")
+        if prompt is not None:
+            prompt = prompt_text(prompt, "-p/--prompt")
         sampling = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             penalty_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
@@ -184,9 +201,9 @@ def run(
                     break
                 if not line.strip():
                     break
-                turn = runner.say(line, stream)
+                turn = runner.say(prompt_text(line, "stdin", replace=True), stream)
                 if trace is not None:
-                    write_trace(trace, [turn])
+                    _trace(write_trace, trace, [turn])
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 _print_stats(runner.result([turn]), sampling)
@@ -213,7 +230,7 @@ def run(
         res = run_prompts(model, prompts, chat=chat, opts=opts, threads=threads,
                           on_text=None if as_json else stream, on_turn=turn_header)
         if trace is not None:
-            write_trace(trace, res.turns)
+            _trace(write_trace, trace, res.turns)
     except GuildError as e:
         _fail(e)
     if as_json:
@@ -253,6 +270,7 @@ def bench(
     from .tools.bench import bench as run_bench
 
     try:
+        _writable(out / "bench.json", "--out")
         set_threads(threads)
         sampling = None if temperature is None else SamplingParams(
             temperature=temperature, top_k=40, top_p=0.9, min_p=0.05, seed=seed)
@@ -261,6 +279,8 @@ def bench(
                         max_tokens=max_tokens, out=out, sessions=sessions,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                         mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab))
+    except OSError as e:  # writing bench.md / bench.json after the runs
+        _fail(GuildError(f"--out {out}: cannot write ({e.strerror or e})"))
     except GuildError as e:
         _fail(e)
     if as_json:
@@ -286,6 +306,7 @@ def optimize(
     from .load import load
 
     try:
+        _writable(out, "-o/--out", PlanError)
         with err.status("loading the model …", spinner="dots"):
             lm = load(model)
         plan = run_optimize(lm, out, mode=mode, context=context, prefill_batch=prefill_batch, spec=spec,
@@ -307,6 +328,7 @@ def inspect(
     from .describe import inspect as run_inspect  # deferred: see the module docstring
 
     try:
+        _writable(plot, "--plot")
         d = run_inspect(path, full=plan, as_json=as_json, plot_to=None if plot is None else str(plot))
     except GuildError as e:
         _fail(e)
@@ -334,6 +356,7 @@ def upcycle(
             src = up.resolve_model(dense) if dense else up.embedded_dense_path()
             if out is None:
                 raise GuildError("upcycle: --out is required unless building the default embedded MoE")
+            _writable(out, "-o/--out")
             path = up.upcycle(src, out, n_experts=experts, top_k=top_k, seed=seed)
     except GuildError as e:
         _fail(e)
@@ -369,6 +392,7 @@ def train_mtp(
     from .tools.train_mtp import train_mtp as run_train  # deferred: see the module docstring
 
     try:
+        _writable(output, "-o/--output")
         s = run_train(model, output, steps=steps, text_tokens=text_tokens, gen_tokens=gen_tokens, seq_len=seq_len,
                       batch=batch, lr=lr, seed=seed, threads=threads, resume=resume)
     except GuildError as e:

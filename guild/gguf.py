@@ -5,6 +5,7 @@ Quantized tensors stay memory-mapped as raw blocks ([rows, row_bytes] uint8); no
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +13,10 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
 
 from .errors import GgufFormatError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
+from .gguf_check import check_index
 
 # Quant types the CPU kernels implement (kernels/cpu/quant.py).
 SUPPORTED_QTYPES = frozenset(
@@ -54,6 +57,8 @@ class GGUFFile:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise GgufFormatError(f"{self.path}: no such file")
+
+        check_index(self.path)  # bounded: the reader below trusts counts, lengths and offsets
         try:
             self._reader = GGUFReader(self.path, "r")
         except Exception as e:  # the reader raises ValueError/IndexError/struct errors on corrupt files
@@ -84,8 +89,8 @@ class GGUFFile:
         if typ is not None:
             try:
                 v = typ(v)
-            except (TypeError, ValueError):
-                raise MetadataError(f"{self.path}: metadata '{key}' has the wrong type ({v!r})") from None
+            except (TypeError, ValueError, OverflowError):
+                raise MetadataError(f"{self.path}: metadata '{key}' has the wrong type ({str(v)[:80]})") from None
         return v
 
     # -- tensors ------------------------------------------------------------------------------------
@@ -107,7 +112,6 @@ class GGUFFile:
 
     def identity_digest(self) -> str:
         """SHA-256 of the header and tensor index (everything before the tensor data): the model identity."""
-        import hashlib
 
         h = hashlib.sha256()
         with open(self.path, "rb") as f:
@@ -124,6 +128,4 @@ def f32(t: Tensor) -> np.ndarray:
     if t.qtype == GGMLQuantizationType.BF16:
         u = np.asarray(t.data).view(np.uint16).astype(np.uint32) << 16
         return u.view(np.float32).reshape(t.shape)
-    from gguf.quants import dequantize
-
     return dequantize(np.asarray(t.data), t.qtype).astype(np.float32).reshape(t.shape)

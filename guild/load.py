@@ -12,10 +12,12 @@ import numba
 from .calib.optimize import plan_for
 from .engine.device import place_model, resolve_device
 from .engine.session import GuildSession
-from .errors import BadFlagError, GuildError
+from .errors import BadFlagError
 from .gguf import GGUFFile
+from .inputs import MAX_CORPUS_BYTES, read_text_file
 from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
+from .models.validate import check_context
 from .plan import Plan
 from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
 from .tokenizer import Tokenizer
@@ -72,20 +74,14 @@ class LoadedModel:
         `corpus_texts`) ingested."""
         d = make_drafter(spec, costs=self.costs, mtp_head=self.mtp_head(spec.strategy), n_ctx=n_ctx)
         for f in spec.corpus:
-            d.ingest(self.tokenizer.encode(read_text(f)))
+            d.ingest(self.tokenizer.encode(read_text_file(f, "--retrieval-corpus", MAX_CORPUS_BYTES, "replace")))
         for text in corpus_texts:
             d.ingest(self.tokenizer.encode(text))
         return d
 
     def session(self, n_ctx: int, prefill_batch: int = 512) -> GuildSession:
+        check_context(self.model, n_ctx)  # the KV cache fits in memory
         return GuildSession(self.model, n_ctx=n_ctx, prefill_batch=prefill_batch, eos_ids=self.tokenizer.eos_ids)
-
-
-def read_text(path: str | Path) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError as e:
-        raise GuildError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def place(lm: LoadedModel, device: str | None, context: int, placement=None) -> None:

@@ -26,18 +26,19 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from . import plan_schema, safe_yaml
 from .errors import (
     ModelMismatch,
     PlanError,
     PlanSealError,
 )
+from .files import read_capped, write_bytes
 from .gguf import GGUFFile
 from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
 from .spec.costs import SpecCosts
@@ -49,6 +50,7 @@ MAX_T = MAX_WINDOW  # spec tables cover verification windows of T = 1..MAX_WINDO
 MODES = ("auto", "quick")  # `optimize --mode`: full calibration, or fewer repeats (tests, CI)
 __all__ = ["GpuInfo", "HardwareIdentity", "ModelIdentity", "Plan", "load_plan", "read_plan", "write_plan"]
 SECTIONS = ("placement", "cpu", "spec")  # the sealed sections that carry their own digest
+MAX_PLAN_BYTES = 1 << 20  # plans are a few KB
 _SEAL_RE = re.compile(rb"seal: ([0-9a-f]{64})\n\Z")
 
 
@@ -352,52 +354,41 @@ def render(plan: Plan) -> bytes:
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
-    """Write atomically: a temp file in the same directory, fsync, rename over `path`."""
-    path = Path(path)
-    data = render(plan)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise PlanError(f"{path}: cannot write the plan ({e.strerror})") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a plan is an ordinary file
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise PlanError(f"{path}: cannot write the plan ({e.strerror})") from None
-    return path
+    """Write atomically (guild.files: a temp file in the same directory, fsync, rename over `path`)."""
+
+    return write_bytes(path, render(plan), "the plan", PlanError)
 
 
 def read_plan(path: str | os.PathLike) -> Plan:
     """Seal, section digests, format; no identity check (see load_plan)."""
+
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise PlanError(f"{p}: cannot read the plan ({e.strerror})") from None
+    data = read_capped(p, MAX_PLAN_BYTES, f"{p}: the plan", PlanError)
     cut = data.rfind(b"\n", 0, max(0, len(data) - 1)) + 1  # start of the last line
     m = _SEAL_RE.match(data, cut)
     if m is None:
         raise PlanSealError(f"{p}: no seal on the last line (truncated or not a .gexec plan)")
     if hashlib.sha256(data[:cut]).hexdigest() != m.group(1).decode():
         raise PlanSealError(f"{p}: seal mismatch: the file was changed after guild optimize wrote it")
+
     try:
-        d = yaml.safe_load(data)
-    except yaml.YAMLError as e:  # a sealed file that does not parse was not written by write_plan
-        raise PlanSealError(f"{p}: sealed but not valid YAML ({str(e).splitlines()[0]})") from None
+        d = safe_yaml.load(data)  # no aliases, bounded nesting, plain types only
+    except (yaml.YAMLError, safe_yaml.UnsafeYaml) as e:  # a sealed file that does not parse: not write_plan's
+        raise PlanSealError(f"{p}: sealed but not a plain YAML plan ({str(e).splitlines()[0]})") from None
     if not isinstance(d, dict) or any(k not in d for k in ("header", "hardware", "model", *SECTIONS)):
         raise PlanError(f"{p}: not a guild plan (expected header, hardware, model, {', '.join(SECTIONS)})")
+    d.pop("seal", None)
     for name in SECTIONS:
         sec = d[name]
-        if not isinstance(sec, dict) or sec.get("sha256") != section_digest(sec):
+        try:
+            ok = isinstance(sec, dict) and sec.get("sha256") == section_digest(sec)
+        except ValueError:  # NaN/inf: the canonical JSON refuses them, so no digest write_plan made covers them
+            ok = False
+        if not ok:
             raise PlanSealError(f"{p}: section '{name}' does not match its sha256 digest")
+    problem = plan_schema.check(d)  # types and ranges per field, before the dataclasses see them
+    if problem:
+        raise PlanError(f"{p}: {problem}")
     try:
         plan = Plan(
             Header(**d["header"]),
@@ -410,7 +401,7 @@ def read_plan(path: str | os.PathLike) -> Plan:
         )
     except PlanError as e:
         raise PlanError(f"{p}: {e}") from None
-    except (TypeError, KeyError, ValueError) as e:
+    except (TypeError, KeyError, ValueError, AttributeError, OverflowError) as e:
         raise PlanError(f"{p}: malformed plan ({type(e).__name__}: {e})") from None
     return plan
 

@@ -20,17 +20,23 @@ stands for), so ``decode`` and the streaming ``StreamDecoder`` agree byte for by
 from __future__ import annotations
 
 import codecs
+import datetime
+import json
 import logging
 import re
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import jinja2
+import jinja2.ext
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
 from .errors import ChatTemplateError, MetadataError
+from .gguf import GGUFFile
+from .template_guard import GuardedEnvironment, guard_filters, render
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +332,6 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path) -> Tokenizer:
-        from .gguf import GGUFFile
 
         return cls.from_metadata(GGUFFile(path).metadata)
 
@@ -404,7 +409,6 @@ class Tokenizer:
 
         Extra keyword arguments (``tools=...``, ``documents=...``) become template variables.
         """
-        import jinja2
 
         template = self._compiled_template()
         variables = {
@@ -414,34 +418,34 @@ class Tokenizer:
             "messages": list(messages),
             "add_generation_prompt": add_generation_prompt,
         }
+
         try:
-            return template.render(**variables)
+            return render(template, variables)  # time, output, depth and memory limits
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"tokenizer.chat_template: render failed: {_one_line(e)}") from None
-        except (TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
+        except Exception as e:  # noqa: BLE001 - the template is the file's code: any failure in it is its error
             raise ChatTemplateError(
                 f"tokenizer.chat_template: render failed ({type(e).__name__}: {_one_line(e)})"
             ) from None
 
     def _compiled_template(self):
         if self._template_cache is None:
-            import jinja2
-            import jinja2.ext
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-            )
+
+            env = GuardedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
             source = self.chat_template if self.chat_template else CHATML_TEMPLATE
+            guard_filters(env)
             try:
                 self._template_cache = env.from_string(source)
             except jinja2.TemplateError as e:
                 raise MetadataError(f"tokenizer.chat_template: invalid Jinja template: {_one_line(e)}") from None
+            except (RecursionError, MemoryError, ValueError, OverflowError) as e:  # pathological nesting
+                raise MetadataError(f"tokenizer.chat_template: cannot compile ({type(e).__name__})") from None
         return self._template_cache
 
     def __repr__(self) -> str:
@@ -639,17 +643,15 @@ def _build_spm(meta: dict, tokens: list[str], types: list[int]):
 # chat-template helpers (as transformers' apply_chat_template provides them)
 # ------------------------------------------------------------------------------------------------
 def _raise_exception(message):
-    raise ChatTemplateError(f"tokenizer.chat_template: {message}")
+    raise ChatTemplateError(f"tokenizer.chat_template: {_one_line(ValueError(str(message)[:500]))}")
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    import json
 
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt):
-    import datetime
 
     return datetime.datetime.now().strftime(fmt)
 

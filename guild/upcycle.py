@@ -27,12 +27,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import struct
 import time
 from pathlib import Path
 
 import numpy as np
+import platformdirs
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from . import cache_check
 from .errors import (
     BadFlagError,
     GgufFormatError,
@@ -83,7 +88,6 @@ def moe_cache_path() -> Path:
     """Where the upcycled MoE is cached: $GUILD_CACHE_DIR, else the platform user cache dir for guild."""
     root = os.environ.get("GUILD_CACHE_DIR")
     if not root:
-        import platformdirs
 
         root = platformdirs.user_cache_dir("guild")
     return Path(root).expanduser() / MOE_FILENAME
@@ -96,11 +100,12 @@ def ensure_embedded_moe(progress: bool = True) -> Path:
         dense = embedded_dense_path()
     except ModelNotFoundError:
         # The dense package is gone but a build of this recipe version is cached: still usable.
-        if path.is_file() and (read_recipe(path) or "").startswith(f"guild-upcycle/{UPCYCLE_VERSION} "):
+        if path.is_file() and (read_recipe(path) or "").startswith(f"guild-upcycle/{UPCYCLE_VERSION} ") \
+                and cache_check.verified(path):
             return path
         raise
-    if path.is_file() and read_recipe(path) == recipe(dense):
-        return path  # built before, by this version of the recipe, from this dense file
+    if path.is_file() and read_recipe(path) == recipe(dense) and cache_check.verified(path):
+        return path  # built before, by this version of the recipe, from this dense file, and intact
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -108,7 +113,7 @@ def ensure_embedded_moe(progress: bool = True) -> Path:
             f"{path.parent}: cannot create the cache directory ({e.strerror}); set GUILD_CACHE_DIR"
         ) from None
     _remove_stale_parts(path)
-    return upcycle(dense, path, progress=progress)
+    return cache_check.record(upcycle(dense, path, progress=progress))
 
 
 def resolve_model(name_or_path: str | os.PathLike | None, progress: bool = True) -> Path:
@@ -196,7 +201,6 @@ def recipe(dense: str | os.PathLike, n_experts: int = 8, top_k: int = 2, seed: i
 
 def read_recipe(path: str | os.PathLike) -> str | None:
     """RECIPE_KEY of an upcycled file, read from its first bytes (no full header parse); None if absent."""
-    import struct
 
     try:
         with open(path, "rb") as f:
@@ -418,8 +422,6 @@ class _progress_bar:
     def __enter__(self):
         if not self.enabled:
             return lambda: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
             TextColumn("{task.description}"),

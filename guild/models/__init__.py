@@ -10,6 +10,7 @@ from .qwen3 import Qwen3
 from .qwen3moe import Qwen3Moe
 from .qwen3next import Qwen3Next
 from .qwen35moe import Qwen35Moe
+from .validate import validate_file
 
 REGISTRY = {"llama": Llama, "qwen3": Qwen3, "qwen3moe": Qwen3Moe, "qwen3next": Qwen3Next, "qwen35moe": Qwen35Moe}
 __all__ = ["REGISTRY", "ForwardResult", "ModelArgs", "load_model"]
@@ -23,4 +24,5 @@ def load_model(path_or_file, **overrides):
         raise UnsupportedArchitectureError(
             f"{g.path}: unsupported architecture '{g.architecture}' (supported: {', '.join(sorted(REGISTRY))})"
         )
+    validate_file(g, cls, overrides)  # shapes, ranges, allocations, finite weights: before any kernel runs
     return cls.from_gguf(g, **overrides)

@@ -10,6 +10,11 @@ import numpy as np
 from ..errors import GuildError, UnsupportedArchitectureError
 from ..gguf import GGUFFile
 
+# ModelArgs field -> the GGUF metadata key (under the architecture's prefix) it comes from, for error messages
+_KEYS = {"n_layers": "block_count", "dim": "embedding_length", "n_heads": "attention.head_count",
+         "n_kv_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+         "vocab_size": "vocab_size (or tokenizer.ggml.tokens)", "context_length": "context_length"}
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -33,11 +38,11 @@ class ModelArgs:
     norm_topk_prob: bool = True
 
     def __post_init__(self):
-        for f in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length"):
+        for f, key in _KEYS.items():
             if getattr(self, f) <= 0:
-                raise GuildError(f"model {self.arch}: {f} must be positive, got {getattr(self, f)}")
+                raise GuildError(f"{self.arch}.{key} must be positive, got {getattr(self, f)}")
         if self.n_heads % self.n_kv_heads:
-            raise GuildError(f"model {self.arch}: head_count {self.n_heads} not a multiple of head_count_kv")
+            raise GuildError(f"{self.arch}.attention.head_count {self.n_heads} not a multiple of head_count_kv")
         if self.rope_dim % 2 or self.rope_dim > self.head_dim:
             raise GuildError(f"model {self.arch}: rope dimension_count {self.rope_dim} invalid for head_dim")
         if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
@@ -52,7 +57,7 @@ class ModelArgs:
         a = g.architecture
         dim = g.get(f"{a}.embedding_length", int)
         n_heads = g.get(f"{a}.attention.head_count", int)
-        head_dim = g.get(f"{a}.attention.key_length", int, dim // n_heads)
+        head_dim = g.get(f"{a}.attention.key_length", int, dim // n_heads if n_heads > 0 else 0)
         vocab = g.get(f"{a}.vocab_size", int, None) or len(g.get("tokenizer.ggml.tokens", list, [])) or None
         if vocab is None:
             vocab = g.tensor("token_embd.weight").shape[0]
@@ -89,3 +94,14 @@ class ForwardResult:
     logits: np.ndarray  # [T, vocab] ([1, vocab] with last_only)
     hidden: np.ndarray | None  # [T, dim] final residual rows before the output norm (None: kept on a device)
     distinct_experts: np.ndarray  # [n_layers] union of routed experts over the forward's rows (zeros: dense)
+
+
+class NumericsError(GuildError):
+    """Non-finite weights in a file, or non-finite values produced while running the model."""
+
+
+def check_finite(x: np.ndarray, where: str) -> None:
+    """At run time: the model produced NaN/inf (overflow in the weights' arithmetic)."""
+    if not np.isfinite(x).all():
+        raise NumericsError(f"{where}: the model produced non-finite (NaN/inf) values; the weights overflow "
+                            "in float32")

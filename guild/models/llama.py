@@ -15,7 +15,7 @@ from ..kernels.cpu import ops
 from ..kernels.cpu.moe import moe_ffn
 from ..kernels.cpu.quant import dequantize_rows, matmul, pack
 from ..kernels.ref import rope_tables
-from .base import ForwardResult, ModelArgs
+from .base import ForwardResult, ModelArgs, check_finite
 
 
 def fuse(tensors, pack) -> tuple[int, int, list]:
@@ -207,5 +207,6 @@ def output_logits(model, x: np.ndarray, h: np.ndarray, w: Window, last_only: boo
     ops.rmsnorm(x, model.out_norm, a.norm_eps, h)
     logits = np.empty((x.shape[0], a.vocab_size), np.float32)
     matmul(model.output, h, logits)
+    check_finite(logits, model.gguf.path)
     split = [logits[i : i + 1] for i in range(n)] if last_only else [logits[offs[i] : offs[i + 1]] for i in range(n)]
     return [ForwardResult(lg, hd, w.distinct) for lg, hd in zip(split, hidden, strict=True)]

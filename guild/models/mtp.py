@@ -25,6 +25,7 @@ from ..gguf import GGUFFile, f32
 from ..kernels.cpu import ops
 from ..kernels.cpu.quant import dequantize_rows, matmul, pack
 from .llama import Linear, Window
+from .validate import check_mtp_head
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped for the embedded models
 SIDECAR_SUFFIX = ".mtp.gguf"
@@ -53,6 +54,7 @@ class MtpHead:
         missing = [n for n in need if not g.has(n)]
         if missing:
             raise MtpError(f"{g.path}: MTP head lacks {', '.join(missing)}")
+        check_mtp_head(g, base, bid)  # shapes against the base, draft ids in range, finite weights
         a = base.args
         self.base, self.args = base, a
         self.enorm, self.hnorm = f32(g.tensor(p + "enorm.weight")), f32(g.tensor(p + "hnorm.weight"))

@@ -14,8 +14,11 @@ import math
 import numpy as np
 from numba import njit, prange
 
+# error_model="numpy" throughout: a zero divisor (NaN/inf weights) gives inf/NaN, which the model reports at its
+# logits, instead of a ZeroDivisionError from inside a kernel
 
-@njit(cache=True)
+
+@njit(cache=True, error_model="numpy")
 def conv1d_silu(x, hist, wt, out):
     """Causal depthwise conv over the window, then SiLU.
 
@@ -40,7 +43,7 @@ def conv1d_silu(x, hist, wt, out):
             o[c] = v / (np.float32(1.0) + np.exp(-v))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def l2norm_heads(x, eps):
     """In place: x[t, h] *= 1 / sqrt(sum(x[t, h]^2) + eps) (float64 sum, sequential). x [T, H, d]."""
     T, H, d = x.shape
@@ -55,7 +58,7 @@ def l2norm_heads(x, eps):
                 x[t, h, i] = x[t, h, i] * inv
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def gdn_gates(alpha, b, dt_bias, a, g, beta):
     """g = a * softplus(alpha + dt_bias) (log decay, a = -exp(A_log) as stored), beta = sigmoid(b).
     alpha, b, g, beta [T, Hv]; dt_bias, a [Hv]. softplus(x) = x above 20, as torch's."""
@@ -90,19 +93,19 @@ def gdn_recurrence(q, k, v, g, beta, kmap, scale, pool, src, dst, out):
         _gdn_serial(q, k, v, g, beta, kmap, scale, pool, src, dst, out)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _gdn_parallel(q, k, v, g, beta, kmap, scale, pool, src, dst, out):
     for h in prange(v.shape[1]):  # heads are independent: threads never split a reduction
         _gdn_head(h, q, k, v, g, beta, kmap, scale, pool, src, dst, out)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _gdn_serial(q, k, v, g, beta, kmap, scale, pool, src, dst, out):
     for h in range(v.shape[1]):
         _gdn_head(h, q, k, v, g, beta, kmap, scale, pool, src, dst, out)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _gdn_head(h, q, k, v, g, beta, kmap, scale, pool, src, dst, out):
     """All T rows of value head h (its S stays in cache across the rows)."""
     T = q.shape[0]
@@ -153,7 +156,7 @@ def _gdn_head(h, q, k, v, g, beta, kmap, scale, pool, src, dst, out):
                     s[j] = s[j] + ki * kv_mem[j]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def gated_rmsnorm(x, z, w, eps, out):
     """out[t, h] = rmsnorm(x[t, h]) * w * silu(z[t, h]) per head (norm before gate). x, z, out [T, H, d]; w [d]."""
     T, H, d = x.shape
@@ -169,7 +172,7 @@ def gated_rmsnorm(x, z, w, eps, out):
                 out[t, h, i] = ((x[t, h, i] * scale) * w[i]) * (zi / (np.float32(1.0) + np.exp(-zi)))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def sigmoid_mul(x, gate, out):
     """out = x * sigmoid(gate), gate broadcast over x's columns when it has one column. x, out [R, D]."""
     R, D = x.shape

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def rmsnorm(x, w, eps, out):
     """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w. x, out: [T, D] float32; w: [D]."""
     T, D = x.shape
@@ -28,7 +28,7 @@ def rmsnorm(x, w, eps, out):
             out[t, i] = (x[t, i] * scale) * w[i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rmsnorm_heads(x, w, eps):
     """In-place RMSNorm of every head vector: x [T, H, hd], w [hd] (Qwen3 QK-norm)."""
     T, H, hd = x.shape
@@ -110,7 +110,7 @@ def sum_fixed(y):
     return tot
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def attention(q, kt, vc, pos0, scale, out, scores):
     """Causal GQA attention of a window over the KV cache.
 
@@ -150,7 +150,7 @@ def attention(q, kt, vc, pos0, scale, out, scores):
                 o[i] += p * vr[i]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, error_model="numpy")  # numpy: a zero divisor gives inf/NaN, never raises
 def swiglu(gu, out):
     """out = silu(gate) * up with gate = gu[:, :F], up = gu[:, F:] (fused gate|up matmul output [R, 2F])."""
     R, F = out.shape
@@ -172,7 +172,7 @@ def combine_experts(y, w, out):
                 out[t, i] += w[t, r] * y[t, r, i]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def softmax_topk(logits, k, renorm, ids, weights):
     """Router: softmax over experts → top-k (ties to the lower id) → optional renormalise.
     logits [T, E] → ids, weights [T, k]."""
@@ -193,7 +193,9 @@ def softmax_topk(logits, k, renorm, ids, weights):
         for r in range(k):
             best = -1
             for e in range(E):
-                if p[e] >= 0 and (best < 0 or p[e] > p[best]):
+                # taken experts are -1; a NaN probability is never larger, so an all-NaN row takes the lowest
+                # free ids (the NaN then reaches the logits, where the model reports it) instead of id -1
+                if p[e] != -1.0 and (best < 0 or p[e] > p[best]):
                     best = e
             ids[t, r] = best
             weights[t, r] = p[best]

@@ -1,0 +1,54 @@
+"""The `guild` script's outermost layer: any exception a command lets escape becomes one line on stderr and
+exit status 1 (usage errors: status 2, as click uses); `--debug` anywhere on the command line or GUILD_DEBUG=1
+prints the traceback too. Commands report their own GuildErrors; this is for everything else."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from .errors import GuildError
+
+
+def _line(e: BaseException) -> str:
+    s = str(e).strip()
+    return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
+
+
+def run_cli(call, *args, **kwargs):
+
+    argv = sys.argv
+    debug = os.environ.get("GUILD_DEBUG", "") not in ("", "0") or "--debug" in argv[1:]
+    if "--debug" in argv[1:]:
+        sys.argv = [argv[0], *[a for a in argv[1:] if a != "--debug"]]
+    try:
+        rc = call(*args, standalone_mode=False, **kwargs)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        rc = 130
+    except GuildError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
+        rc = 1
+    except Exception as e:  # noqa: BLE001 - the last resort: a bug or an unforeseen input, said in one line
+        # click's own exceptions (typer vendors click as typer._click, so matched by shape, not by class)
+        name = type(e).__name__
+        if name == "Exit" and hasattr(e, "exit_code"):
+            rc = e.exit_code
+        elif name == "Abort":
+            print("error: interrupted", file=sys.stderr)
+            rc = 130
+        elif hasattr(e, "format_message") and hasattr(e, "exit_code"):  # usage: one line, not the usage box
+            msg = e.format_message().strip().splitlines()
+            print(f"error: {msg[0] if msg else name} (see guild --help)", file=sys.stderr)
+            rc = e.exit_code
+        else:
+            if debug:
+                traceback.print_exc()
+            print(f"error: {_line(e)} (internal error; --debug or GUILD_DEBUG=1 shows where)", file=sys.stderr)
+            rc = 1
+    sys.exit(rc if isinstance(rc, int) else 0)

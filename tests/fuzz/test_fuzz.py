@@ -1,0 +1,21 @@
+"""A bounded fuzz run in CI: a few hundred mutated GGUFs, plans, chat templates and inputs, each in a worker
+capped at 4 GiB of address space and 10 s; every case must succeed or raise a one-line GuildError. The long run
+is `make fuzz` (10,000 cases); a failure here replays with `python -m tests.fuzz.harness --replay CAT:IDX`."""
+
+from fuzz.harness import CATEGORIES, plan_cases, run_cases, summary
+
+N_CASES = 600
+
+
+def test_hostile_inputs_work_or_fail_in_one_line():
+    cases = plan_cases(N_CASES)
+    res = run_cases(cases, workers=2, timeout=10)
+    assert len(res) == len(cases)
+    bad = [r for r in res if r["outcome"] not in ("ok", "clean")]
+    assert not bad, [(r["cat"], r["idx"], r["outcome"], r.get("exc"), r.get("where"), r.get("msg")) for r in bad[:8]]
+    multiline = [r for r in res if r.get("multiline")]
+    assert not multiline, [(r["cat"], r["idx"], r.get("msg")) for r in multiline[:8]]
+    s = summary(res)
+    for c in CATEGORIES:  # the mutators reach both sides: files that still work and files that are refused
+        assert s[c].get("ok", 0) > 0 and s[c].get("clean", 0) > 0, (c, s[c])
+    assert max(v["peak_mb"] for v in s.values()) < 4096
