@@ -15,7 +15,8 @@ import pytest
 
 from guild.errors import ChatTemplateError, GuildError, MetadataError
 from guild.gguf import GGUFFile
-from guild.tokenizer import _PRE_NAMES, Tokenizer
+from guild.tokenizer import Tokenizer
+from guild.vocab import _PRE_NAMES
 
 
 def _smollm_path() -> str:
