@@ -45,7 +45,7 @@ from numba import carray, cfunc, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..ref_quant import BLOCK, KVALUES_IQ4NL, iq4xs_scales, k_scale_min, row_bytes
+from ..blocks import BLOCK, KVALUES_IQ4NL, iq4xs_scales, k_scale_min, row_bytes
 
 GEMV_MAX_ROWS = 8  # windows of T <= this use the fused, row-invariant path
 NT = 64  # features per tile

@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from ...errors import UnsupportedQuantTypeError
-from ..ref_quant import row_bytes
+from ..blocks import row_bytes
 from . import kernel
 
 ROWS = 8  # rows per block along y in quant.cu (ROWS)
