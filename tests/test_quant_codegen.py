@@ -23,3 +23,12 @@ def test_codec_table_is_consistent():
         if not c.padded:
             spans = [f[3] for f in c.fields if not callable(f[3])]
             assert max(hi for _, hi in spans) <= blocks.BLOCK[c.qtype][1], c.qtype.name
+
+
+def test_block_sizes_match_gguf():
+    """kernels/blocks.py's (elements, bytes) per block agree with gguf's GGML_QUANT_SIZES for every type."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    for qt, size in blocks.BLOCK.items():
+        assert size == GGML_QUANT_SIZES[qt], qt.name
+    assert {c.qtype for c in codecs.CODECS} == set(blocks.BLOCK)

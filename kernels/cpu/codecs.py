@@ -255,6 +255,247 @@ CODECS = (
     ),
 )
 
+# ---------------------------------------------------------------------------------------------------------
+# types beyond the first twelve (layouts: ggml-common.h block_*, arithmetic: ggml-quants.c dequantize_row_*)
+_HALVES = ("{j}", "32 + {j}", "64 + {j}", "96 + {j}")  # Q2_K/Q3_K: byte l of a half → 4 elements, shifts 0..6
+_OCT = tuple(f"8 * {{j}} + {m}" for m in range(8))  # IQ grids: step l → 8 consecutive elements
+
+
+def _blk8(lo: int, hi: int, first: int, last: int, dtype=np.uint8):
+    """Bytes [first, last) of each 8-byte group of the block bytes [lo, hi), viewed as dtype."""
+
+    def f(blk):
+        g = blk[..., lo:hi].reshape(blk.shape[:2] + (-1, 8))
+        return np.ascontiguousarray(g[..., first:last]).view(dtype)[..., 0] if dtype != np.uint8 else g[..., first:last]
+
+    return f
+
+
+# Q3_K scale c from the 12 packed bytes, decoded per block in the kernel (kernels/blocks.py q3k_scales)
+_Q3K_SCALE = (
+    "h2f(d[g, b, n]) * i2f((((sc[g, b, c % 8, n] >> (4 * (c // 8))) & 15)"
+    " | (((sc[g, b, 8 + c % 4, n] >> (2 * (c // 4))) & 3) << 4)) - 32)"
+)
+
+
+def _iq2_scale(mul: str, word: str) -> str:
+    """db = d * (0.5 + 4-bit scale) * mul (dequantize_row_iq2_xxs / iq2_xs / iq2_s / iq3_xxs)."""
+    return f"h2f(d[g, b, n]) * (np.float32(0.5) + i2f({word})) * np.float32({mul})"
+
+
+_IQ2_16 = _iq2_scale("0.25", "(sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15")  # two scales per 32 elements
+_IQ1M_D = (
+    "h2f(np.uint16((sc[g, b, 0, n] >> 12) | ((sc[g, b, 1, n] >> 8) & 0xF0) | ((sc[g, b, 2, n] >> 4) & 0xF00)"
+    " | (sc[g, b, 3, n] & 0xF000)))"
+)
+
+
+def _grid8(grid: str, scale: str, idx: str = "q{i}") -> tuple:
+    return tuple(f"{scale} * i2f({grid}[{idx}, {m}]) * sgnf(k{{i}}, {m})" for m in range(8))
+
+
+def _grid44(grid: str) -> tuple:  # IQ3: two 4-element grid entries per 8 elements
+    return tuple(f"sd[s, n] * i2f({grid}[{'q' if m < 4 else 'r'}{{i}}, {m % 4}]) * sgnf(k{{i}}, {m})" for m in range(8))
+
+
+CODECS += (
+    # block_q5_1 {d; m; qh[4]; qs[16]} (dequantize_row_q5_1: x*d + m)
+    Codec(
+        Q.Q5_1,
+        (("qs", "u8", (16,), (8, 24)), ("qh", "u32", (), (4, 8)), ("d",) + _d(0), ("m",) + _d(2)),
+        (),
+        ("j", 16),
+        _NIB,
+        ("fma32(q5f(q{i}, 0, h, {j}, 1, 0), dd, mm)", "fma32(q5f(q{i}, 4, h, {j} + 16, 1, 0), dd, mm)"),
+        exact=("q5f(q{i}, 0, h, {j}, 1, 0) * dd + mm", "q5f(q{i}, 4, h, {j} + 16, 1, 0) * dd + mm"),
+        per_n=("dd = h2f(d[g, b, n])", "mm = h2f(m[g, b, n])", "h = qh[g, b, n]"),
+        loads=("q{i} = qs[g, b, {j}, n]",),
+        t1=4,
+    ),
+    # block_q2_K {scales[16]; qs[64]; d; dmin} (dequantize_row_q2_K): half hf, byte l, shift 2s → element
+    # 128hf + 32s + l of sub-block 8hf + 2s + l // 16 (4-bit scale, 4-bit min)
+    Codec(
+        Q.Q2_K,
+        (("sc", "u8", (16,), (0, 16)), ("qs", "u8", (2, 32), (16, 80)), ("d",) + _d(80), ("dmin",) + _d(82)),
+        ("hf", 2),
+        ("ll", 32),
+        _HALVES,
+        tuple(
+            f"fma32(i2f((q{{i}} >> {2 * s}) & 3), sd[s{{i}} + {2 * s}, n], sm[s{{i}} + {2 * s}, n])" for s in range(4)
+        ),
+        exact=tuple(
+            f"sd[s{{i}} + {2 * s}, n] * i2f((q{{i}} >> {2 * s}) & 3) + sm[s{{i}} + {2 * s}, n]" for s in range(4)
+        ),
+        loads=("q{i} = qs[g, b, hf, {j}, n]",),
+        per_step=("s{i} = hf * 8 + ({j}) // 16",),
+        scales=(
+            ("sd", 16, "h2f(d[g, b, n]) * i2f(sc[g, b, c, n] & 15)"),
+            ("sm", 16, "-(h2f(dmin[g, b, n]) * i2f(sc[g, b, c, n] >> 4))"),
+        ),
+        t1=1,
+        t2=1,
+    ),
+    # block_q3_K {hmask[32]; qs[64]; scales[12]; d} (dequantize_row_q3_K): as Q2_K, minus 4 unless bit 4hf + s
+    # of hmask[l] is set; 6-bit signed scales
+    Codec(
+        Q.Q3_K,
+        (
+            ("hm", "u8", (32,), (0, 32)),
+            ("qs", "u8", (2, 32), (32, 96)),
+            ("sc", "u8", (12,), (96, 108)),
+            ("d",) + _d(108),
+        ),
+        ("hf", 2),
+        ("ll", 32),
+        _HALVES,
+        tuple(
+            f"sd[s{{i}} + {2 * s}, n] * i2f(((q{{i}} >> {2 * s}) & 3) + 4 * ((h{{i}} >> (4 * hf + {s})) & 1) - 4)"
+            for s in range(4)
+        ),
+        loads=("q{i} = qs[g, b, hf, {j}, n]", "h{i} = hm[g, b, {j}, n]"),
+        per_step=("s{i} = hf * 8 + ({j}) // 16",),
+        scales=(("sd", 16, _Q3K_SCALE),),
+        t1=1,
+        t2=1,
+    ),
+    # block_mxfp4 {e; qs[16]} (dequantize_row_mxfp4: kvalues_mxfp4[nibble] * e8m0_half(e))
+    Codec(
+        Q.MXFP4,
+        (("qs", "u8", (16,), (1, 17)), ("e", "u8", (), (0, 1))),
+        (),
+        ("j", 16),
+        _NIB,
+        ("i2f(KV_MXFP4[q{i} & 15]) * dd", "i2f(KV_MXFP4[q{i} >> 4]) * dd"),
+        per_n=("dd = e8m0h(e[g, b, n])",),
+        loads=("q{i} = qs[g, b, {j}, n]",),
+        t1=4,
+    ),
+    # block_iq2_xxs {d; qs[32] u16}: per 32 elements 4 grid bytes, then a u32 of 4 x 7 sign bits + 4-bit scale
+    Codec(
+        Q.IQ2_XXS,
+        (("gi", "u8", (8, 4), _blk8(2, 66, 0, 4)), ("sg", "u32", (8,), _blk8(2, 66, 4, 8, np.uint32)), ("d",) + _d(0)),
+        ("s", 8),
+        ("l", 4),
+        _OCT,
+        _grid8("GRID_IQ2XXS", "sd[s, n]"),
+        loads=("q{i} = gi[g, b, s, {j}, n]", "k{i} = KSIGNS[(sg[g, b, s, n] >> (7 * ({j}))) & 127]"),
+        scales=(("sd", 8, _iq2_scale("0.25", "sg[g, b, c, n] >> 28")),),
+        t1=1,
+        t2=1,
+    ),
+    # block_iq2_xs {d; qs[32] u16 (9-bit grid index | 7-bit sign index); scales[8]}
+    Codec(
+        Q.IQ2_XS,
+        (("qs", "u16", (8, 4), (2, 66)), ("sc", "u8", (8,), (66, 74)), ("d",) + _d(0)),
+        ("s", 8),
+        ("l", 4),
+        _OCT,
+        _grid8("GRID_IQ2XS", "sd[2 * s + ({j}) // 2, n]", "q{i} & 511"),
+        loads=("q{i} = qs[g, b, s, {j}, n]", "k{i} = KSIGNS[q{i} >> 9]"),
+        scales=(("sd", 16, _IQ2_16),),
+        t1=1,
+        t2=1,
+    ),
+    # block_iq2_s {d; qs[32] grid bytes; signs[32]; qh[8] (2 high index bits per 8 elements); scales[8]}
+    Codec(
+        Q.IQ2_S,
+        (
+            ("qs", "u8", (8, 4), (2, 34)),
+            ("sn", "u8", (8, 4), (34, 66)),
+            ("qh", "u8", (8,), (66, 74)),
+            ("sc", "u8", (8,), (74, 82)),
+            ("d",) + _d(0),
+        ),
+        ("s", 8),
+        ("l", 4),
+        _OCT,
+        _grid8("GRID_IQ2S", "sd[2 * s + ({j}) // 2, n]"),
+        loads=(
+            "q{i} = qs[g, b, s, {j}, n] | ((qh[g, b, s, n] << (8 - 2 * ({j}))) & 0x300)",
+            "k{i} = sn[g, b, s, {j}, n]",
+        ),
+        scales=(("sd", 16, _IQ2_16),),
+        t1=1,
+        t2=1,
+    ),
+    # block_iq3_xxs {d; qs[64] grid bytes; 8 u32 (4 x 7 sign bits + 4-bit scale)}: 2 grid entries per 8
+    Codec(
+        Q.IQ3_XXS,
+        (("qs", "u8", (8, 8), (2, 66)), ("ss", "u32", (8,), (66, 98)), ("d",) + _d(0)),
+        ("s", 8),
+        ("l", 4),
+        _OCT,
+        _grid44("GRID_IQ3XXS"),
+        loads=(
+            "q{i} = qs[g, b, s, 2 * ({j}), n]",
+            "r{i} = qs[g, b, s, 2 * ({j}) + 1, n]",
+            "k{i} = KSIGNS[(ss[g, b, s, n] >> (7 * ({j}))) & 127]",
+        ),
+        scales=(("sd", 8, _iq2_scale("0.5", "ss[g, b, c, n] >> 28")),),
+        t1=1,
+        t2=1,
+    ),
+    # block_iq3_s {d; qs[64]; qh[8] (9th index bit of each grid entry); signs[32]; scales[4]}: odd scales
+    Codec(
+        Q.IQ3_S,
+        (
+            ("qs", "u8", (8, 8), (2, 66)),
+            ("qh", "u8", (8,), (66, 74)),
+            ("sn", "u8", (8, 4), (74, 106)),
+            ("sc", "u8", (4,), (106, 110)),
+            ("d",) + _d(0),
+        ),
+        ("s", 8),
+        ("l", 4),
+        _OCT,
+        _grid44("GRID_IQ3S"),
+        loads=(
+            "q{i} = qs[g, b, s, 2 * ({j}), n] | ((qh[g, b, s, n] << (8 - 2 * ({j}))) & 256)",
+            "r{i} = qs[g, b, s, 2 * ({j}) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * ({j}))) & 256)",
+            "k{i} = sn[g, b, s, {j}, n]",
+        ),
+        scales=(("sd", 8, "h2f(d[g, b, n]) * i2f(1 + 2 * ((sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15))"),),
+        t1=1,
+        t2=1,
+    ),
+    # block_iq1_s {d; qs[32]; qh[8] u16 (3 index bits per 8, 3-bit scale, delta sign)}: dl * (grid + delta)
+    Codec(
+        Q.IQ1_S,
+        (("qs", "u8", (8, 4), (2, 34)), ("qh", "u16", (8,), (34, 50)), ("d",) + _d(0)),
+        ("s", 8),
+        ("l", 4),
+        _OCT,
+        tuple(f"sd[s, n] * (i2f(GRID_IQ1S[q{{i}}, {m}]) + sm[s, n])" for m in range(8)),
+        loads=("q{i} = qs[g, b, s, {j}, n] | (((qh[g, b, s, n] >> (3 * ({j}))) & 7) << 8)",),
+        scales=(
+            ("sd", 8, "h2f(d[g, b, n]) * i2f(2 * ((qh[g, b, c, n] >> 12) & 7) + 1)"),
+            ("sm", 8, "-DELTA if qh[g, b, c, n] & 0x8000 else DELTA"),
+        ),
+        t1=1,
+        t2=1,
+    ),
+    # block_iq1_m {qs[32]; qh[16] (3 index bits + delta sign per 8); scales[8] (3-bit scales per 16, and d)}
+    Codec(
+        Q.IQ1_M,
+        (("qs", "u8", (8, 4), (0, 32)), ("qh", "u8", (8, 2), (32, 48)), ("sc", "u16", (4,), (48, 56))),
+        ("s", 8),
+        ("l", 4),
+        _OCT,
+        tuple(
+            f"sd[2 * s + ({{j}}) // 2, n] * (i2f(GRID_IQ1S[q{{i}}, {m}]) + (-DELTA if h{{i}} & 8 else DELTA))"
+            for m in range(8)
+        ),
+        loads=(
+            "h{i} = qh[g, b, s, ({j}) // 2, n] >> (4 * (({j}) % 2))",
+            "q{i} = qs[g, b, s, {j}, n] | ((h{i} & 7) << 8)",
+        ),
+        scales=(("sd", 16, _IQ1M_D + " * i2f(2 * ((sc[g, b, c // 4, n] >> (3 * (c % 4))) & 7) + 1)"),),
+        t1=1,
+        t2=1,
+    ),
+)
+
+
 BY_QTYPE = {int(c.qtype): c for c in CODECS}
 
 

@@ -197,3 +197,27 @@ def _call_kernel(typingctx, fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, 
 _KSIG = types.void(*([types.int64] * 15))
 
 KV = KVALUES_IQ4NL.astype(np.float32)
+
+
+@njit(cache=True, inline="always")
+def sgnf(bits, m):
+    """-1.0 where bit m of the sign byte is set (kmask_iq2xs[m]), else +1.0, as float32."""
+    return np.float32(1.0) - np.float32(2.0) * i2f((bits >> m) & 1)
+
+
+@intrinsic
+def e8m0h(typingctx, e):
+    """MXFP4 exponent byte → 2^(e - 128) as float32 (ggml_e8m0_to_fp32_half: a subnormal for e < 2)."""
+    if e != types.uint8:
+        return None
+    sig = types.float32(types.uint8)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        v = builder.zext(args[0], i32)
+        small = builder.shl(ir.Constant(i32, 0x00200000), v)
+        big = builder.shl(builder.sub(v, ir.Constant(i32, 1)), ir.Constant(i32, 23))
+        bits = builder.select(builder.icmp_unsigned("<", v, ir.Constant(i32, 2)), small, big)
+        return builder.bitcast(bits, ir.FloatType())
+
+    return sig, codegen

@@ -9,8 +9,13 @@ T = 1 and T = 2 dequantise in registers, T >= 3 (and dequantise mode T = 0) one 
 import numpy as np
 from numba import carray, njit
 
+from ..blocks import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, IQ1S_DELTA, KSIGNS_IQ2XS
+from ..blocks import KVALUES_MXFP4 as KV_MXFP4
 from .drivers import NT, _scratch, _store, _use
-from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, fma32, h2f, i2f, kvf, q5f
+from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, e8m0h, fma32, h2f, i2f, kvf, q5f, sgnf
+
+KSIGNS = KSIGNS_IQ2XS
+DELTA = np.float32(IQ1S_DELTA)
 
 
 # F32
@@ -956,3 +961,1290 @@ def _r_iq4_xs(qs, sc, d, rows, out):
                     q0 = qs[g, b, s, j, n]
                     out[r, kb + j] = dl * kvf(q0 & 15)
                     out[r, kb + j + 16] = dl * kvf(q0 >> 4)
+
+
+# Q5_1
+def _k_q5_1(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu8(p0), (nt, nb, 16, NT))
+    qh = carray(_pu32(p1), (nt, nb, NT))
+    d = carray(_pu16(p2), (nt, nb, NT))
+    m = carray(_pu16(p3), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            kb = b * 32
+            if T == 1:
+                for j in range(0, 16, 4):
+                    x0 = xp[0, kb + 2 * j]
+                    x1 = xp[0, kb + 2 * j + 1]
+                    x2 = xp[0, kb + 2 * j + 2]
+                    x3 = xp[0, kb + 2 * j + 3]
+                    x4 = xp[0, kb + 2 * j + 4]
+                    x5 = xp[0, kb + 2 * j + 5]
+                    x6 = xp[0, kb + 2 * j + 6]
+                    x7 = xp[0, kb + 2 * j + 7]
+                    for n in range(NT):
+                        dd = h2f(d[g, b, n])
+                        mm = h2f(m[g, b, n])
+                        h = qh[g, b, n]
+                        q0 = qs[g, b, j, n]
+                        q1 = qs[g, b, j + 1, n]
+                        q2 = qs[g, b, j + 2, n]
+                        q3 = qs[g, b, j + 3, n]
+                        a = acc[0, n]
+                        a = fma32(fma32(q5f(q0, 0, h, j, 1, 0), dd, mm), x0, a)
+                        a = fma32(fma32(q5f(q0, 4, h, j + 16, 1, 0), dd, mm), x1, a)
+                        a = fma32(fma32(q5f(q1, 0, h, j + 1, 1, 0), dd, mm), x2, a)
+                        a = fma32(fma32(q5f(q1, 4, h, j + 1 + 16, 1, 0), dd, mm), x3, a)
+                        a = fma32(fma32(q5f(q2, 0, h, j + 2, 1, 0), dd, mm), x4, a)
+                        a = fma32(fma32(q5f(q2, 4, h, j + 2 + 16, 1, 0), dd, mm), x5, a)
+                        a = fma32(fma32(q5f(q3, 0, h, j + 3, 1, 0), dd, mm), x6, a)
+                        a = fma32(fma32(q5f(q3, 4, h, j + 3 + 16, 1, 0), dd, mm), x7, a)
+                        acc[0, n] = a
+            elif T == 2:
+                for j in range(0, 16, 2):
+                    x0 = xp[0, kb + 2 * j]
+                    x1 = xp[0, kb + 2 * j + 1]
+                    x2 = xp[0, kb + 2 * j + 2]
+                    x3 = xp[0, kb + 2 * j + 3]
+                    y0 = xp[1, kb + 2 * j]
+                    y1 = xp[1, kb + 2 * j + 1]
+                    y2 = xp[1, kb + 2 * j + 2]
+                    y3 = xp[1, kb + 2 * j + 3]
+                    for n in range(NT):
+                        dd = h2f(d[g, b, n])
+                        mm = h2f(m[g, b, n])
+                        h = qh[g, b, n]
+                        q0 = qs[g, b, j, n]
+                        q1 = qs[g, b, j + 1, n]
+                        w0 = fma32(q5f(q0, 0, h, j, 1, 0), dd, mm)
+                        w1 = fma32(q5f(q0, 4, h, j + 16, 1, 0), dd, mm)
+                        w2 = fma32(q5f(q1, 0, h, j + 1, 1, 0), dd, mm)
+                        w3 = fma32(q5f(q1, 4, h, j + 1 + 16, 1, 0), dd, mm)
+                        a = acc[0, n]
+                        a = fma32(w0, x0, a)
+                        a = fma32(w1, x1, a)
+                        a = fma32(w2, x2, a)
+                        a = fma32(w3, x3, a)
+                        acc[0, n] = a
+                        a = acc[1, n]
+                        a = fma32(w0, y0, a)
+                        a = fma32(w1, y1, a)
+                        a = fma32(w2, y2, a)
+                        a = fma32(w3, y3, a)
+                        acc[1, n] = a
+            else:
+                for j in range(16):
+                    for n in range(NT):
+                        dd = h2f(d[g, b, n])
+                        mm = h2f(m[g, b, n])
+                        h = qh[g, b, n]
+                        q0 = qs[g, b, j, n]
+                        wb[2 * j, n] = fma32(q5f(q0, 0, h, j, 1, 0), dd, mm)
+                        wb[2 * j + 1, n] = fma32(q5f(q0, 4, h, j + 16, 1, 0), dd, mm)
+                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_q5_1(qs, qh, d, m, rows, out):
+    nb = qs.shape[1]
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            kb = b * 32
+            for j in range(16):
+                dd = h2f(d[g, b, n])
+                mm = h2f(m[g, b, n])
+                h = qh[g, b, n]
+                q0 = qs[g, b, j, n]
+                out[r, kb + j] = q5f(q0, 0, h, j, 1, 0) * dd + mm
+                out[r, kb + j + 16] = q5f(q0, 4, h, j + 16, 1, 0) * dd + mm
+
+
+# Q2_K
+def _k_q2_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    sc = carray(_pu8(p0), (nt, nb, 16, NT))
+    qs = carray(_pu8(p1), (nt, nb, 2, 32, NT))
+    d = carray(_pu16(p2), (nt, nb, NT))
+    dmin = carray(_pu16(p3), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(16):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n] & 15)
+            for c in range(16):
+                for n in range(NT):
+                    sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(sc[g, b, c, n] >> 4))
+            for hf in range(2):
+                kb = b * 256 + hf * 128
+                if T == 1:
+                    for ll in range(0, 32, 1):
+                        s0 = hf * 8 + (ll) // 16
+                        x0 = xp[0, kb + 4 * ll]
+                        x1 = xp[0, kb + 4 * ll + 1]
+                        x2 = xp[0, kb + 4 * ll + 2]
+                        x3 = xp[0, kb + 4 * ll + 3]
+                        for n in range(NT):
+                            q0 = qs[g, b, hf, ll, n]
+                            a = acc[0, n]
+                            a = fma32(fma32(i2f((q0 >> 0) & 3), sd[s0 + 0, n], sm[s0 + 0, n]), x0, a)
+                            a = fma32(fma32(i2f((q0 >> 2) & 3), sd[s0 + 2, n], sm[s0 + 2, n]), x1, a)
+                            a = fma32(fma32(i2f((q0 >> 4) & 3), sd[s0 + 4, n], sm[s0 + 4, n]), x2, a)
+                            a = fma32(fma32(i2f((q0 >> 6) & 3), sd[s0 + 6, n], sm[s0 + 6, n]), x3, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for ll in range(0, 32, 1):
+                        s0 = hf * 8 + (ll) // 16
+                        x0 = xp[0, kb + 4 * ll]
+                        x1 = xp[0, kb + 4 * ll + 1]
+                        x2 = xp[0, kb + 4 * ll + 2]
+                        x3 = xp[0, kb + 4 * ll + 3]
+                        y0 = xp[1, kb + 4 * ll]
+                        y1 = xp[1, kb + 4 * ll + 1]
+                        y2 = xp[1, kb + 4 * ll + 2]
+                        y3 = xp[1, kb + 4 * ll + 3]
+                        for n in range(NT):
+                            q0 = qs[g, b, hf, ll, n]
+                            w0 = fma32(i2f((q0 >> 0) & 3), sd[s0 + 0, n], sm[s0 + 0, n])
+                            w1 = fma32(i2f((q0 >> 2) & 3), sd[s0 + 2, n], sm[s0 + 2, n])
+                            w2 = fma32(i2f((q0 >> 4) & 3), sd[s0 + 4, n], sm[s0 + 4, n])
+                            w3 = fma32(i2f((q0 >> 6) & 3), sd[s0 + 6, n], sm[s0 + 6, n])
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            acc[1, n] = a
+                else:
+                    for ll in range(32):
+                        s0 = hf * 8 + (ll) // 16
+                        for n in range(NT):
+                            q0 = qs[g, b, hf, ll, n]
+                            wb[4 * ll, n] = fma32(i2f((q0 >> 0) & 3), sd[s0 + 0, n], sm[s0 + 0, n])
+                            wb[4 * ll + 1, n] = fma32(i2f((q0 >> 2) & 3), sd[s0 + 2, n], sm[s0 + 2, n])
+                            wb[4 * ll + 2, n] = fma32(i2f((q0 >> 4) & 3), sd[s0 + 4, n], sm[s0 + 4, n])
+                            wb[4 * ll + 3, n] = fma32(i2f((q0 >> 6) & 3), sd[s0 + 6, n], sm[s0 + 6, n])
+                    _use(wb, xp, acc, T, kb, 128, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_q2_k(sc, qs, d, dmin, rows, out):
+    nb = sc.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    sm = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(16):
+                sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n] & 15)
+            for c in range(16):
+                sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(sc[g, b, c, n] >> 4))
+            for hf in range(2):
+                kb = b * 256 + hf * 128
+                for ll in range(32):
+                    s0 = hf * 8 + (ll) // 16
+                    q0 = qs[g, b, hf, ll, n]
+                    out[r, kb + ll] = sd[s0 + 0, n] * i2f((q0 >> 0) & 3) + sm[s0 + 0, n]
+                    out[r, kb + 32 + ll] = sd[s0 + 2, n] * i2f((q0 >> 2) & 3) + sm[s0 + 2, n]
+                    out[r, kb + 64 + ll] = sd[s0 + 4, n] * i2f((q0 >> 4) & 3) + sm[s0 + 4, n]
+                    out[r, kb + 96 + ll] = sd[s0 + 6, n] * i2f((q0 >> 6) & 3) + sm[s0 + 6, n]
+
+
+# Q3_K
+def _k_q3_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    hm = carray(_pu8(p0), (nt, nb, 32, NT))
+    qs = carray(_pu8(p1), (nt, nb, 2, 32, NT))
+    sc = carray(_pu8(p2), (nt, nb, 12, NT))
+    d = carray(_pu16(p3), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(16):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * i2f((((sc[g, b, c % 8, n] >> (4 * (c // 8))) & 15) | (((sc[g, b, 8 + c % 4, n] >> (2 * (c // 4))) & 3) << 4)) - 32)
+            for hf in range(2):
+                kb = b * 256 + hf * 128
+                if T == 1:
+                    for ll in range(0, 32, 1):
+                        s0 = hf * 8 + (ll) // 16
+                        x0 = xp[0, kb + 4 * ll]
+                        x1 = xp[0, kb + 4 * ll + 1]
+                        x2 = xp[0, kb + 4 * ll + 2]
+                        x3 = xp[0, kb + 4 * ll + 3]
+                        for n in range(NT):
+                            q0 = qs[g, b, hf, ll, n]
+                            h0 = hm[g, b, ll, n]
+                            a = acc[0, n]
+                            a = fma32(sd[s0 + 0, n] * i2f(((q0 >> 0) & 3) + 4 * ((h0 >> (4 * hf + 0)) & 1) - 4), x0, a)
+                            a = fma32(sd[s0 + 2, n] * i2f(((q0 >> 2) & 3) + 4 * ((h0 >> (4 * hf + 1)) & 1) - 4), x1, a)
+                            a = fma32(sd[s0 + 4, n] * i2f(((q0 >> 4) & 3) + 4 * ((h0 >> (4 * hf + 2)) & 1) - 4), x2, a)
+                            a = fma32(sd[s0 + 6, n] * i2f(((q0 >> 6) & 3) + 4 * ((h0 >> (4 * hf + 3)) & 1) - 4), x3, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for ll in range(0, 32, 1):
+                        s0 = hf * 8 + (ll) // 16
+                        x0 = xp[0, kb + 4 * ll]
+                        x1 = xp[0, kb + 4 * ll + 1]
+                        x2 = xp[0, kb + 4 * ll + 2]
+                        x3 = xp[0, kb + 4 * ll + 3]
+                        y0 = xp[1, kb + 4 * ll]
+                        y1 = xp[1, kb + 4 * ll + 1]
+                        y2 = xp[1, kb + 4 * ll + 2]
+                        y3 = xp[1, kb + 4 * ll + 3]
+                        for n in range(NT):
+                            q0 = qs[g, b, hf, ll, n]
+                            h0 = hm[g, b, ll, n]
+                            w0 = sd[s0 + 0, n] * i2f(((q0 >> 0) & 3) + 4 * ((h0 >> (4 * hf + 0)) & 1) - 4)
+                            w1 = sd[s0 + 2, n] * i2f(((q0 >> 2) & 3) + 4 * ((h0 >> (4 * hf + 1)) & 1) - 4)
+                            w2 = sd[s0 + 4, n] * i2f(((q0 >> 4) & 3) + 4 * ((h0 >> (4 * hf + 2)) & 1) - 4)
+                            w3 = sd[s0 + 6, n] * i2f(((q0 >> 6) & 3) + 4 * ((h0 >> (4 * hf + 3)) & 1) - 4)
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            acc[1, n] = a
+                else:
+                    for ll in range(32):
+                        s0 = hf * 8 + (ll) // 16
+                        for n in range(NT):
+                            q0 = qs[g, b, hf, ll, n]
+                            h0 = hm[g, b, ll, n]
+                            wb[4 * ll, n] = sd[s0 + 0, n] * i2f(((q0 >> 0) & 3) + 4 * ((h0 >> (4 * hf + 0)) & 1) - 4)
+                            wb[4 * ll + 1, n] = sd[s0 + 2, n] * i2f(((q0 >> 2) & 3) + 4 * ((h0 >> (4 * hf + 1)) & 1) - 4)
+                            wb[4 * ll + 2, n] = sd[s0 + 4, n] * i2f(((q0 >> 4) & 3) + 4 * ((h0 >> (4 * hf + 2)) & 1) - 4)
+                            wb[4 * ll + 3, n] = sd[s0 + 6, n] * i2f(((q0 >> 6) & 3) + 4 * ((h0 >> (4 * hf + 3)) & 1) - 4)
+                    _use(wb, xp, acc, T, kb, 128, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_q3_k(hm, qs, sc, d, rows, out):
+    nb = hm.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(16):
+                sd[c, n] = h2f(d[g, b, n]) * i2f((((sc[g, b, c % 8, n] >> (4 * (c // 8))) & 15) | (((sc[g, b, 8 + c % 4, n] >> (2 * (c // 4))) & 3) << 4)) - 32)
+            for hf in range(2):
+                kb = b * 256 + hf * 128
+                for ll in range(32):
+                    s0 = hf * 8 + (ll) // 16
+                    q0 = qs[g, b, hf, ll, n]
+                    h0 = hm[g, b, ll, n]
+                    out[r, kb + ll] = sd[s0 + 0, n] * i2f(((q0 >> 0) & 3) + 4 * ((h0 >> (4 * hf + 0)) & 1) - 4)
+                    out[r, kb + 32 + ll] = sd[s0 + 2, n] * i2f(((q0 >> 2) & 3) + 4 * ((h0 >> (4 * hf + 1)) & 1) - 4)
+                    out[r, kb + 64 + ll] = sd[s0 + 4, n] * i2f(((q0 >> 4) & 3) + 4 * ((h0 >> (4 * hf + 2)) & 1) - 4)
+                    out[r, kb + 96 + ll] = sd[s0 + 6, n] * i2f(((q0 >> 6) & 3) + 4 * ((h0 >> (4 * hf + 3)) & 1) - 4)
+
+
+# MXFP4
+def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu8(p0), (nt, nb, 16, NT))
+    e = carray(_pu8(p1), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            kb = b * 32
+            if T == 1:
+                for j in range(0, 16, 4):
+                    x0 = xp[0, kb + 2 * j]
+                    x1 = xp[0, kb + 2 * j + 1]
+                    x2 = xp[0, kb + 2 * j + 2]
+                    x3 = xp[0, kb + 2 * j + 3]
+                    x4 = xp[0, kb + 2 * j + 4]
+                    x5 = xp[0, kb + 2 * j + 5]
+                    x6 = xp[0, kb + 2 * j + 6]
+                    x7 = xp[0, kb + 2 * j + 7]
+                    for n in range(NT):
+                        dd = e8m0h(e[g, b, n])
+                        q0 = qs[g, b, j, n]
+                        q1 = qs[g, b, j + 1, n]
+                        q2 = qs[g, b, j + 2, n]
+                        q3 = qs[g, b, j + 3, n]
+                        a = acc[0, n]
+                        a = fma32(i2f(KV_MXFP4[q0 & 15]) * dd, x0, a)
+                        a = fma32(i2f(KV_MXFP4[q0 >> 4]) * dd, x1, a)
+                        a = fma32(i2f(KV_MXFP4[q1 & 15]) * dd, x2, a)
+                        a = fma32(i2f(KV_MXFP4[q1 >> 4]) * dd, x3, a)
+                        a = fma32(i2f(KV_MXFP4[q2 & 15]) * dd, x4, a)
+                        a = fma32(i2f(KV_MXFP4[q2 >> 4]) * dd, x5, a)
+                        a = fma32(i2f(KV_MXFP4[q3 & 15]) * dd, x6, a)
+                        a = fma32(i2f(KV_MXFP4[q3 >> 4]) * dd, x7, a)
+                        acc[0, n] = a
+            elif T == 2:
+                for j in range(0, 16, 2):
+                    x0 = xp[0, kb + 2 * j]
+                    x1 = xp[0, kb + 2 * j + 1]
+                    x2 = xp[0, kb + 2 * j + 2]
+                    x3 = xp[0, kb + 2 * j + 3]
+                    y0 = xp[1, kb + 2 * j]
+                    y1 = xp[1, kb + 2 * j + 1]
+                    y2 = xp[1, kb + 2 * j + 2]
+                    y3 = xp[1, kb + 2 * j + 3]
+                    for n in range(NT):
+                        dd = e8m0h(e[g, b, n])
+                        q0 = qs[g, b, j, n]
+                        q1 = qs[g, b, j + 1, n]
+                        w0 = i2f(KV_MXFP4[q0 & 15]) * dd
+                        w1 = i2f(KV_MXFP4[q0 >> 4]) * dd
+                        w2 = i2f(KV_MXFP4[q1 & 15]) * dd
+                        w3 = i2f(KV_MXFP4[q1 >> 4]) * dd
+                        a = acc[0, n]
+                        a = fma32(w0, x0, a)
+                        a = fma32(w1, x1, a)
+                        a = fma32(w2, x2, a)
+                        a = fma32(w3, x3, a)
+                        acc[0, n] = a
+                        a = acc[1, n]
+                        a = fma32(w0, y0, a)
+                        a = fma32(w1, y1, a)
+                        a = fma32(w2, y2, a)
+                        a = fma32(w3, y3, a)
+                        acc[1, n] = a
+            else:
+                for j in range(16):
+                    for n in range(NT):
+                        dd = e8m0h(e[g, b, n])
+                        q0 = qs[g, b, j, n]
+                        wb[2 * j, n] = i2f(KV_MXFP4[q0 & 15]) * dd
+                        wb[2 * j + 1, n] = i2f(KV_MXFP4[q0 >> 4]) * dd
+                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_mxfp4(qs, e, rows, out):
+    nb = qs.shape[1]
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            kb = b * 32
+            for j in range(16):
+                dd = e8m0h(e[g, b, n])
+                q0 = qs[g, b, j, n]
+                out[r, kb + j] = i2f(KV_MXFP4[q0 & 15]) * dd
+                out[r, kb + j + 16] = i2f(KV_MXFP4[q0 >> 4]) * dd
+
+
+# IQ2_XXS
+def _k_iq2_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    gi = carray(_pu8(p0), (nt, nb, 8, 4, NT))
+    sg = carray(_pu32(p1), (nt, nb, 8, NT))
+    d = carray(_pu16(p2), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(8):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f(sg[g, b, c, n] >> 28)) * np.float32(0.25)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                if T == 1:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = gi[g, b, s, l, n]
+                            k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
+                            a = acc[0, n]
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7), x7, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        y0 = xp[1, kb + 8 * l]
+                        y1 = xp[1, kb + 8 * l + 1]
+                        y2 = xp[1, kb + 8 * l + 2]
+                        y3 = xp[1, kb + 8 * l + 3]
+                        y4 = xp[1, kb + 8 * l + 4]
+                        y5 = xp[1, kb + 8 * l + 5]
+                        y6 = xp[1, kb + 8 * l + 6]
+                        y7 = xp[1, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = gi[g, b, s, l, n]
+                            k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
+                            w0 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0)
+                            w1 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1)
+                            w2 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2)
+                            w3 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3)
+                            w4 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4)
+                            w5 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5)
+                            w6 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6)
+                            w7 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7)
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            a = fma32(w4, x4, a)
+                            a = fma32(w5, x5, a)
+                            a = fma32(w6, x6, a)
+                            a = fma32(w7, x7, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            a = fma32(w4, y4, a)
+                            a = fma32(w5, y5, a)
+                            a = fma32(w6, y6, a)
+                            a = fma32(w7, y7, a)
+                            acc[1, n] = a
+                else:
+                    for l in range(4):
+                        for n in range(NT):
+                            q0 = gi[g, b, s, l, n]
+                            k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
+                            wb[8 * l, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7)
+                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_iq2_xxs(gi, sg, d, rows, out):
+    nb = gi.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(8):
+                sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f(sg[g, b, c, n] >> 28)) * np.float32(0.25)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                for l in range(4):
+                    q0 = gi[g, b, s, l, n]
+                    k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
+                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7)
+
+
+# IQ2_XS
+def _k_iq2_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu16(p0), (nt, nb, 8, 4, NT))
+    sc = carray(_pu8(p1), (nt, nb, 8, NT))
+    d = carray(_pu16(p2), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(16):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f((sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15)) * np.float32(0.25)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                if T == 1:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n]
+                            k0 = KSIGNS[q0 >> 9]
+                            a = acc[0, n]
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7), x7, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        y0 = xp[1, kb + 8 * l]
+                        y1 = xp[1, kb + 8 * l + 1]
+                        y2 = xp[1, kb + 8 * l + 2]
+                        y3 = xp[1, kb + 8 * l + 3]
+                        y4 = xp[1, kb + 8 * l + 4]
+                        y5 = xp[1, kb + 8 * l + 5]
+                        y6 = xp[1, kb + 8 * l + 6]
+                        y7 = xp[1, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n]
+                            k0 = KSIGNS[q0 >> 9]
+                            w0 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0)
+                            w1 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1)
+                            w2 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2)
+                            w3 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3)
+                            w4 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4)
+                            w5 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5)
+                            w6 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6)
+                            w7 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7)
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            a = fma32(w4, x4, a)
+                            a = fma32(w5, x5, a)
+                            a = fma32(w6, x6, a)
+                            a = fma32(w7, x7, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            a = fma32(w4, y4, a)
+                            a = fma32(w5, y5, a)
+                            a = fma32(w6, y6, a)
+                            a = fma32(w7, y7, a)
+                            acc[1, n] = a
+                else:
+                    for l in range(4):
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n]
+                            k0 = KSIGNS[q0 >> 9]
+                            wb[8 * l, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7)
+                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_iq2_xs(qs, sc, d, rows, out):
+    nb = qs.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(16):
+                sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f((sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15)) * np.float32(0.25)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                for l in range(4):
+                    q0 = qs[g, b, s, l, n]
+                    k0 = KSIGNS[q0 >> 9]
+                    out[r, kb + 8 * l + 0] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7)
+
+
+# IQ2_S
+def _k_iq2_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu8(p0), (nt, nb, 8, 4, NT))
+    sn = carray(_pu8(p1), (nt, nb, 8, 4, NT))
+    qh = carray(_pu8(p2), (nt, nb, 8, NT))
+    sc = carray(_pu8(p3), (nt, nb, 8, NT))
+    d = carray(_pu16(p4), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(16):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f((sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15)) * np.float32(0.25)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                if T == 1:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                            k0 = sn[g, b, s, l, n]
+                            a = acc[0, n]
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7), x7, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        y0 = xp[1, kb + 8 * l]
+                        y1 = xp[1, kb + 8 * l + 1]
+                        y2 = xp[1, kb + 8 * l + 2]
+                        y3 = xp[1, kb + 8 * l + 3]
+                        y4 = xp[1, kb + 8 * l + 4]
+                        y5 = xp[1, kb + 8 * l + 5]
+                        y6 = xp[1, kb + 8 * l + 6]
+                        y7 = xp[1, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                            k0 = sn[g, b, s, l, n]
+                            w0 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0)
+                            w1 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1)
+                            w2 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2)
+                            w3 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3)
+                            w4 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4)
+                            w5 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5)
+                            w6 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6)
+                            w7 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7)
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            a = fma32(w4, x4, a)
+                            a = fma32(w5, x5, a)
+                            a = fma32(w6, x6, a)
+                            a = fma32(w7, x7, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            a = fma32(w4, y4, a)
+                            a = fma32(w5, y5, a)
+                            a = fma32(w6, y6, a)
+                            a = fma32(w7, y7, a)
+                            acc[1, n] = a
+                else:
+                    for l in range(4):
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                            k0 = sn[g, b, s, l, n]
+                            wb[8 * l, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7)
+                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_iq2_s(qs, sn, qh, sc, d, rows, out):
+    nb = qs.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(16):
+                sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f((sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15)) * np.float32(0.25)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                for l in range(4):
+                    q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                    k0 = sn[g, b, s, l, n]
+                    out[r, kb + 8 * l + 0] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7)
+
+
+# IQ3_XXS
+def _k_iq3_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu8(p0), (nt, nb, 8, 8, NT))
+    ss = carray(_pu32(p1), (nt, nb, 8, NT))
+    d = carray(_pu16(p2), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(8):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f(ss[g, b, c, n] >> 28)) * np.float32(0.5)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                if T == 1:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, 2 * (l), n]
+                            r0 = qs[g, b, s, 2 * (l) + 1, n]
+                            k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
+                            a = acc[0, n]
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7), x7, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        y0 = xp[1, kb + 8 * l]
+                        y1 = xp[1, kb + 8 * l + 1]
+                        y2 = xp[1, kb + 8 * l + 2]
+                        y3 = xp[1, kb + 8 * l + 3]
+                        y4 = xp[1, kb + 8 * l + 4]
+                        y5 = xp[1, kb + 8 * l + 5]
+                        y6 = xp[1, kb + 8 * l + 6]
+                        y7 = xp[1, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, 2 * (l), n]
+                            r0 = qs[g, b, s, 2 * (l) + 1, n]
+                            k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
+                            w0 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0)
+                            w1 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1)
+                            w2 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2)
+                            w3 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3)
+                            w4 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4)
+                            w5 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5)
+                            w6 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6)
+                            w7 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7)
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            a = fma32(w4, x4, a)
+                            a = fma32(w5, x5, a)
+                            a = fma32(w6, x6, a)
+                            a = fma32(w7, x7, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            a = fma32(w4, y4, a)
+                            a = fma32(w5, y5, a)
+                            a = fma32(w6, y6, a)
+                            a = fma32(w7, y7, a)
+                            acc[1, n] = a
+                else:
+                    for l in range(4):
+                        for n in range(NT):
+                            q0 = qs[g, b, s, 2 * (l), n]
+                            r0 = qs[g, b, s, 2 * (l) + 1, n]
+                            k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
+                            wb[8 * l, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7)
+                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_iq3_xxs(qs, ss, d, rows, out):
+    nb = qs.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(8):
+                sd[c, n] = h2f(d[g, b, n]) * (np.float32(0.5) + i2f(ss[g, b, c, n] >> 28)) * np.float32(0.5)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                for l in range(4):
+                    q0 = qs[g, b, s, 2 * (l), n]
+                    r0 = qs[g, b, s, 2 * (l) + 1, n]
+                    k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
+                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7)
+
+
+# IQ3_S
+def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu8(p0), (nt, nb, 8, 8, NT))
+    qh = carray(_pu8(p1), (nt, nb, 8, NT))
+    sn = carray(_pu8(p2), (nt, nb, 8, 4, NT))
+    sc = carray(_pu8(p3), (nt, nb, 4, NT))
+    d = carray(_pu16(p4), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(8):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * i2f(1 + 2 * ((sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15))
+            for s in range(8):
+                kb = b * 256 + s * 32
+                if T == 1:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
+                            r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                            k0 = sn[g, b, s, l, n]
+                            a = acc[0, n]
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7), x7, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        y0 = xp[1, kb + 8 * l]
+                        y1 = xp[1, kb + 8 * l + 1]
+                        y2 = xp[1, kb + 8 * l + 2]
+                        y3 = xp[1, kb + 8 * l + 3]
+                        y4 = xp[1, kb + 8 * l + 4]
+                        y5 = xp[1, kb + 8 * l + 5]
+                        y6 = xp[1, kb + 8 * l + 6]
+                        y7 = xp[1, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
+                            r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                            k0 = sn[g, b, s, l, n]
+                            w0 = sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0)
+                            w1 = sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1)
+                            w2 = sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2)
+                            w3 = sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3)
+                            w4 = sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4)
+                            w5 = sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5)
+                            w6 = sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6)
+                            w7 = sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7)
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            a = fma32(w4, x4, a)
+                            a = fma32(w5, x5, a)
+                            a = fma32(w6, x6, a)
+                            a = fma32(w7, x7, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            a = fma32(w4, y4, a)
+                            a = fma32(w5, y5, a)
+                            a = fma32(w6, y6, a)
+                            a = fma32(w7, y7, a)
+                            acc[1, n] = a
+                else:
+                    for l in range(4):
+                        for n in range(NT):
+                            q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
+                            r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                            k0 = sn[g, b, s, l, n]
+                            wb[8 * l, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7)
+                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_iq3_s(qs, qh, sn, sc, d, rows, out):
+    nb = qs.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(8):
+                sd[c, n] = h2f(d[g, b, n]) * i2f(1 + 2 * ((sc[g, b, c // 2, n] >> (4 * (c % 2))) & 15))
+            for s in range(8):
+                kb = b * 256 + s * 32
+                for l in range(4):
+                    q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
+                    r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                    k0 = sn[g, b, s, l, n]
+                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7)
+
+
+# IQ1_S
+def _k_iq1_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu8(p0), (nt, nb, 8, 4, NT))
+    qh = carray(_pu16(p1), (nt, nb, 8, NT))
+    d = carray(_pu16(p2), (nt, nb, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(8):
+                for n in range(NT):
+                    sd[c, n] = h2f(d[g, b, n]) * i2f(2 * ((qh[g, b, c, n] >> 12) & 7) + 1)
+            for c in range(8):
+                for n in range(NT):
+                    sm[c, n] = -DELTA if qh[g, b, c, n] & 0x8000 else DELTA
+            for s in range(8):
+                kb = b * 256 + s * 32
+                if T == 1:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n] | (((qh[g, b, s, n] >> (3 * (l))) & 7) << 8)
+                            a = acc[0, n]
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 0]) + sm[s, n]), x0, a)
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 1]) + sm[s, n]), x1, a)
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 2]) + sm[s, n]), x2, a)
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 3]) + sm[s, n]), x3, a)
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 4]) + sm[s, n]), x4, a)
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 5]) + sm[s, n]), x5, a)
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 6]) + sm[s, n]), x6, a)
+                            a = fma32(sd[s, n] * (i2f(GRID_IQ1S[q0, 7]) + sm[s, n]), x7, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        y0 = xp[1, kb + 8 * l]
+                        y1 = xp[1, kb + 8 * l + 1]
+                        y2 = xp[1, kb + 8 * l + 2]
+                        y3 = xp[1, kb + 8 * l + 3]
+                        y4 = xp[1, kb + 8 * l + 4]
+                        y5 = xp[1, kb + 8 * l + 5]
+                        y6 = xp[1, kb + 8 * l + 6]
+                        y7 = xp[1, kb + 8 * l + 7]
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n] | (((qh[g, b, s, n] >> (3 * (l))) & 7) << 8)
+                            w0 = sd[s, n] * (i2f(GRID_IQ1S[q0, 0]) + sm[s, n])
+                            w1 = sd[s, n] * (i2f(GRID_IQ1S[q0, 1]) + sm[s, n])
+                            w2 = sd[s, n] * (i2f(GRID_IQ1S[q0, 2]) + sm[s, n])
+                            w3 = sd[s, n] * (i2f(GRID_IQ1S[q0, 3]) + sm[s, n])
+                            w4 = sd[s, n] * (i2f(GRID_IQ1S[q0, 4]) + sm[s, n])
+                            w5 = sd[s, n] * (i2f(GRID_IQ1S[q0, 5]) + sm[s, n])
+                            w6 = sd[s, n] * (i2f(GRID_IQ1S[q0, 6]) + sm[s, n])
+                            w7 = sd[s, n] * (i2f(GRID_IQ1S[q0, 7]) + sm[s, n])
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            a = fma32(w4, x4, a)
+                            a = fma32(w5, x5, a)
+                            a = fma32(w6, x6, a)
+                            a = fma32(w7, x7, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            a = fma32(w4, y4, a)
+                            a = fma32(w5, y5, a)
+                            a = fma32(w6, y6, a)
+                            a = fma32(w7, y7, a)
+                            acc[1, n] = a
+                else:
+                    for l in range(4):
+                        for n in range(NT):
+                            q0 = qs[g, b, s, l, n] | (((qh[g, b, s, n] >> (3 * (l))) & 7) << 8)
+                            wb[8 * l, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 0]) + sm[s, n])
+                            wb[8 * l + 1, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 1]) + sm[s, n])
+                            wb[8 * l + 2, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 2]) + sm[s, n])
+                            wb[8 * l + 3, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 3]) + sm[s, n])
+                            wb[8 * l + 4, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 4]) + sm[s, n])
+                            wb[8 * l + 5, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 5]) + sm[s, n])
+                            wb[8 * l + 6, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 6]) + sm[s, n])
+                            wb[8 * l + 7, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 7]) + sm[s, n])
+                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_iq1_s(qs, qh, d, rows, out):
+    nb = qs.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    sm = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(8):
+                sd[c, n] = h2f(d[g, b, n]) * i2f(2 * ((qh[g, b, c, n] >> 12) & 7) + 1)
+            for c in range(8):
+                sm[c, n] = -DELTA if qh[g, b, c, n] & 0x8000 else DELTA
+            for s in range(8):
+                kb = b * 256 + s * 32
+                for l in range(4):
+                    q0 = qs[g, b, s, l, n] | (((qh[g, b, s, n] >> (3 * (l))) & 7) << 8)
+                    out[r, kb + 8 * l + 0] = sd[s, n] * (i2f(GRID_IQ1S[q0, 0]) + sm[s, n])
+                    out[r, kb + 8 * l + 1] = sd[s, n] * (i2f(GRID_IQ1S[q0, 1]) + sm[s, n])
+                    out[r, kb + 8 * l + 2] = sd[s, n] * (i2f(GRID_IQ1S[q0, 2]) + sm[s, n])
+                    out[r, kb + 8 * l + 3] = sd[s, n] * (i2f(GRID_IQ1S[q0, 3]) + sm[s, n])
+                    out[r, kb + 8 * l + 4] = sd[s, n] * (i2f(GRID_IQ1S[q0, 4]) + sm[s, n])
+                    out[r, kb + 8 * l + 5] = sd[s, n] * (i2f(GRID_IQ1S[q0, 5]) + sm[s, n])
+                    out[r, kb + 8 * l + 6] = sd[s, n] * (i2f(GRID_IQ1S[q0, 6]) + sm[s, n])
+                    out[r, kb + 8 * l + 7] = sd[s, n] * (i2f(GRID_IQ1S[q0, 7]) + sm[s, n])
+
+
+# IQ1_M
+def _k_iq1_m(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    qs = carray(_pu8(p0), (nt, nb, 8, 4, NT))
+    qh = carray(_pu8(p1), (nt, nb, 8, 2, NT))
+    sc = carray(_pu16(p2), (nt, nb, 4, NT))
+    xp, perm, out, acc, wb, sd, sm = _scratch(pxp, T, Kp, pout, N)
+    for g in range(g0, g1):
+        acc[:, :] = 0.0
+        for b in range(nb):
+            for c in range(16):
+                for n in range(NT):
+                    sd[c, n] = h2f(np.uint16((sc[g, b, 0, n] >> 12) | ((sc[g, b, 1, n] >> 8) & 0xF0) | ((sc[g, b, 2, n] >> 4) & 0xF00) | (sc[g, b, 3, n] & 0xF000))) * i2f(2 * ((sc[g, b, c // 4, n] >> (3 * (c % 4))) & 7) + 1)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                if T == 1:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        for n in range(NT):
+                            h0 = qh[g, b, s, (l) // 2, n] >> (4 * ((l) % 2))
+                            q0 = qs[g, b, s, l, n] | ((h0 & 7) << 8)
+                            a = acc[0, n]
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 0]) + (-DELTA if h0 & 8 else DELTA)), x0, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 1]) + (-DELTA if h0 & 8 else DELTA)), x1, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 2]) + (-DELTA if h0 & 8 else DELTA)), x2, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 3]) + (-DELTA if h0 & 8 else DELTA)), x3, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 4]) + (-DELTA if h0 & 8 else DELTA)), x4, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 5]) + (-DELTA if h0 & 8 else DELTA)), x5, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 6]) + (-DELTA if h0 & 8 else DELTA)), x6, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 7]) + (-DELTA if h0 & 8 else DELTA)), x7, a)
+                            acc[0, n] = a
+                elif T == 2:
+                    for l in range(0, 4, 1):
+                        x0 = xp[0, kb + 8 * l]
+                        x1 = xp[0, kb + 8 * l + 1]
+                        x2 = xp[0, kb + 8 * l + 2]
+                        x3 = xp[0, kb + 8 * l + 3]
+                        x4 = xp[0, kb + 8 * l + 4]
+                        x5 = xp[0, kb + 8 * l + 5]
+                        x6 = xp[0, kb + 8 * l + 6]
+                        x7 = xp[0, kb + 8 * l + 7]
+                        y0 = xp[1, kb + 8 * l]
+                        y1 = xp[1, kb + 8 * l + 1]
+                        y2 = xp[1, kb + 8 * l + 2]
+                        y3 = xp[1, kb + 8 * l + 3]
+                        y4 = xp[1, kb + 8 * l + 4]
+                        y5 = xp[1, kb + 8 * l + 5]
+                        y6 = xp[1, kb + 8 * l + 6]
+                        y7 = xp[1, kb + 8 * l + 7]
+                        for n in range(NT):
+                            h0 = qh[g, b, s, (l) // 2, n] >> (4 * ((l) % 2))
+                            q0 = qs[g, b, s, l, n] | ((h0 & 7) << 8)
+                            w0 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 0]) + (-DELTA if h0 & 8 else DELTA))
+                            w1 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 1]) + (-DELTA if h0 & 8 else DELTA))
+                            w2 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 2]) + (-DELTA if h0 & 8 else DELTA))
+                            w3 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 3]) + (-DELTA if h0 & 8 else DELTA))
+                            w4 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 4]) + (-DELTA if h0 & 8 else DELTA))
+                            w5 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 5]) + (-DELTA if h0 & 8 else DELTA))
+                            w6 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 6]) + (-DELTA if h0 & 8 else DELTA))
+                            w7 = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 7]) + (-DELTA if h0 & 8 else DELTA))
+                            a = acc[0, n]
+                            a = fma32(w0, x0, a)
+                            a = fma32(w1, x1, a)
+                            a = fma32(w2, x2, a)
+                            a = fma32(w3, x3, a)
+                            a = fma32(w4, x4, a)
+                            a = fma32(w5, x5, a)
+                            a = fma32(w6, x6, a)
+                            a = fma32(w7, x7, a)
+                            acc[0, n] = a
+                            a = acc[1, n]
+                            a = fma32(w0, y0, a)
+                            a = fma32(w1, y1, a)
+                            a = fma32(w2, y2, a)
+                            a = fma32(w3, y3, a)
+                            a = fma32(w4, y4, a)
+                            a = fma32(w5, y5, a)
+                            a = fma32(w6, y6, a)
+                            a = fma32(w7, y7, a)
+                            acc[1, n] = a
+                else:
+                    for l in range(4):
+                        for n in range(NT):
+                            h0 = qh[g, b, s, (l) // 2, n] >> (4 * ((l) % 2))
+                            q0 = qs[g, b, s, l, n] | ((h0 & 7) << 8)
+                            wb[8 * l, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 0]) + (-DELTA if h0 & 8 else DELTA))
+                            wb[8 * l + 1, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 1]) + (-DELTA if h0 & 8 else DELTA))
+                            wb[8 * l + 2, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 2]) + (-DELTA if h0 & 8 else DELTA))
+                            wb[8 * l + 3, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 3]) + (-DELTA if h0 & 8 else DELTA))
+                            wb[8 * l + 4, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 4]) + (-DELTA if h0 & 8 else DELTA))
+                            wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 5]) + (-DELTA if h0 & 8 else DELTA))
+                            wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 6]) + (-DELTA if h0 & 8 else DELTA))
+                            wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 7]) + (-DELTA if h0 & 8 else DELTA))
+                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+        _store(acc, out, g, T)
+
+
+@njit(cache=True)
+def _r_iq1_m(qs, qh, sc, rows, out):
+    nb = qs.shape[1]
+    sd = np.empty((16, NT), np.float32)
+    for r in range(rows.shape[0]):
+        g, n = divmod(rows[r], NT)
+        for b in range(nb):
+            for c in range(16):
+                sd[c, n] = h2f(np.uint16((sc[g, b, 0, n] >> 12) | ((sc[g, b, 1, n] >> 8) & 0xF0) | ((sc[g, b, 2, n] >> 4) & 0xF00) | (sc[g, b, 3, n] & 0xF000))) * i2f(2 * ((sc[g, b, c // 4, n] >> (3 * (c % 4))) & 7) + 1)
+            for s in range(8):
+                kb = b * 256 + s * 32
+                for l in range(4):
+                    h0 = qh[g, b, s, (l) // 2, n] >> (4 * ((l) % 2))
+                    q0 = qs[g, b, s, l, n] | ((h0 & 7) << 8)
+                    out[r, kb + 8 * l + 0] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 0]) + (-DELTA if h0 & 8 else DELTA))
+                    out[r, kb + 8 * l + 1] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 1]) + (-DELTA if h0 & 8 else DELTA))
+                    out[r, kb + 8 * l + 2] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 2]) + (-DELTA if h0 & 8 else DELTA))
+                    out[r, kb + 8 * l + 3] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 3]) + (-DELTA if h0 & 8 else DELTA))
+                    out[r, kb + 8 * l + 4] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 4]) + (-DELTA if h0 & 8 else DELTA))
+                    out[r, kb + 8 * l + 5] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 5]) + (-DELTA if h0 & 8 else DELTA))
+                    out[r, kb + 8 * l + 6] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 6]) + (-DELTA if h0 & 8 else DELTA))
+                    out[r, kb + 8 * l + 7] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 7]) + (-DELTA if h0 & 8 else DELTA))
