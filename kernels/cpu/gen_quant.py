@@ -106,13 +106,15 @@ def _arrays(c: Codec) -> list[str]:
 
 
 def _scales(c: Codec, ind: str, loop_n: bool) -> list[str]:
+    """Per-block scale scratch; entries of equal count share one loop (one pass over the scale bytes)."""
     out = []
-    for sname, count, expr in c.scales:
+    counts = dict.fromkeys(count for _, count, _ in c.scales)
+    for count in counts:
         out.append(f"{ind}for c in range({count}):")
+        body = ind + ("        " if loop_n else "    ")
         if loop_n:
-            out += [f"{ind}    for n in range(NT):", f"{ind}        {sname}[c, n] = {expr}"]
-        else:
-            out.append(f"{ind}    {sname}[c, n] = {expr}")
+            out.append(f"{ind}    for n in range(NT):")
+        out += [f"{body}{sname}[c, n] = {expr}" for sname, k, expr in c.scales if k == count]
     return out
 
 

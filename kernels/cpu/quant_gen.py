@@ -473,8 +473,6 @@ def _k_q4_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
             for c in range(8):
                 for n in range(NT):
                     sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n])
-            for c in range(8):
-                for n in range(NT):
                     sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(mn[g, b, c, n]))
             for i in range(4):
                 kb = b * 256 + i * 64
@@ -554,7 +552,6 @@ def _r_q4_k(qs, d, dmin, sc, mn, rows, out):
         for b in range(nb):
             for c in range(8):
                 sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n])
-            for c in range(8):
                 sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(mn[g, b, c, n]))
             for i in range(4):
                 kb = b * 256 + i * 64
@@ -583,8 +580,6 @@ def _k_q5_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
             for c in range(8):
                 for n in range(NT):
                     sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n])
-            for c in range(8):
-                for n in range(NT):
                     sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(mn[g, b, c, n]))
             for i in range(4):
                 kb = b * 256 + i * 64
@@ -669,7 +664,6 @@ def _r_q5_k(qs, qh, d, dmin, sc, mn, rows, out):
         for b in range(nb):
             for c in range(8):
                 sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n])
-            for c in range(8):
                 sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(mn[g, b, c, n]))
             for i in range(4):
                 kb = b * 256 + i * 64
@@ -1076,8 +1070,6 @@ def _k_q2_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
             for c in range(16):
                 for n in range(NT):
                     sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n] & 15)
-            for c in range(16):
-                for n in range(NT):
                     sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(sc[g, b, c, n] >> 4))
             for hf in range(2):
                 kb = b * 256 + hf * 128
@@ -1148,7 +1140,6 @@ def _r_q2_k(sc, qs, d, dmin, rows, out):
         for b in range(nb):
             for c in range(16):
                 sd[c, n] = h2f(d[g, b, n]) * i2f(sc[g, b, c, n] & 15)
-            for c in range(16):
                 sm[c, n] = -(h2f(dmin[g, b, n]) * i2f(sc[g, b, c, n] >> 4))
             for hf in range(2):
                 kb = b * 256 + hf * 128
@@ -2006,8 +1997,6 @@ def _k_iq1_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
             for c in range(8):
                 for n in range(NT):
                     sd[c, n] = h2f(d[g, b, n]) * i2f(2 * ((qh[g, b, c, n] >> 12) & 7) + 1)
-            for c in range(8):
-                for n in range(NT):
                     sm[c, n] = -DELTA if qh[g, b, c, n] & 0x8000 else DELTA
             for s in range(8):
                 kb = b * 256 + s * 32
@@ -2107,7 +2096,6 @@ def _r_iq1_s(qs, qh, d, rows, out):
         for b in range(nb):
             for c in range(8):
                 sd[c, n] = h2f(d[g, b, n]) * i2f(2 * ((qh[g, b, c, n] >> 12) & 7) + 1)
-            for c in range(8):
                 sm[c, n] = -DELTA if qh[g, b, c, n] & 0x8000 else DELTA
             for s in range(8):
                 kb = b * 256 + s * 32
