@@ -243,6 +243,19 @@ def test_iq4_grid_polynomial_exact():
     assert np.array_equal(grid(), ref_quant.KVALUES_IQ4NL.astype(np.float32))
 
 
+def test_mxfp4_values_exact():
+    """The kernels compute kvalues_mxfp4 arithmetically; it must give every table value, +0 for index 8."""
+
+    @numba.njit
+    def grid():
+        out = np.empty(16, np.float32)
+        for q in range(16):
+            out[q] = kq.mxf(q)
+        return out
+
+    assert np.array_equal(_bits(grid()), _bits(ref_quant.B.KVALUES_MXFP4.astype(np.float32)))
+
+
 def test_shape_errors():
     _, w = _packed(Q.Q4_1)
     with pytest.raises(ValueError):

@@ -26,10 +26,10 @@ T = 1 and T = 2 dequantise in registers, T >= 3 (and dequantise mode T = 0) one 
 import numpy as np
 from numba import carray, njit
 
-from ..blocks import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, IQ1S_DELTA, KSIGNS_IQ2XS
-from ..blocks import KVALUES_MXFP4 as KV_MXFP4
+from ..blocks import GRID_IQ1S, IQ1S_DELTA, KSIGNS_IQ2XS
+from ..grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID
 from .drivers import NT, _scratch, _store, _use
-from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, e8m0h, fma32, h2f, i2f, kvf, q5f, sgnf
+from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, e8m0h, fma32, h2f, i2f, kvf, mxf, q5f, sgnf
 
 KSIGNS = KSIGNS_IQ2XS
 DELTA = np.float32(IQ1S_DELTA)

@@ -221,3 +221,12 @@ def e8m0h(typingctx, e):
         return builder.bitcast(bits, ir.FloatType())
 
     return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def mxf(q):
+    """kvalues_mxfp4[q] (q = 0..15) as float32 without a table gather: |v| = m for m < 4, else (2 + m % 2)
+    << (m // 2 - 1); 0 - v for the sign so that q = 8 gives +0 like the table."""
+    m = q & 7
+    v = i2f(m) if m < 4 else i2f((2 + (m & 1)) << ((m >> 1) - 1))
+    return v if q < 8 else np.float32(0.0) - v

@@ -49,7 +49,7 @@ from ..blocks import BLOCK, row_bytes
 from . import quant_gen
 from .codecs import BY_QTYPE, CODECS, CTYPES, Codec, canonical_order
 from .drivers import NT, _permute_x
-from .intrinsics import _KSIG, _call_kernel, kvf  # noqa: F401  (kvf: tests check the IQ4 grid polynomial)
+from .intrinsics import _KSIG, _call_kernel, kvf, mxf  # noqa: F401  (tests check kvf and mxf exactly)
 
 GEMV_MAX_ROWS = 8  # windows of T <= this use the fused, row-invariant path
 _PREFILL_ROWS = 1024  # features dequantised per BLAS call in the prefill path
@@ -88,7 +88,7 @@ class PackedMatrix:
     """Weights of one linear layer, repacked for the kernels; built once at model load.
 
     qtype, n_rows (N output features), n_cols (K input features). `arrays`: the packed arrays (typed, tiled,
-    see the layout notes above each kernel), `flat`: the same memory as six flat uint8 arrays (unused slots
+    see kernels/cpu/codecs.py), `flat`: the same memory as six flat uint8 arrays (unused slots
     empty) handed to the drivers, `dims` = (tiles, blocks per row), `perm`: the canonical activation order
     (int64 [Kp], -1 = zero padding)."""
 

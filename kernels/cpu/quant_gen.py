@@ -9,10 +9,10 @@ T = 1 and T = 2 dequantise in registers, T >= 3 (and dequantise mode T = 0) one 
 import numpy as np
 from numba import carray, njit
 
-from ..blocks import GRID_IQ1S, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, IQ1S_DELTA, KSIGNS_IQ2XS
-from ..blocks import KVALUES_MXFP4 as KV_MXFP4
+from ..blocks import GRID_IQ1S, IQ1S_DELTA, KSIGNS_IQ2XS
+from ..grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID
 from .drivers import NT, _scratch, _store, _use
-from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, e8m0h, fma32, h2f, i2f, kvf, q5f, sgnf
+from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, e8m0h, fma32, h2f, i2f, kvf, mxf, q5f, sgnf
 
 KSIGNS = KSIGNS_IQ2XS
 DELTA = np.float32(IQ1S_DELTA)
@@ -1274,14 +1274,14 @@ def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         q2 = qs[g, b, j + 2, n]
                         q3 = qs[g, b, j + 3, n]
                         a = acc[0, n]
-                        a = fma32(i2f(KV_MXFP4[q0 & 15]) * dd, x0, a)
-                        a = fma32(i2f(KV_MXFP4[q0 >> 4]) * dd, x1, a)
-                        a = fma32(i2f(KV_MXFP4[q1 & 15]) * dd, x2, a)
-                        a = fma32(i2f(KV_MXFP4[q1 >> 4]) * dd, x3, a)
-                        a = fma32(i2f(KV_MXFP4[q2 & 15]) * dd, x4, a)
-                        a = fma32(i2f(KV_MXFP4[q2 >> 4]) * dd, x5, a)
-                        a = fma32(i2f(KV_MXFP4[q3 & 15]) * dd, x6, a)
-                        a = fma32(i2f(KV_MXFP4[q3 >> 4]) * dd, x7, a)
+                        a = fma32(mxf(q0 & 15) * dd, x0, a)
+                        a = fma32(mxf(q0 >> 4) * dd, x1, a)
+                        a = fma32(mxf(q1 & 15) * dd, x2, a)
+                        a = fma32(mxf(q1 >> 4) * dd, x3, a)
+                        a = fma32(mxf(q2 & 15) * dd, x4, a)
+                        a = fma32(mxf(q2 >> 4) * dd, x5, a)
+                        a = fma32(mxf(q3 & 15) * dd, x6, a)
+                        a = fma32(mxf(q3 >> 4) * dd, x7, a)
                         acc[0, n] = a
             elif T == 2:
                 for j in range(0, 16, 2):
@@ -1297,10 +1297,10 @@ def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         dd = e8m0h(e[g, b, n])
                         q0 = qs[g, b, j, n]
                         q1 = qs[g, b, j + 1, n]
-                        w0 = i2f(KV_MXFP4[q0 & 15]) * dd
-                        w1 = i2f(KV_MXFP4[q0 >> 4]) * dd
-                        w2 = i2f(KV_MXFP4[q1 & 15]) * dd
-                        w3 = i2f(KV_MXFP4[q1 >> 4]) * dd
+                        w0 = mxf(q0 & 15) * dd
+                        w1 = mxf(q0 >> 4) * dd
+                        w2 = mxf(q1 & 15) * dd
+                        w3 = mxf(q1 >> 4) * dd
                         a = acc[0, n]
                         a = fma32(w0, x0, a)
                         a = fma32(w1, x1, a)
@@ -1318,8 +1318,8 @@ def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                     for n in range(NT):
                         dd = e8m0h(e[g, b, n])
                         q0 = qs[g, b, j, n]
-                        wb[2 * j, n] = i2f(KV_MXFP4[q0 & 15]) * dd
-                        wb[2 * j + 1, n] = i2f(KV_MXFP4[q0 >> 4]) * dd
+                        wb[2 * j, n] = mxf(q0 & 15) * dd
+                        wb[2 * j + 1, n] = mxf(q0 >> 4) * dd
                 _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
         _store(acc, out, g, T)
 
@@ -1334,8 +1334,8 @@ def _r_mxfp4(qs, e, rows, out):
             for j in range(16):
                 dd = e8m0h(e[g, b, n])
                 q0 = qs[g, b, j, n]
-                out[r, kb + j] = i2f(KV_MXFP4[q0 & 15]) * dd
-                out[r, kb + j + 16] = i2f(KV_MXFP4[q0 >> 4]) * dd
+                out[r, kb + j] = mxf(q0 & 15) * dd
+                out[r, kb + j + 16] = mxf(q0 >> 4) * dd
 
 
 # IQ2_XXS
@@ -1363,17 +1363,17 @@ def _k_iq2_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         x6 = xp[0, kb + 8 * l + 6]
                         x7 = xp[0, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = gi[g, b, s, l, n]
+                            ge0 = IQ2XXS_GRID[gi[g, b, s, l, n]]
                             k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
                             a = acc[0, n]
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0), x0, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1), x1, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2), x2, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3), x3, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4), x4, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5), x5, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6), x6, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7), x7, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7), x7, a)
                             acc[0, n] = a
                 elif T == 2:
                     for l in range(0, 4, 1):
@@ -1394,16 +1394,16 @@ def _k_iq2_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         y6 = xp[1, kb + 8 * l + 6]
                         y7 = xp[1, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = gi[g, b, s, l, n]
+                            ge0 = IQ2XXS_GRID[gi[g, b, s, l, n]]
                             k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
-                            w0 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0)
-                            w1 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1)
-                            w2 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2)
-                            w3 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3)
-                            w4 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4)
-                            w5 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5)
-                            w6 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6)
-                            w7 = sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7)
+                            w0 = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            w1 = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            w2 = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            w3 = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            w4 = sd[s, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                            w5 = sd[s, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                            w6 = sd[s, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                            w7 = sd[s, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
                             a = acc[0, n]
                             a = fma32(w0, x0, a)
                             a = fma32(w1, x1, a)
@@ -1427,16 +1427,16 @@ def _k_iq2_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                 else:
                     for l in range(4):
                         for n in range(NT):
-                            q0 = gi[g, b, s, l, n]
+                            ge0 = IQ2XXS_GRID[gi[g, b, s, l, n]]
                             k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
-                            wb[8 * l, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0)
-                            wb[8 * l + 1, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1)
-                            wb[8 * l + 2, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2)
-                            wb[8 * l + 3, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3)
-                            wb[8 * l + 4, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4)
-                            wb[8 * l + 5, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5)
-                            wb[8 * l + 6, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6)
-                            wb[8 * l + 7, n] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7)
+                            wb[8 * l, n] = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[s, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[s, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[s, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[s, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
                     _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
         _store(acc, out, g, T)
 
@@ -1453,16 +1453,16 @@ def _r_iq2_xxs(gi, sg, d, rows, out):
             for s in range(8):
                 kb = b * 256 + s * 32
                 for l in range(4):
-                    q0 = gi[g, b, s, l, n]
+                    ge0 = IQ2XXS_GRID[gi[g, b, s, l, n]]
                     k0 = KSIGNS[(sg[g, b, s, n] >> (7 * (l))) & 127]
-                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 0]) * sgnf(k0, 0)
-                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 1]) * sgnf(k0, 1)
-                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 2]) * sgnf(k0, 2)
-                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 3]) * sgnf(k0, 3)
-                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 4]) * sgnf(k0, 4)
-                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 5]) * sgnf(k0, 5)
-                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 6]) * sgnf(k0, 6)
-                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f(GRID_IQ2XXS[q0, 7]) * sgnf(k0, 7)
+                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
 
 
 # IQ2_XS
@@ -1491,16 +1491,17 @@ def _k_iq2_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         x7 = xp[0, kb + 8 * l + 7]
                         for n in range(NT):
                             q0 = qs[g, b, s, l, n]
+                            ge0 = IQ2XS_GRID[q0 & 511]
                             k0 = KSIGNS[q0 >> 9]
                             a = acc[0, n]
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0), x0, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1), x1, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2), x2, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3), x3, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4), x4, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5), x5, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6), x6, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7), x7, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7), x7, a)
                             acc[0, n] = a
                 elif T == 2:
                     for l in range(0, 4, 1):
@@ -1522,15 +1523,16 @@ def _k_iq2_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         y7 = xp[1, kb + 8 * l + 7]
                         for n in range(NT):
                             q0 = qs[g, b, s, l, n]
+                            ge0 = IQ2XS_GRID[q0 & 511]
                             k0 = KSIGNS[q0 >> 9]
-                            w0 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0)
-                            w1 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1)
-                            w2 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2)
-                            w3 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3)
-                            w4 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4)
-                            w5 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5)
-                            w6 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6)
-                            w7 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7)
+                            w0 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            w1 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            w2 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            w3 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            w4 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                            w5 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                            w6 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                            w7 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
                             a = acc[0, n]
                             a = fma32(w0, x0, a)
                             a = fma32(w1, x1, a)
@@ -1555,15 +1557,16 @@ def _k_iq2_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                     for l in range(4):
                         for n in range(NT):
                             q0 = qs[g, b, s, l, n]
+                            ge0 = IQ2XS_GRID[q0 & 511]
                             k0 = KSIGNS[q0 >> 9]
-                            wb[8 * l, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0)
-                            wb[8 * l + 1, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1)
-                            wb[8 * l + 2, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2)
-                            wb[8 * l + 3, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3)
-                            wb[8 * l + 4, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4)
-                            wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5)
-                            wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6)
-                            wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7)
+                            wb[8 * l, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
                     _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
         _store(acc, out, g, T)
 
@@ -1581,15 +1584,16 @@ def _r_iq2_xs(qs, sc, d, rows, out):
                 kb = b * 256 + s * 32
                 for l in range(4):
                     q0 = qs[g, b, s, l, n]
+                    ge0 = IQ2XS_GRID[q0 & 511]
                     k0 = KSIGNS[q0 >> 9]
-                    out[r, kb + 8 * l + 0] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 0]) * sgnf(k0, 0)
-                    out[r, kb + 8 * l + 1] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 1]) * sgnf(k0, 1)
-                    out[r, kb + 8 * l + 2] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 2]) * sgnf(k0, 2)
-                    out[r, kb + 8 * l + 3] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 3]) * sgnf(k0, 3)
-                    out[r, kb + 8 * l + 4] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 4]) * sgnf(k0, 4)
-                    out[r, kb + 8 * l + 5] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 5]) * sgnf(k0, 5)
-                    out[r, kb + 8 * l + 6] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 6]) * sgnf(k0, 6)
-                    out[r, kb + 8 * l + 7] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2XS[q0 & 511, 7]) * sgnf(k0, 7)
+                    out[r, kb + 8 * l + 0] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
 
 
 # IQ2_S
@@ -1619,17 +1623,17 @@ def _k_iq2_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         x6 = xp[0, kb + 8 * l + 6]
                         x7 = xp[0, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                            ge0 = IQ2S_GRID[qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)]
                             k0 = sn[g, b, s, l, n]
                             a = acc[0, n]
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0), x0, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1), x1, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2), x2, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3), x3, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4), x4, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5), x5, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6), x6, a)
-                            a = fma32(sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7), x7, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7), x7, a)
                             acc[0, n] = a
                 elif T == 2:
                     for l in range(0, 4, 1):
@@ -1650,16 +1654,16 @@ def _k_iq2_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         y6 = xp[1, kb + 8 * l + 6]
                         y7 = xp[1, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                            ge0 = IQ2S_GRID[qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)]
                             k0 = sn[g, b, s, l, n]
-                            w0 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0)
-                            w1 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1)
-                            w2 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2)
-                            w3 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3)
-                            w4 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4)
-                            w5 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5)
-                            w6 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6)
-                            w7 = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7)
+                            w0 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            w1 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            w2 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            w3 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            w4 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                            w5 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                            w6 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                            w7 = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
                             a = acc[0, n]
                             a = fma32(w0, x0, a)
                             a = fma32(w1, x1, a)
@@ -1683,16 +1687,16 @@ def _k_iq2_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                 else:
                     for l in range(4):
                         for n in range(NT):
-                            q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                            ge0 = IQ2S_GRID[qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)]
                             k0 = sn[g, b, s, l, n]
-                            wb[8 * l, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0)
-                            wb[8 * l + 1, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1)
-                            wb[8 * l + 2, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2)
-                            wb[8 * l + 3, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3)
-                            wb[8 * l + 4, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4)
-                            wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5)
-                            wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6)
-                            wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7)
+                            wb[8 * l, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
                     _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
         _store(acc, out, g, T)
 
@@ -1709,16 +1713,16 @@ def _r_iq2_s(qs, sn, qh, sc, d, rows, out):
             for s in range(8):
                 kb = b * 256 + s * 32
                 for l in range(4):
-                    q0 = qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)
+                    ge0 = IQ2S_GRID[qs[g, b, s, l, n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 0x300)]
                     k0 = sn[g, b, s, l, n]
-                    out[r, kb + 8 * l + 0] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 0]) * sgnf(k0, 0)
-                    out[r, kb + 8 * l + 1] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 1]) * sgnf(k0, 1)
-                    out[r, kb + 8 * l + 2] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 2]) * sgnf(k0, 2)
-                    out[r, kb + 8 * l + 3] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 3]) * sgnf(k0, 3)
-                    out[r, kb + 8 * l + 4] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 4]) * sgnf(k0, 4)
-                    out[r, kb + 8 * l + 5] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 5]) * sgnf(k0, 5)
-                    out[r, kb + 8 * l + 6] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 6]) * sgnf(k0, 6)
-                    out[r, kb + 8 * l + 7] = sd[2 * s + (l) // 2, n] * i2f(GRID_IQ2S[q0, 7]) * sgnf(k0, 7)
+                    out[r, kb + 8 * l + 0] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 32) & 255) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
 
 
 # IQ3_XXS
@@ -1746,18 +1750,18 @@ def _k_iq3_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         x6 = xp[0, kb + 8 * l + 6]
                         x7 = xp[0, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = qs[g, b, s, 2 * (l), n]
-                            r0 = qs[g, b, s, 2 * (l) + 1, n]
+                            ge0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l), n]]
+                            gr0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l) + 1, n]]
                             k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
                             a = acc[0, n]
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0), x0, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1), x1, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2), x2, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3), x3, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4), x4, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5), x5, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6), x6, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7), x7, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7), x7, a)
                             acc[0, n] = a
                 elif T == 2:
                     for l in range(0, 4, 1):
@@ -1778,17 +1782,17 @@ def _k_iq3_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         y6 = xp[1, kb + 8 * l + 6]
                         y7 = xp[1, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = qs[g, b, s, 2 * (l), n]
-                            r0 = qs[g, b, s, 2 * (l) + 1, n]
+                            ge0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l), n]]
+                            gr0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l) + 1, n]]
                             k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
-                            w0 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0)
-                            w1 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1)
-                            w2 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2)
-                            w3 = sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3)
-                            w4 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4)
-                            w5 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5)
-                            w6 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6)
-                            w7 = sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7)
+                            w0 = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            w1 = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            w2 = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            w3 = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            w4 = sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4)
+                            w5 = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
+                            w6 = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
+                            w7 = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
                             a = acc[0, n]
                             a = fma32(w0, x0, a)
                             a = fma32(w1, x1, a)
@@ -1812,17 +1816,17 @@ def _k_iq3_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                 else:
                     for l in range(4):
                         for n in range(NT):
-                            q0 = qs[g, b, s, 2 * (l), n]
-                            r0 = qs[g, b, s, 2 * (l) + 1, n]
+                            ge0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l), n]]
+                            gr0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l) + 1, n]]
                             k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
-                            wb[8 * l, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0)
-                            wb[8 * l + 1, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1)
-                            wb[8 * l + 2, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2)
-                            wb[8 * l + 3, n] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3)
-                            wb[8 * l + 4, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4)
-                            wb[8 * l + 5, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5)
-                            wb[8 * l + 6, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6)
-                            wb[8 * l + 7, n] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7)
+                            wb[8 * l, n] = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
                     _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
         _store(acc, out, g, T)
 
@@ -1839,17 +1843,17 @@ def _r_iq3_xxs(qs, ss, d, rows, out):
             for s in range(8):
                 kb = b * 256 + s * 32
                 for l in range(4):
-                    q0 = qs[g, b, s, 2 * (l), n]
-                    r0 = qs[g, b, s, 2 * (l) + 1, n]
+                    ge0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l), n]]
+                    gr0 = IQ3XXS_GRID[qs[g, b, s, 2 * (l) + 1, n]]
                     k0 = KSIGNS[(ss[g, b, s, n] >> (7 * (l))) & 127]
-                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 0]) * sgnf(k0, 0)
-                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 1]) * sgnf(k0, 1)
-                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 2]) * sgnf(k0, 2)
-                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f(GRID_IQ3XXS[q0, 3]) * sgnf(k0, 3)
-                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 0]) * sgnf(k0, 4)
-                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 1]) * sgnf(k0, 5)
-                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 2]) * sgnf(k0, 6)
-                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f(GRID_IQ3XXS[r0, 3]) * sgnf(k0, 7)
+                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
 
 
 # IQ3_S
@@ -1879,18 +1883,18 @@ def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         x6 = xp[0, kb + 8 * l + 6]
                         x7 = xp[0, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
-                            r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                            ge0 = IQ3S_GRID[qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)]
+                            gr0 = IQ3S_GRID[qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)]
                             k0 = sn[g, b, s, l, n]
                             a = acc[0, n]
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0), x0, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1), x1, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2), x2, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3), x3, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4), x4, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5), x5, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6), x6, a)
-                            a = fma32(sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7), x7, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0), x0, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1), x1, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2), x2, a)
+                            a = fma32(sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3), x3, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4), x4, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5), x5, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6), x6, a)
+                            a = fma32(sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7), x7, a)
                             acc[0, n] = a
                 elif T == 2:
                     for l in range(0, 4, 1):
@@ -1911,17 +1915,17 @@ def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         y6 = xp[1, kb + 8 * l + 6]
                         y7 = xp[1, kb + 8 * l + 7]
                         for n in range(NT):
-                            q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
-                            r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                            ge0 = IQ3S_GRID[qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)]
+                            gr0 = IQ3S_GRID[qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)]
                             k0 = sn[g, b, s, l, n]
-                            w0 = sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0)
-                            w1 = sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1)
-                            w2 = sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2)
-                            w3 = sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3)
-                            w4 = sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4)
-                            w5 = sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5)
-                            w6 = sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6)
-                            w7 = sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7)
+                            w0 = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            w1 = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            w2 = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            w3 = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            w4 = sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4)
+                            w5 = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
+                            w6 = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
+                            w7 = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
                             a = acc[0, n]
                             a = fma32(w0, x0, a)
                             a = fma32(w1, x1, a)
@@ -1945,17 +1949,17 @@ def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                 else:
                     for l in range(4):
                         for n in range(NT):
-                            q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
-                            r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                            ge0 = IQ3S_GRID[qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)]
+                            gr0 = IQ3S_GRID[qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)]
                             k0 = sn[g, b, s, l, n]
-                            wb[8 * l, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0)
-                            wb[8 * l + 1, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1)
-                            wb[8 * l + 2, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2)
-                            wb[8 * l + 3, n] = sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3)
-                            wb[8 * l + 4, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4)
-                            wb[8 * l + 5, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5)
-                            wb[8 * l + 6, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6)
-                            wb[8 * l + 7, n] = sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7)
+                            wb[8 * l, n] = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                            wb[8 * l + 1, n] = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                            wb[8 * l + 2, n] = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                            wb[8 * l + 3, n] = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                            wb[8 * l + 4, n] = sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4)
+                            wb[8 * l + 5, n] = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
+                            wb[8 * l + 6, n] = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
+                            wb[8 * l + 7, n] = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
                     _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
         _store(acc, out, g, T)
 
@@ -1972,17 +1976,17 @@ def _r_iq3_s(qs, qh, sn, sc, d, rows, out):
             for s in range(8):
                 kb = b * 256 + s * 32
                 for l in range(4):
-                    q0 = qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)
-                    r0 = qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)
+                    ge0 = IQ3S_GRID[qs[g, b, s, 2 * (l), n] | ((qh[g, b, s, n] << (8 - 2 * (l))) & 256)]
+                    gr0 = IQ3S_GRID[qs[g, b, s, 2 * (l) + 1, n] | ((qh[g, b, s, n] << (7 - 2 * (l))) & 256)]
                     k0 = sn[g, b, s, l, n]
-                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f(GRID_IQ3S[q0, 0]) * sgnf(k0, 0)
-                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f(GRID_IQ3S[q0, 1]) * sgnf(k0, 1)
-                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f(GRID_IQ3S[q0, 2]) * sgnf(k0, 2)
-                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f(GRID_IQ3S[q0, 3]) * sgnf(k0, 3)
-                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f(GRID_IQ3S[r0, 0]) * sgnf(k0, 4)
-                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f(GRID_IQ3S[r0, 1]) * sgnf(k0, 5)
-                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f(GRID_IQ3S[r0, 2]) * sgnf(k0, 6)
-                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f(GRID_IQ3S[r0, 3]) * sgnf(k0, 7)
+                    out[r, kb + 8 * l + 0] = sd[s, n] * i2f((ge0 >> 0) & 255) * sgnf(k0, 0)
+                    out[r, kb + 8 * l + 1] = sd[s, n] * i2f((ge0 >> 8) & 255) * sgnf(k0, 1)
+                    out[r, kb + 8 * l + 2] = sd[s, n] * i2f((ge0 >> 16) & 255) * sgnf(k0, 2)
+                    out[r, kb + 8 * l + 3] = sd[s, n] * i2f((ge0 >> 24) & 255) * sgnf(k0, 3)
+                    out[r, kb + 8 * l + 4] = sd[s, n] * i2f((gr0 >> 0) & 255) * sgnf(k0, 4)
+                    out[r, kb + 8 * l + 5] = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
+                    out[r, kb + 8 * l + 6] = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
+                    out[r, kb + 8 * l + 7] = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
 
 
 # IQ1_S
