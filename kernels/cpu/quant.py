@@ -49,7 +49,7 @@ from ..blocks import BLOCK, row_bytes
 from . import quant_gen
 from .codecs import BY_QTYPE, CODECS, CTYPES, Codec, canonical_order
 from .drivers import NT, _permute_x
-from .intrinsics import _KSIG, _call_kernel, kvf, mxf  # noqa: F401  (tests check kvf and mxf exactly)
+from .intrinsics import _AVX512, _KSIG, _call_kernel, kvf, mxf  # noqa: F401  (calib reads _AVX512; tests kvf, mxf)
 
 GEMV_MAX_ROWS = 8  # windows of T <= this use the fused, row-invariant path
 _PREFILL_ROWS = 1024  # features dequantised per BLAS call in the prefill path
