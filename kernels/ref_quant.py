@@ -10,34 +10,9 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-QK = 32  # elements per block of the simple quants
-QK_K = 256  # elements per super-block of the K-quants and IQ4_XS
-
-# (elements per block, bytes per block)
-BLOCK = {
-    Q.F32: (1, 4),
-    Q.F16: (1, 2),
-    Q.BF16: (1, 2),
-    Q.Q8_0: (32, 34),
-    Q.Q4_0: (32, 18),
-    Q.Q4_1: (32, 20),
-    Q.Q5_0: (32, 22),
-    Q.Q4_K: (256, 144),
-    Q.Q5_K: (256, 176),
-    Q.Q6_K: (256, 210),
-    Q.IQ4_NL: (32, 18),
-    Q.IQ4_XS: (256, 136),
-}
-
-# the IQ4_NL / IQ4_XS non-linear 4-bit grid (ggml-common.h kvalues_iq4nl)
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-
-
-def row_bytes(qtype: int, n_cols: int) -> int:
-    bs, ts = BLOCK[Q(qtype)]
-    if n_cols % bs:
-        raise ValueError(f"{Q(qtype).name}: row length {n_cols} is not a multiple of {bs}")
-    return n_cols // bs * ts
+# block facts live in kernels/blocks.py (shared with the fast kernels); re-exported for callers
+from . import blocks as B
+from .blocks import BLOCK, KVALUES_IQ4NL, QK, QK_K, iq4xs_scales, k_scale_min, row_bytes  # noqa: F401
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -47,26 +22,6 @@ def _f16(b: np.ndarray) -> np.ndarray:
 
 def _nibbles(qs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return qs & np.uint8(0x0F), qs >> np.uint8(4)
-
-
-def k_scale_min(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K 12-byte packed 6-bit scales → (scale[..., 8], min[..., 8]) as uint8 (get_scale_min_k4)."""
-    s = sc12.astype(np.uint8)
-    sc = np.empty(s.shape[:-1] + (8,), np.uint8)
-    mn = np.empty(s.shape[:-1] + (8,), np.uint8)
-    sc[..., :4] = s[..., 0:4] & 63
-    mn[..., :4] = s[..., 4:8] & 63
-    sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
-    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
-    return sc, mn
-
-
-def iq4xs_scales(scales_h: np.ndarray, scales_l: np.ndarray) -> np.ndarray:
-    """IQ4_XS: uint16 scales_h [...] and 4 bytes scales_l [..., 4] → signed sub-block scales int [..., 8]."""
-    ib = np.arange(8)
-    lo = (scales_l[..., ib // 2] >> (4 * (ib % 2))) & 0x0F
-    hi = (scales_h[..., None].astype(np.int32) >> (2 * ib)) & 3
-    return (lo.astype(np.int32) | (hi << 4)) - 32
 
 
 def _blocks(raw: np.ndarray, qtype: int, shape) -> tuple[np.ndarray, int, int]:
@@ -153,9 +108,159 @@ def dequantize(qtype: int, raw: np.ndarray, shape) -> np.ndarray:
         q = np.concatenate([lo, hi], axis=-1)  # [.., 8, 32]
         dl = (d * ls.astype(f32))[..., None]
         y = dl * KVALUES_IQ4NL[q].astype(f32)
+    elif qt in _NEW:
+        y = _NEW[qt](blk, n_rows, nb)
     else:  # pragma: no cover
         raise NotImplementedError(qt.name)
     return np.ascontiguousarray(y, dtype=np.float32).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the types added with issue 18's codecs, one function each: blk [n_rows, nb, bytes] → float32 [n_rows, nb, ...]
+def _signs(bits: np.ndarray, n: int = 8) -> np.ndarray:
+    """[...] sign bytes → float32 [..., n]: -1 where bit j is set (kmask_iq2xs[j]), else +1."""
+    b = (bits[..., None].astype(np.uint32) >> np.arange(n, dtype=np.uint32)) & 1
+    return np.where(b == 1, np.float32(-1), np.float32(1))
+
+
+def _deq_q5_1(blk, n_rows, nb):  # dequantize_row_q5_1: x*d + m, 5th bit j of qh → element j
+    d, m = _f16(blk[..., 0:2])[..., None], _f16(blk[..., 2:4])[..., None]
+    qh = np.ascontiguousarray(blk[..., 4:8]).view(np.uint32)
+    lo, hi = _nibbles(blk[..., 8:24])
+    q = np.concatenate([lo, hi], axis=-1).astype(np.int32) | (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4)
+    return q.astype(np.float32) * d + m
+
+
+def _deq_q2_k(blk, n_rows, nb):  # dequantize_row_q2_K: 16 sub-blocks of 16, 4-bit scale and min per sub-block
+    sc = blk[..., 0:16]
+    d, dmin = _f16(blk[..., 80:82])[..., None], _f16(blk[..., 82:84])[..., None]
+    dl = (d * (sc & 15).astype(np.float32))[..., None]  # [.., 16, 1]
+    ml = (dmin * (sc >> 4).astype(np.float32))[..., None]
+    qs = blk[..., 16:80].reshape(n_rows, nb, 2, 1, 32)  # half, shift, byte l → element 128h + 32s + l
+    q = (qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3
+    return dl * q.reshape(n_rows, nb, 16, 16).astype(np.float32) - ml
+
+
+def _deq_q3_k(blk, n_rows, nb):  # dequantize_row_q3_K: 2 low bits in qs, -4 unless the hmask bit is set
+    hm = blk[..., 0:32]
+    qs = blk[..., 32:96].reshape(n_rows, nb, 2, 1, 32)
+    dl = (_f16(blk[..., 108:110])[..., None] * B.q3k_scales(blk[..., 96:108]).astype(np.float32))[..., None]
+    lo = ((qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3).astype(np.int8)  # [.., 2, 4, 32]
+    hb = (hm[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # bit 4h + s → [.., 8, 32]
+    q = lo.reshape(n_rows, nb, 8, 32) - np.where(hb == 1, 0, 4).astype(np.int8)
+    return dl * q.reshape(n_rows, nb, 16, 16).astype(np.float32)
+
+
+def _deq_mxfp4(blk, n_rows, nb):  # dequantize_row_mxfp4: kvalues_mxfp4[nibble] * e8m0_half(e)
+    d = B.e8m0_half(blk[..., 0])[..., None]
+    lo, hi = _nibbles(blk[..., 1:17])
+    return B.KVALUES_MXFP4[np.concatenate([lo, hi], axis=-1)].astype(np.float32) * d
+
+
+def _grid_signs(db, grid, signs):
+    """db * grid[j] * (±1), rounded as ggml does: (db * grid) then the sign (exact)."""
+    return db * grid.astype(np.float32) * signs
+
+
+def _deq_iq2_xxs(blk, n_rows, nb):  # dequantize_row_iq2_xxs: per 32: 4 grid bytes + u32 (4 x 7 sign bits, scale)
+    d = _f16(blk[..., 0:2])
+    q = blk[..., 2:66].reshape(n_rows, nb, 8, 8)
+    aux = np.ascontiguousarray(q[..., 4:8]).view(np.uint32)[..., 0]  # [.., 8]
+    db = d[..., None] * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.25)
+    sidx = (aux[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127
+    signs = _signs(B.KSIGNS_IQ2XS[sidx])  # [.., 8, 4, 8]
+    return _grid_signs(db[..., None, None], B.GRID_IQ2XXS[q[..., 0:4]], signs)
+
+
+def _iq2_db(sc):
+    """IQ2_XS / IQ2_S: two 4-bit scales per 32 → float32 [.., 8, 2] factors (0.5 + s) * 0.25 before d."""
+    return np.stack([sc & 15, sc >> 4], axis=-1).astype(np.float32)
+
+
+def _deq_iq2_xs(blk, n_rows, nb):  # dequantize_row_iq2_xs: u16 = 9-bit grid index | 7-bit sign index
+    d = _f16(blk[..., 0:2])[..., None, None]
+    qs = np.ascontiguousarray(blk[..., 2:66]).view(np.uint16).reshape(n_rows, nb, 8, 4)
+    db = d * (np.float32(0.5) + _iq2_db(blk[..., 66:74])) * np.float32(0.25)  # [.., 8, 2]
+    signs = _signs(B.KSIGNS_IQ2XS[qs >> 9])
+    return _grid_signs(np.repeat(db, 2, axis=-1)[..., None], B.GRID_IQ2XS[qs & 511], signs)
+
+
+def _deq_iq2_s(blk, n_rows, nb):  # dequantize_row_iq2_s: 8 + 2 (qh) bit grid index, explicit sign bytes
+    d = _f16(blk[..., 0:2])[..., None, None]
+    qs = blk[..., 2:34].reshape(n_rows, nb, 8, 4).astype(np.int32)
+    sg = blk[..., 34:66].reshape(n_rows, nb, 8, 4)
+    qh = blk[..., 66:74].astype(np.int32)[..., None]
+    idx = qs | ((qh << (8 - 2 * np.arange(4))) & 0x300)
+    db = d * (np.float32(0.5) + _iq2_db(blk[..., 74:82])) * np.float32(0.25)
+    return _grid_signs(np.repeat(db, 2, axis=-1)[..., None], B.GRID_IQ2S[idx], _signs(sg))
+
+
+def _deq_iq3_xxs(blk, n_rows, nb):  # dequantize_row_iq3_xxs: 2 grid bytes (4 + 4 elements) per 8, u32 per 32
+    d = _f16(blk[..., 0:2])[..., None]
+    qs = blk[..., 2:66].reshape(n_rows, nb, 8, 4, 2)
+    aux = np.ascontiguousarray(blk[..., 66:98]).view(np.uint32)  # [.., 8]
+    db = d * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.5)
+    signs = _signs(B.KSIGNS_IQ2XS[(aux[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127])
+    grid = B.GRID_IQ3XXS[qs].reshape(n_rows, nb, 8, 4, 8)
+    return _grid_signs(db[..., None, None], grid, signs)
+
+
+def _deq_iq3_s(blk, n_rows, nb):  # dequantize_row_iq3_s: 8 + 1 (qh) bit grid index per 4, sign bytes, odd scales
+    d = _f16(blk[..., 0:2])[..., None]
+    qs = blk[..., 2:66].reshape(n_rows, nb, 8, 8).astype(np.int32)
+    qh = blk[..., 66:74].astype(np.int32)[..., None]
+    idx = qs | ((qh << (8 - np.arange(8))) & 256)  # grid k of 32: bit k of qh
+    sg = blk[..., 74:106].reshape(n_rows, nb, 8, 4)
+    sc = blk[..., 106:110]
+    s4 = np.stack([sc & 15, sc >> 4], axis=-1).reshape(n_rows, nb, 8)
+    db = d * (1 + 2 * s4).astype(np.float32)
+    grid = B.GRID_IQ3S[idx].reshape(n_rows, nb, 8, 4, 8)
+    return _grid_signs(db[..., None, None], grid, _signs(sg))
+
+
+def _iq1(dl, grid, neg):
+    """dl * (grid[j] + delta), delta = -IQ1S_DELTA where `neg` else +IQ1S_DELTA (exact in float32)."""
+    delta = np.where(neg, np.float32(-B.IQ1S_DELTA), np.float32(B.IQ1S_DELTA))
+    return dl * (grid.astype(np.float32) + delta)
+
+
+def _deq_iq1_s(blk, n_rows, nb):  # dequantize_row_iq1_s: 8 + 3 bit grid index per 8, u16 per 32 (scale, sign)
+    d = _f16(blk[..., 0:2])[..., None]
+    qs = blk[..., 2:34].reshape(n_rows, nb, 8, 4).astype(np.int32)
+    qh = np.ascontiguousarray(blk[..., 34:50]).view(np.uint16).astype(np.int32)  # [.., 8]
+    dl = d * (2 * ((qh >> 12) & 7) + 1).astype(np.float32)
+    idx = qs | (((qh[..., None] >> (3 * np.arange(4))) & 7) << 8)
+    neg = (qh & 0x8000) != 0
+    return _iq1(dl[..., None, None], B.GRID_IQ1S[idx], neg[..., None, None])
+
+
+def _deq_iq1_m(blk, n_rows, nb):  # dequantize_row_iq1_m: 3-bit scales per 16, d spread over the scale words
+    qs = blk[..., 0:32].reshape(n_rows, nb, 8, 4).astype(np.int32)
+    qh = blk[..., 32:48].reshape(n_rows, nb, 8, 2).astype(np.int32)
+    sc = np.ascontiguousarray(blk[..., 48:56]).view(np.uint16).astype(np.int32)  # [.., 4]
+    d = B.iq1m_d(sc)[..., None]
+    s3 = (sc[..., :, None] >> (3 * np.arange(4))) & 7  # [.., 4, 4]: 16-element groups 4w + k
+    dl = d * (2 * s3.reshape(n_rows, nb, 16) + 1).astype(np.float32)  # [.., 16]
+    h = np.stack([qh, qh >> 4], axis=-1).reshape(n_rows, nb, 8, 4)  # grid l ← nibble l % 2 of qh[l // 2]
+    idx = qs | ((h & 7) << 8)
+    grid = B.GRID_IQ1S[idx].reshape(n_rows, nb, 16, 2, 8)
+    neg = ((h & 8) != 0).reshape(n_rows, nb, 16, 2)
+    return _iq1(dl[..., None, None], grid, neg[..., None])
+
+
+_NEW = {
+    Q.Q5_1: _deq_q5_1,
+    Q.Q2_K: _deq_q2_k,
+    Q.Q3_K: _deq_q3_k,
+    Q.MXFP4: _deq_mxfp4,
+    Q.IQ2_XXS: _deq_iq2_xxs,
+    Q.IQ2_XS: _deq_iq2_xs,
+    Q.IQ2_S: _deq_iq2_s,
+    Q.IQ3_XXS: _deq_iq3_xxs,
+    Q.IQ3_S: _deq_iq3_s,
+    Q.IQ1_S: _deq_iq1_s,
+    Q.IQ1_M: _deq_iq1_m,
+}
 
 
 def matmul_ref(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -176,6 +281,17 @@ _F16_FIELDS = {
     Q.Q6_K: (208,),
     Q.IQ4_NL: (0,),
     Q.IQ4_XS: (0,),
+    Q.Q5_1: (0, 2),
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.IQ2_XXS: (0,),
+    Q.IQ2_XS: (0,),
+    Q.IQ2_S: (0,),
+    Q.IQ3_XXS: (0,),
+    Q.IQ3_S: (0,),
+    Q.IQ1_S: (0,),
+    Q.MXFP4: (),
+    Q.IQ1_M: (),
 }
 
 
@@ -196,4 +312,12 @@ def random_raw(qtype: int, n_rows: int, n_cols: int, rng: np.random.Generator, s
     for off in _F16_FIELDS[qt]:
         d = rng.uniform(-scale, scale, (n_rows, nb)).astype(np.float16)
         raw[..., off : off + 2] = d.view(np.uint8).reshape(n_rows, nb, 2)
+    if qt == Q.MXFP4:  # shared exponent e: scale 2^(e - 128), kept near 1/16
+        raw[..., 0] = rng.integers(120, 126, (n_rows, nb), dtype=np.uint8)
+    if qt == Q.IQ1_M:  # the f16 d lives in the top nibbles of the 4 scale words (bytes 48..55)
+        d = rng.uniform(-scale, scale, (n_rows, nb)).astype(np.float16).view(np.uint16)
+        w = np.ascontiguousarray(raw[..., 48:56]).view(np.uint16)  # [n_rows, nb, 4]
+        for k in range(4):
+            w[..., k] = (w[..., k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
+        raw[..., 48:56] = w.view(np.uint8)
     return raw.reshape(n_rows, nb * ts)

@@ -26,7 +26,8 @@ from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
 
 DEV, WHY = probe_cuda()
-QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS,
+          Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
 
 
@@ -188,7 +189,7 @@ def test_emulator_checks_kernel_arguments(gpu):
 
 
 # -- row invariance ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("qt", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16, Q.Q3_K, Q.IQ2_XS], ids=lambda q: q.name)
 def test_matmul_rows_invariant(gpu, qt):
     cp, g, h = gpu.cp, gpu.g, gpu.h
     rng = np.random.default_rng(4)

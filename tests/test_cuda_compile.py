@@ -80,3 +80,10 @@ def test_disk_cache(tmp_path, monkeypatch):
     assert p.parent == tmp_path / "cuda" and p.suffix == ".cubin" and p.read_bytes()[:4] == b"\x7fELF"
     mtime = p.stat().st_mtime_ns
     assert kc.cached_binary("attention", 61) == p and p.stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+
+def test_grid_header_is_current():
+    """kernels/cuda/grids.cuh is generated from kernels/grids.py (python -m guild.kernels.cuda.gen_grids)."""
+    from guild.kernels.cuda import gen_grids
+
+    assert (CUDA_DIR / "grids.cuh").read_text() == gen_grids.source()

@@ -23,7 +23,9 @@ from gguf import quants
 from guild.kernels import ref_quant
 from guild.kernels.cpu import quant as kq
 
-ALL = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+OLD = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+NEW = [Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]
+ALL = OLD + NEW
 RTOL = 1e-4  # |Δ| <= RTOL * (|W| @ |x|) elementwise, vs float64 accumulation
 
 N_TEST = 80  # not a multiple of the 64-feature tile: exercises the padded tail tile
@@ -183,7 +185,7 @@ def test_packed_memory_is_quantized():
         gguf_bytes = 128 * ref_quant.row_bytes(qt, K_TEST)
         assert w.nbytes <= 1.03 * gguf_bytes, (qt.name, w.nbytes, gguf_bytes)
     with pytest.raises(NotImplementedError):
-        kq.pack(Q.Q2_K, np.zeros((1, 84), np.uint8), 1, 256)
+        kq.pack(Q.TQ2_0, np.zeros((1, 66), np.uint8), 1, 256)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -239,6 +241,19 @@ def test_iq4_grid_polynomial_exact():
         return out
 
     assert np.array_equal(grid(), ref_quant.KVALUES_IQ4NL.astype(np.float32))
+
+
+def test_mxfp4_values_exact():
+    """The kernels compute kvalues_mxfp4 arithmetically; it must give every table value, +0 for index 8."""
+
+    @numba.njit
+    def grid():
+        out = np.empty(16, np.float32)
+        for q in range(16):
+            out[q] = kq.mxf(q)
+        return out
+
+    assert np.array_equal(_bits(grid()), _bits(ref_quant.B.KVALUES_MXFP4.astype(np.float32)))
 
 
 def test_shape_errors():

@@ -19,7 +19,7 @@ from pathlib import Path
 from ...errors import GuildError
 
 SOURCES = ("quant", "ops", "attention")
-HEADERS = ("common.cuh",)
+HEADERS = ("common.cuh", "grids.cuh")
 # --fmad=false: no implicit a*b+c contraction; kernels spell out fmaf() where a fused step is meant, so the
 # arithmetic is what the source says on every architecture (see common.cuh)
 OPTIONS = ("--std=c++17", "--fmad=false", "--device-as-default-execution-space")

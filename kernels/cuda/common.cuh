@@ -16,6 +16,7 @@ typedef signed char i8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
+typedef unsigned long long u64;
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)
@@ -48,6 +49,9 @@ __device__ __forceinline__ u32 ld_u32(const u8* p) {
 // the IQ4_NL / IQ4_XS non-linear grid (ggml-common.h kvalues_iq4nl)
 __device__ __constant__ float KVALUES_IQ4NL[16] = {-127.f, -104.f, -83.f, -65.f, -49.f, -35.f, -22.f, -10.f,
                                                    1.f,    13.f,   25.f,  38.f,  53.f,  69.f,  89.f,  113.f};
+// MXFP4 e2m1 values, doubled (ggml-common.h kvalues_mxfp4)
+__device__ __constant__ float KVALUES_MXFP4[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f,
+                                                   0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
 
 __device__ __forceinline__ float warp_sum(float v) {
     // xor butterfly: at every stage lanes i and i^m add the same two values (a+b == b+a), so all lanes end

@@ -86,6 +86,7 @@ Entry entry(const char* name, void (*f)(A...)) {
 const std::vector<Entry>& table() {
     static const std::vector<Entry> t = {
         Q(f32), Q(f16), Q(bf16), Q(q8_0), Q(q4_0), Q(q4_1), Q(q5_0), Q(q4_k), Q(q5_k), Q(q6_k), Q(iq4_nl), Q(iq4_xs),
+        Q(q5_1), Q(q2_k), Q(q3_k), Q(mxfp4), Q(iq2_xxs), Q(iq2_xs), Q(iq2_s), Q(iq3_xxs), Q(iq3_s), Q(iq1_s), Q(iq1_m),
         entry("rmsnorm", rmsnorm), entry("rmsnorm_heads", rmsnorm_heads), entry("rope", rope),
         entry("swiglu", swiglu), entry("add_rows", add_rows), entry("kv_write", kv_write),
         entry("softmax_topk", softmax_topk), entry("attention", attention),
