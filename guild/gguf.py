@@ -17,12 +17,10 @@ from gguf.quants import dequantize
 
 from .errors import GgufFormatError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
 from .gguf_check import check_index
+from .kernels.cpu.quant import KINDS
 
-# Quant types the CPU kernels implement (kernels/cpu/quant.py).
-SUPPORTED_QTYPES = frozenset(
-    GGMLQuantizationType[n]
-    for n in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
-)
+# Quant types the CPU kernels implement: one codec each (kernels/cpu/codecs.py).
+SUPPORTED_QTYPES = frozenset(GGMLQuantizationType(q) for q in KINDS)
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ def dequantize(qtype: int, raw: np.ndarray, shape) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the types added with issue 18's codecs, one function each: blk [n_rows, nb, bytes] → float32 [n_rows, nb, ...]
+# the K-quants below 4 bits, the IQ2/IQ3/IQ1 grids and MXFP4, one function each:
+# blk [n_rows, nb, bytes] → float32 [n_rows, nb, ...]
 def _signs(bits: np.ndarray, n: int = 8) -> np.ndarray:
     """[...] sign bytes → float32 [..., n]: -1 where bit j is set (kmask_iq2xs[j]), else +1."""
     b = (bits[..., None].astype(np.uint32) >> np.arange(n, dtype=np.uint32)) & 1

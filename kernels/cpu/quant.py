@@ -40,10 +40,13 @@ bit-exact with gguf.quants.dequantize.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from numba import cfunc, njit, prange
+from threadpoolctl import threadpool_limits
 
 from ..blocks import BLOCK, row_bytes
 from . import quant_gen
@@ -258,8 +261,6 @@ _POOL: list = [None, 0]
 def _pool(n: int):
     """Worker threads for the prefill path (BLAS is kept single-threaded, see _limit_blas)."""
     if _POOL[1] < n:
-        from concurrent.futures import ThreadPoolExecutor
-
         _POOL[0] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="guild-prefill")
         _POOL[1] = n
     return _POOL[0]
@@ -267,11 +268,7 @@ def _pool(n: int):
 
 def _limit_blas() -> None:
     """One BLAS thread: OpenBLAS's own threads spin after each call and, on a machine with as many threads as
-    cores, stall the next Numba parallel region by a scheduler slice (measured: +5 ms per region here)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        return
+    cores, stall the next Numba parallel region by a scheduler slice."""
     threadpool_limits(1, user_api="blas")
 
 

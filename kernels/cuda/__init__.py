@@ -16,7 +16,10 @@ import os
 from functools import cache
 from pathlib import Path
 
+import platformdirs
+
 from ...errors import GuildError
+from ...files import write_bytes
 
 SOURCES = ("quant", "ops", "attention")
 HEADERS = ("common.cuh", "grids.cuh")
@@ -41,7 +44,7 @@ def _headers() -> tuple[list[str], list[str]]:
 
 def _nvrtc():
     try:
-        from cupy_backends.cuda.libs import nvrtc
+        from cupy_backends.cuda.libs import nvrtc  # optional: guild[gpu]
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise CudaCompileError(f"NVRTC unavailable: install guild[gpu] (cupy-cuda12x) ({e})") from None
     return nvrtc
@@ -99,8 +102,6 @@ def compile_source(name: str, cc: int) -> tuple[bytes, str]:
 def _cache_root() -> Path:
     root = os.environ.get("GUILD_CACHE_DIR")
     if not root:
-        import platformdirs
-
         root = platformdirs.user_cache_dir("guild")
     return Path(root).expanduser() / "cuda"
 
@@ -113,23 +114,20 @@ def cached_binary(name: str, cc: int) -> Path:
     path = _cache_root() / f"{name}-{arch.split('=')[1]}-{key.hexdigest()[:16]}.{kind}"
     if not path.is_file():
         blob, _ = compile_source(name, cc)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(blob)
-        os.replace(tmp, path)
+        write_bytes(path, blob, "CUDA binary")
     return path
 
 
 @cache
 def _module(name: str, device_id: int, cc: int):
-    import cupy
+    import cupy  # optional: guild[gpu]
 
     return cupy.RawModule(path=str(cached_binary(name, cc)))
 
 
 def module(name: str):
     """The cupy.RawModule of kernels/cuda/<name>.cu for the current device (compiled and loaded once)."""
-    import cupy
+    import cupy  # optional: guild[gpu]
 
     dev = cupy.cuda.Device()
     return _module(name, dev.id, int(dev.compute_capability))
@@ -142,6 +140,6 @@ def _kernel(name: str, fn: str, device_id: int):
 
 def kernel(name: str, fn: str):
     """A kernel function of kernels/cuda/<name>.cu (a cupy.RawKernel), cached per device."""
-    import cupy
+    import cupy  # optional: guild[gpu]
 
     return _kernel(name, fn, cupy.cuda.Device().id)
