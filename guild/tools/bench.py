@@ -23,6 +23,7 @@ from .. import __version__
 from ..chat import run_turn
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
+from ..files import write_bytes
 from ..run import DecodeOptions, load_for, slots
 from ..spec import STRATEGIES, MtpOptions
 from ..workloads import load_workloads
@@ -205,8 +206,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     md = markdown(rows, info)
     if out is not None:
         o = Path(out)
-        o.mkdir(parents=True, exist_ok=True)
-        (o / "bench.md").write_text(md)
-        (o / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+        write_bytes(o / "bench.md", md.encode(), "the bench table")
+        write_bytes(o / "bench.json", json.dumps(report, indent=1, default=str).encode(), "the bench report")
     report["markdown"] = md
     return report

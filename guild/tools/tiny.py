@@ -65,7 +65,8 @@ _RANDOM_BLOCK_SCALES: dict[GGMLQuantizationType, tuple[int, int | None]] = {
     GGMLQuantizationType.IQ1_S: (0, None),
 }
 _QUANTIZABLE = frozenset(
-    GGMLQuantizationType[n] for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0")
+    GGMLQuantizationType[n]
+    for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "TQ1_0", "TQ2_0")
 )
 SUPPORTED_QTYPES = tuple(sorted(q.name for q in _QUANTIZABLE | set(_RANDOM_BLOCK_SCALES)))
 
@@ -76,6 +77,8 @@ _FILE_TYPE = {
     "Q3_K": LlamaFileType.MOSTLY_Q3_K_M,
     "Q4_K": LlamaFileType.MOSTLY_Q4_K_M,
     "Q5_K": LlamaFileType.MOSTLY_Q5_K_M,
+    "Q2_K": LlamaFileType.MOSTLY_Q2_K,
+    "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE,
 }
 
 # Rope base and RMS epsilon as the real families ship them.
