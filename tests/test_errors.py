@@ -72,11 +72,11 @@ def test_unsupported_architecture(tiny):
 def test_unsupported_quant_type(tiny):
     g = GGUFFile(tiny)
     t = g.tensors["blk.0.ffn_up.weight"]
-    g.tensors[t.name] = Tensor(t.name, GGMLQuantizationType.Q2_K, t.shape, t.data)
+    g.tensors[t.name] = Tensor(t.name, GGMLQuantizationType.TQ2_0, t.shape, t.data)
     with pytest.raises(UnsupportedQuantTypeError) as ei:
         load_model(g)
     msg = _one_line(ei.value)
-    assert "blk.0.ffn_up.weight" in msg and "Q2_K" in msg
+    assert "blk.0.ffn_up.weight" in msg and "TQ2_0" in msg
 
 
 def test_context_overflow(tiny):

@@ -24,6 +24,7 @@ from ..errors import GuildError
 from ..gguf import GGUFFile, f32
 from ..kernels.cpu import ops
 from ..kernels.cpu.quant import dequantize_rows, matmul, pack
+from .base import check_finite
 from .llama import Linear, Window
 from .validate import check_mtp_head
 
@@ -117,6 +118,7 @@ class MtpHead:
             return h, None
         logits = np.empty((n_logits, self.output.n_rows), np.float32)
         matmul(self.output, np.ascontiguousarray(h[R - n_logits :]), logits)
+        check_finite(logits, self.info.source)
         return h, logits
 
     def token(self, j: int) -> int:

@@ -256,8 +256,10 @@ def check_mtp_head(g, base, bid: int) -> None:
 
 # -- numerics ------------------------------------------------------------------------------------------
 # Byte offsets of the f16 scales (d, and dmin where the type has one) inside one block: ggml-common.h block_*.
-_SCALE_OFFSETS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
-                  Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}
+# IQ1_M (its scale is spread over the sub-block scales) and MXFP4 (an E8M0 exponent) are caught at run time.
+_SCALE_OFFSETS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q2_K: (80, 82),
+                  Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
+                  Q.IQ2_XXS: (0,), Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.IQ1_S: (0,)}
 _EXP_MASK = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
 
 
