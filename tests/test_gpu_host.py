@@ -154,6 +154,20 @@ def test_session_parity_with_speculation(tmp_path):
     assert again == ref
 
 
+def test_adaptive_default_runs_on_the_engine(tmp_path):
+    """The default strategy on the GPU engine (fake device): no hidden rows are asked of the device (no MTP head
+    here), and the stream equals the CPU model's plain one."""
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, n_experts=4, top_k=2, qtype="Q8_0", seed=4)
+    m = load_model(str(path))
+    eng = GpuLlama(m, HostBackend.fake_device(), GpuSplit(2))
+    assert not eng.returns_hidden and not eng.hosts_mtp_head
+    prompt = [int(t) for t in np.r_[SEQ, SEQ, SEQ]]
+    ref, _ = GuildSession(m, n_ctx=128).generate(prompt, 24)
+    got, st = GuildSession(eng, n_ctx=128).generate(prompt, 24, drafter=make_drafter("adaptive"), max_draft=4)
+    assert got == ref and st.windows
+
+
 def test_kv_state_errors(tiny):
     eng = GpuLlama(tiny, HostBackend.fake_device(), GpuSplit(2))
     st = eng.new_state(8)
