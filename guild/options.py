@@ -82,14 +82,6 @@ class SpecOptions:
             if not Path(f).is_file():
                 raise BadFlagError(f"--retrieval-corpus: no such file: {f}")
 
-    @property
-    def uses_head(self) -> bool:
-        return STRATEGIES[self.strategy].uses_head
-
-    @property
-    def needs_head(self) -> bool:
-        return STRATEGIES[self.strategy].needs_head
-
 
 MAX_SESSIONS = 8  # concurrent sessions whose windows share one forward (kernels' row-invariant batch)
 
