@@ -22,29 +22,56 @@ class Turn:
     stats: GenerationStats
 
 
-def stream_text(tok: Tokenizer, on_text: Callable[[str], None] | None):
-    """(on_token, finish) for a generation: detokenises incrementally, skips end-of-generation tokens."""
-    detok = tok.detokenizer()
-    pieces: list[str] = []
+class TextStream:
+    """The text of one generation as its tokens are emitted (`push` is the session's on_token). Held back until
+    safe: bytes of an incomplete UTF-8 character (dropped if the generation ends mid-character, never shown as
+    U+FFFD) and a tail that could begin a stop string. When a stop string appears, the text ends just before it
+    and `push` returns True, which ends the generation at that token for every strategy alike."""
 
-    def on_token(t: int) -> None:
-        if t in tok.eos_ids:
-            return
-        s = detok.push(t)
-        if s:
-            pieces.append(s)
-            if on_text is not None:
-                on_text(s)
+    def __init__(self, tok: Tokenizer, on_text: Callable[[str], None] | None = None, stop: Sequence[str] = ()):
+        self._detok, self._eos, self._on_text = tok.detokenizer(), tok.eos_ids, on_text
+        self.stop = tuple(s for s in stop if s)
+        self.text = ""  # complete characters decoded so far (cut before a stop string once one appears)
+        self._sent = 0  # characters of text already handed to on_text
+        self.stopped = False
 
-    def finish() -> str:
-        tail = detok.flush()
-        if tail:
-            pieces.append(tail)
-            if on_text is not None:
-                on_text(tail)
-        return "".join(pieces)
+    def push(self, t: int) -> bool:
+        if self.stopped:
+            return True
+        if t in self._eos:
+            return False
+        self.text += self._detok.push(t)
+        if self.stop:
+            # text before _sent holds no prefix of a stop string (it was held back), so matches start after it
+            hits = [i for s in self.stop if (i := self.text.find(s, self._sent)) >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
+                self.stopped = True
+                self._send(len(self.text))
+                return True
+        self._send(len(self.text) - self._partial_stop())
+        return False
 
-    return on_token, finish
+    def finish(self) -> str:
+        """The whole text; sends what was held back (a stop string's prefix that never completed)."""
+        if not self.stopped and not self._detok.pending:
+            self.text += self._detok.flush()
+        self._send(len(self.text))
+        return self.text
+
+    def _partial_stop(self) -> int:
+        """Length of the longest unsent tail of text that is a proper prefix of a stop string."""
+        tail = self.text[self._sent :]
+        for n in range(min(len(tail), max((len(s) for s in self.stop), default=1) - 1), 0, -1):
+            if any(s.startswith(tail[-n:]) for s in self.stop):
+                return n
+        return 0
+
+    def _send(self, upto: int) -> None:
+        if upto > self._sent:
+            if self._on_text is not None:
+                self._on_text(self.text[self._sent : upto])
+            self._sent = upto
 
 
 class Conversation:
@@ -71,20 +98,20 @@ class Conversation:
     def record(self, reply: str) -> None:
         self.messages = [*self.messages, {"role": "assistant", "content": reply}]
 
-    def say(self, text: str, max_tokens: int, on_text: Callable[[str], None] | None = None, **generate_kw) -> Turn:
+    def say(self, text: str, max_tokens: int, on_text: Callable[[str], None] | None = None, *,
+            stop: Sequence[str] = (), **generate_kw) -> Turn:
         """One chat turn on this conversation (the chat template, history kept)."""
-        return self._turn(self.prepare(text), True, max_tokens, on_text, generate_kw)
+        return self._turn(self.prepare(text), True, max_tokens, TextStream(self.tok, on_text, stop), generate_kw)
 
-    def complete(self, text: str, max_tokens: int, on_text: Callable[[str], None] | None = None,
-                 **generate_kw) -> Turn:
+    def complete(self, text: str, max_tokens: int, on_text: Callable[[str], None] | None = None, *,
+                 stop: Sequence[str] = (), **generate_kw) -> Turn:
         """Raw completion of `text` (no template), continuing whatever the session holds."""
         ids = self.tok.encode(text, add_special=not self.session.tokens)
-        return self._turn(ids, False, max_tokens, on_text, generate_kw)
+        return self._turn(ids, False, max_tokens, TextStream(self.tok, on_text, stop), generate_kw)
 
-    def _turn(self, prompt: list[int], chat: bool, max_tokens: int, on_text, generate_kw: dict) -> Turn:
-        on_token, finish = stream_text(self.tok, on_text)
-        out, stats = self.session.generate(prompt, max_tokens, on_token, **generate_kw)
-        reply = finish()
+    def _turn(self, prompt: list[int], chat: bool, max_tokens: int, stream: TextStream, generate_kw: dict) -> Turn:
+        out, stats = self.session.generate(prompt, max_tokens, stream.push, **generate_kw)
+        reply = stream.finish()
         if chat:
             self.record(reply)
         return Turn(reply, out, stats)
@@ -100,26 +127,27 @@ class Slot:
 
 
 def run_turn(slots: Sequence[Slot], text: str, *, chat: bool, max_tokens: int, max_draft: int,
-             on_text: Callable[[str], None] | None = None) -> tuple[list[Turn], ConcurrentStats | None]:
+             on_text: Callable[[str], None] | None = None,
+             stop: Sequence[str] = ()) -> tuple[list[Turn], ConcurrentStats | None]:
     """The turn loop of every command: `text` as the next turn of each slot's conversation (the chat template
-    when `chat`, else a raw completion). One slot streams through `on_text`; several run concurrently, one
-    batched forward per round (ConcurrentStats)."""
+    when `chat`, else a raw completion), ending at any of the `stop` strings. One slot streams through
+    `on_text`; several run concurrently, one batched forward per round (ConcurrentStats)."""
     if len(slots) == 1:
         s = slots[0]
-        conv, kw = s.conversation, dict(sampling=s.sampling, drafter=s.drafter, max_draft=max_draft)
+        conv, kw = s.conversation, dict(sampling=s.sampling, drafter=s.drafter, max_draft=max_draft, stop=stop)
         t = conv.say(text, max_tokens, on_text, **kw) if chat else conv.complete(text, max_tokens, on_text, **kw)
         return [t], None
-    reqs = []
+    reqs, streams = [], []
     for s in slots:
         c = s.conversation
         ids = c.prepare(text) if chat else c.tok.encode(text, add_special=not c.session.tokens)
-        reqs.append((c.session, dict(prompt=ids, max_tokens=max_tokens, sampling=s.sampling, drafter=s.drafter,
-                                     max_draft=max_draft)))
+        streams.append(TextStream(c.tok, None, stop))
+        reqs.append((c.session, dict(prompt=ids, max_tokens=max_tokens, on_token=streams[-1].push,
+                                     sampling=s.sampling, drafter=s.drafter, max_draft=max_draft)))
     results, cs = generate_concurrent(reqs)
     turns = []
-    for s, (out, st) in zip(slots, results, strict=True):
-        tok = s.conversation.tok
-        reply = tok.decode([t for t in out if t not in tok.eos_ids])
+    for s, stream, (out, st) in zip(slots, streams, results, strict=True):
+        reply = stream.finish()
         if chat:
             s.conversation.record(reply)
         turns.append(Turn(reply, out, st))

@@ -136,14 +136,15 @@ class GuildSession:
         self,
         prompt: Sequence[int],
         max_tokens: int,
-        on_token: Callable[[int], None] | None = None,
+        on_token: Callable[[int], bool | None] | None = None,
         *,
         sampling: SamplingParams = GREEDY,
         drafter: Drafter | None = None,
         max_draft: int = 4,
         strategy: str | None = None,
     ) -> tuple[list[int], GenerationStats]:
-        """Decode up to max_tokens after `prompt`; returns the emitted ids and the stats."""
+        """Decode up to max_tokens after `prompt`; returns the emitted ids and the stats. `on_token(id)` sees each
+        emitted id; returning True ends the generation there (stop_reason "stop")."""
         g = Generation(self, prompt, max_tokens, on_token, sampling, drafter, max_draft, strategy)
         while not g.done:
             window = g.window()
@@ -187,8 +188,7 @@ class Generation:
         self.out: list[int] = []
         self.t0 = time.perf_counter()
         first = sample(logits, session.tokens, len(session.tokens), sampling)
-        self._emit([first])
-        self.st.stop_reason = self._stop_reason(first)
+        self.st.stop_reason = "stop" if self._emit([first]) else self._stop_reason(first)
         self._pending: tuple | None = None
 
     @property
@@ -222,20 +222,28 @@ class Generation:
             strategy, k, draft_ms, verify_ms, res.keep, len(res.tokens),
             tuple(int(x) for x in out.distinct_experts), decision,
         ))
-        self._emit(res.tokens)
-        self.st.stop_reason = res.stop or ("context" if s.state.pos >= s.n_ctx else "")
+        if self._emit(res.tokens):
+            self.st.stop_reason = "stop"
+        else:
+            self.st.stop_reason = res.stop or ("context" if s.state.pos >= s.n_ctx else "")
 
     def result(self) -> tuple[list[int], GenerationStats]:
         self.st.decode_s = time.perf_counter() - self.t0
         self.st.generated_tokens = len(self.out)
         return self.out, self.st
 
-    def _emit(self, toks: list[int]) -> None:
+    def _emit(self, toks: list[int]) -> bool:
+        """Append the verified tokens; an `on_token` that returns True (a stop string) ends the generation at
+        that token: the rest of the window is dropped and the cache cut back to the emitted tokens."""
         for t in toks:
             self.s.tokens.append(t)
             self.out.append(t)
-            if self.on_token is not None:
-                self.on_token(t)
+            if self.on_token is not None and self.on_token(t):
+                s = self.s
+                if s.state.pos > len(s.tokens) - 1:
+                    s.state.truncate(len(s.tokens) - 1)
+                return True
+        return False
 
     def _stop_reason(self, tok: int) -> str:
         if tok in self.s.eos_ids:
