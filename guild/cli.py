@@ -241,6 +241,55 @@ def run(
     _print_stats(res, sampling)
 
 
+SERVE = "Serving"
+
+
+@app.command()
+def serve(
+    model: str | None = typer.Argument(None, help=MODEL_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (only this one).",
+                             rich_help_panel=SERVE),
+    port: int = typer.Option(8080, "--port", help="TCP port (0 = any free port).", rich_help_panel=SERVE),
+    parallel: int = typer.Option(4, "--parallel", "-np", help="Requests decoding at once (1..8); their windows "
+                                 "share each forward.", rich_help_panel=SERVE),
+    max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait for a slot; more get HTTP 429 "
+                                  "with Retry-After.", rich_help_panel=SERVE),
+    cache_mem: int = typer.Option(4096, "--cache-mem", help="MiB of KV cache for active sessions and those kept "
+                                  "for prefix reuse (least recently used evicted first).", rich_help_panel=SERVE),
+    drain_timeout: float = typer.Option(300.0, "--drain-timeout", help="Seconds in-flight requests may take to "
+                                        "finish after SIGTERM or Ctrl-C.", rich_help_panel=SERVE),
+    threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
+    context: int = typer.Option(4096, "--context", "-c", "--ctx-size", help="Context of each session, in tokens."),
+    prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward (<= 64: "
+                                      "every cached row is reusable by a later request)."),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    strategy: str = typer.Option("adaptive", "--decode-strategy", help="Default strategy (a request may name its "
+                                 "own as \"decode_strategy\").", rich_help_panel=SPEC),
+    max_draft: int = typer.Option(4, "--spec-max-draft", help="Default draft tokens per window (0..7).",
+                                  rich_help_panel=SPEC),
+    gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP, rich_help_panel=SPEC),
+    temperature: float = typer.Option(0.0, "--temperature", "--temp", help="Default when a request names none "
+                                      "(0 = greedy).", rich_help_panel=SAMPLING),
+    top_k: int = typer.Option(40, "--top-k", help="Default top-k (0 = off).", rich_help_panel=SAMPLING),
+    top_p: float = typer.Option(0.95, "--top-p", help="Default top-p (1 = off).", rich_help_panel=SAMPLING),
+    min_p: float = typer.Option(0.05, "--min-p", help="Default min-p (0 = off).", rich_help_panel=SAMPLING),
+):
+    """Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus /health and
+    /metrics (Prometheus). Requests are batched into one forward per round; each decodes exactly as `guild run`."""
+    from .engine.sampling import SamplingParams
+    from .run import DecodeOptions
+    from .serve import ServeOptions
+    from .serve import serve as serve_model
+
+    try:
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        opts = DecodeOptions(strategy=strategy, max_draft=max_draft, sampling=sampling, context=context,
+                             prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec), device=device)
+        serve_model(model, opts, ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout), threads)
+    except GuildError as e:
+        _fail(e)
+
+
 @app.command()
 def bench(
     model: str | None = typer.Argument(None, help=MODEL_HELP),

@@ -271,9 +271,26 @@ class ConcurrentStats:
                 "decode_s": round(self.decode_s, 4), "aggregate_tok_s": round(self.aggregate_tok_s, 2)}
 
 
+def run_round(model, gens: Sequence[Generation]) -> None:
+    """One round of several generations on one model: each proposes its window, and batched forwards within the
+    kernels' row-invariant size serve them all (experts read once for every row), so each generation's logits
+    equal its solo run's."""
+    windows = [g.window() for g in gens]
+    i = 0
+    while i < len(gens):
+        j, rows = i, 0
+        while j < len(gens) and (j == i or rows + len(windows[j]) <= ROW_INVARIANT_ROWS):
+            rows += len(windows[j])
+            j += 1
+        t = time.perf_counter()
+        outs = model.forward_batch([(windows[n], gens[n].s.state) for n in range(i, j)])
+        for n in range(i, j):
+            gens[n].finish(outs[n - i], t)
+        i = j
+
+
 def generate_concurrent(requests: Sequence[tuple[GuildSession, dict]]) -> tuple[list, ConcurrentStats]:
-    """Run several sessions' generations together: each round, every active session proposes its window and
-    one batched forward serves them all (experts read once for every row). `requests` holds
+    """Run several sessions' generations together, one `run_round` after another. `requests` holds
     (session, generate keyword arguments incl. prompt and max_tokens); the sessions share one model."""
     model = requests[0][0].model
     if any(s.model is not model for s, _ in requests):
@@ -283,19 +300,7 @@ def generate_concurrent(requests: Sequence[tuple[GuildSession, dict]]) -> tuple[
     t0 = time.perf_counter()
     while active := [g for g in gens if not g.done]:
         tr = time.perf_counter()
-        windows = [g.window() for g in active]
-        # batches within the kernels' row-invariant size, so each session's logits equal its solo run
-        i = 0
-        while i < len(active):
-            j, rows = i, 0
-            while j < len(active) and (j == i or rows + len(windows[j]) <= ROW_INVARIANT_ROWS):
-                rows += len(windows[j])
-                j += 1
-            t = time.perf_counter()
-            outs = model.forward_batch([(windows[n], active[n].s.state) for n in range(i, j)])
-            for n in range(i, j):
-                active[n].finish(outs[n - i], t)
-            i = j
+        run_round(model, active)
         cs.rounds_ms.append((time.perf_counter() - tr) * 1e3)
     cs.decode_s = time.perf_counter() - t0
     results = [g.result() for g in gens]

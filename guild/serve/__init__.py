@@ -1,0 +1,125 @@
+"""`guild serve`: an OpenAI-compatible HTTP server over one loaded model, with continuous batching (engine.py),
+exact per-request speculation and prefix reuse. `serve()` is the whole command."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import BadFlagError, GuildError
+from ..options import MAX_SESSIONS, DecodeOptions, SpecOptions
+from .engine import BatchEngine
+from .metrics import Metrics
+from .schema import Defaults
+
+__all__ = ["ServeOptions", "serve", "build"]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`guild serve`'s own flags (decoding flags are DecodeOptions, as on `run`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    parallel: int = 4  # requests decoding at once (their windows share each forward)
+    max_queue: int = 64  # requests waiting beyond that; more get 429
+    cache_mem_mib: int = 4096  # KV caches of active and pooled sessions together
+    drain_s: float = 300.0  # on SIGTERM: how long in-flight requests may take to finish
+
+    def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise BadFlagError(f"--port must be in 0..65535, got {self.port}")
+        if not 1 <= self.parallel <= MAX_SESSIONS:
+            raise BadFlagError(f"--parallel must be in 1..{MAX_SESSIONS}, got {self.parallel}")
+        if self.max_queue < 0:
+            raise BadFlagError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.cache_mem_mib < 1:
+            raise BadFlagError(f"--cache-mem must be >= 1 (MiB), got {self.cache_mem_mib}")
+        if not self.drain_s > 0:
+            raise BadFlagError(f"--drain-timeout must be > 0, got {self.drain_s}")
+
+
+def build(lm, opts: DecodeOptions, sopts: ServeOptions, name: str):
+    """The app and its engine (not started) for a loaded model."""
+    from .app import Server  # starlette: only when serving
+
+    spec = SpecOptions(strategy=opts.strategy, max_draft=opts.max_draft, min_match=opts.min_match,
+                       lookup_window=opts.lookup_window, corpus=opts.corpus, mtp=opts.mtp)
+    engine = BatchEngine(lm, context=opts.context, prefill_batch=opts.prefill_batch, parallel=sopts.parallel,
+                         max_queue=sopts.max_queue, cache_bytes=sopts.cache_mem_mib * 2**20, spec=spec,
+                         metrics=Metrics())
+    return Server(engine, name, Defaults(opts.sampling, opts.strategy, opts.max_draft)), engine
+
+
+def _warm_up(lm, opts: DecodeOptions) -> None:
+    """Compile (or load from Numba's cache) the kernels a first request would wait for."""
+    s = lm.session(64, opts.prefill_batch)
+    d = lm.drafter(replace(SpecOptions(), strategy=opts.strategy, mtp=opts.mtp), 64)
+    s.generate(lm.tokenizer.encode("Hello, hello, hello, hello", add_special=True), 6, drafter=d, max_draft=4)
+
+
+def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: int | None = None,
+          log=lambda s: print(s, file=sys.stderr, flush=True)) -> None:
+    try:
+        import uvicorn
+    except ImportError:
+        raise GuildError("guild serve needs uvicorn and starlette: pip install 'guild'") from None
+    from ..run import load_for
+
+    sock = _bind(sopts.host, sopts.port)
+    log(f"guild serve: loading {model or 'the default model'}")
+    lm = load_for(model, opts, threads)
+    name = model or Path(lm.path).stem
+    server, engine = build(lm, opts, sopts, name)
+    log("guild serve: warming up the kernels")
+    _warm_up(lm, opts)
+    host, port = sock.getsockname()[:2]
+    log(f"guild serve: {name} on http://{host}:{port}/v1 ({lm.threads} threads, device {lm.device}, "
+        f"--parallel {sopts.parallel}, --context {opts.context}); Ctrl-C or SIGTERM drains and stops")
+    _Uvicorn = _uvicorn_server()
+    config = uvicorn.Config(server.app(), log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=sopts.drain_s)
+    engine.start()
+    try:
+        _Uvicorn(config).run(sockets=[sock])
+    finally:
+        engine.close(timeout=sopts.drain_s)
+        log("guild serve: stopped")
+
+
+def _uvicorn_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """uvicorn's, except that a drained stop exits 0 instead of re-raising SIGTERM/SIGINT at the end."""
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    getattr(self, "_captured_signals", []).clear()
+
+    return Server
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind only `host` (never all interfaces unless asked), before loading, so a taken port fails fast."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise BadFlagError(f"--host {host}: {e.strerror or e}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise BadFlagError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock

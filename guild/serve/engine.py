@@ -1,0 +1,281 @@
+"""Continuous batching for `guild serve`: one thread owns the model; each round, every active request proposes
+its window (its own strategy, drafter, scheduler state and sampling) and one batched forward within the
+kernels' row-invariant size serves them all (`run_round`), so each request's tokens equal its solo run's.
+Requests join (prefill) and leave between rounds. Finished sessions stay in a bounded pool for prefix reuse.
+
+No HTTP and no asyncio here: requests come in through `submit`, results go out through each job's `emit`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from ..chat import TextStream
+from ..engine.sampling import SamplingParams
+from ..engine.session import Generation, GenerationStats, GuildSession, run_round
+from ..errors import GuildError
+from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
+from ..options import SpecOptions
+from ..spec import Drafter
+from .metrics import Metrics
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
+
+
+class QueueFullError(Exception):
+    pass
+
+
+class DrainingError(Exception):
+    pass
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # OpenAI's: stop | length
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens whose rows came from a pooled session
+    ttft_s: float  # submission → first token
+    stats: GenerationStats
+
+
+@dataclass
+class Job:
+    """One request as the engine sees it. `emit(kind, payload)` is called from the engine thread with
+    ("text", str) as text becomes safe to send, then once ("done", Result) or ("error", message)."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    strategy: str
+    max_draft: int
+    stop: tuple[str, ...]
+    emit: Callable[[str, object], None]
+    t_submit: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # set by the HTTP side when the client goes away
+    entry: Entry | None = None
+    gen: Generation | None = None
+    stream: TextStream | None = None
+    reused: int = 0
+    ttft_s: float = 0.0
+
+
+@dataclass
+class Entry:
+    session: GuildSession
+    drafter: Drafter
+    strategy: str
+    exact: int = 0  # leading cache rows that a fresh prefill of the same tokens would compute bit for bit
+    used: int = 0  # LRU tick
+    busy: bool = False
+
+
+class SessionPool:
+    """Sessions (KV cache + drafter) kept after their request, so a request that extends an earlier conversation
+    feeds only its new tokens. Bounded: at most `max_bytes` of caches, least recently used evicted first.
+
+    Reuse never changes a token: with `prefill_batch` <= ROW_INVARIANT_ROWS every row is computed by the
+    row-invariant kernels, so any common prefix is reusable; with larger prefill chunks (which use BLAS) only
+    rows from whole aligned chunks are, and the reused prefix is cut to a chunk boundary so the rest of the
+    prompt is chunked exactly as a fresh prefill chunks it."""
+
+    def __init__(self, make_session: Callable[[], GuildSession], make_drafter: Callable[[str], Drafter],
+                 prefill_batch: int, max_bytes: int):
+        self.make_session, self.make_drafter = make_session, make_drafter
+        self.batch, self.max_bytes = prefill_batch, max_bytes
+        self.row_invariant = prefill_batch <= ROW_INVARIANT_ROWS
+        self.entries: list[Entry] = []
+        self._tick = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.session.state.nbytes for e in self.entries)
+
+    def reusable(self, e: Entry, prompt: list[int]) -> int:
+        """Prompt tokens whose rows `e` holds exactly as a fresh prefill would (at least one is left to feed)."""
+        held = e.session.tokens
+        n = 0
+        limit = min(len(held), len(prompt) - 1, e.exact)
+        while n < limit and held[n] == prompt[n]:
+            n += 1
+        return n if self.row_invariant else n // self.batch * self.batch
+
+    def acquire(self, prompt: list[int], strategy: str, session_bytes: int) -> tuple[Entry, int]:
+        idle = [e for e in self.entries if not e.busy and e.strategy == strategy]
+        best = max(idle, key=lambda e: (self.reusable(e, prompt), e.used), default=None)
+        n = self.reusable(best, prompt) if best is not None else 0
+        if best is None or (n == 0 and self.nbytes + session_bytes <= self.max_bytes):
+            self._evict(session_bytes)
+            best, n = Entry(self.make_session(), self.make_drafter(strategy), strategy), 0
+            self.entries.append(best)
+        best.busy = True
+        best.session.rewind(n)
+        best.exact = min(best.exact, best.session.state.pos)
+        return best, n
+
+    def prefilled(self, e: Entry, start: int) -> None:
+        """After a prefill that began at cache row `start`: which rows are now exact."""
+        pos = e.session.state.pos
+        if self.row_invariant:
+            e.exact = pos
+        elif start == e.exact and start % self.batch == 0:
+            e.exact = start + (pos - start) // self.batch * self.batch
+
+    def release(self, e: Entry) -> None:
+        e.busy = False
+        st = e.session.state
+        e.exact = st.pos if self.row_invariant else min(e.exact, st.pos)
+        self._tick += 1
+        e.used = self._tick
+
+    def discard(self, e: Entry) -> None:
+        self.entries.remove(e)
+
+    def _evict(self, need: int) -> None:
+        for e in sorted((e for e in self.entries if not e.busy), key=lambda e: e.used):
+            if self.nbytes + need <= self.max_bytes:
+                break
+            self.entries.remove(e)
+
+
+class BatchEngine:
+    def __init__(self, lm, *, context: int, prefill_batch: int, parallel: int, max_queue: int, cache_bytes: int,
+                 spec: SpecOptions = SpecOptions(), metrics: Metrics | None = None):
+        self.lm, self.model, self.tok, self.spec = lm, lm.model, lm.tokenizer, spec
+        self.parallel, self.max_queue, self.context = parallel, max_queue, context
+        self.metrics = metrics or Metrics()
+        probe = lm.session(context, prefill_batch)
+        self.session_bytes = probe.state.nbytes
+        if parallel * self.session_bytes > cache_bytes:
+            raise GuildError(f"--parallel {parallel} sessions of --context {context} need "
+                             f"{parallel * self.session_bytes / 2**20:.0f} MiB of cache, more than --cache-mem "
+                             f"{cache_bytes / 2**20:.0f} MiB")
+        self._spares = [probe]
+        self.pool = SessionPool(lambda: self._spares.pop() if self._spares else lm.session(context, prefill_batch),
+                                self._drafter, prefill_batch, cache_bytes)
+        self._waiting: deque[Job] = deque()
+        self._active: list[Job] = []
+        self._cv = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="guild-engine", daemon=True)
+
+    def _drafter(self, strategy: str) -> Drafter:
+        return self.lm.drafter(replace(self.spec, strategy=strategy), self.context)
+
+    # -- the HTTP side ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if self._closing:
+                raise DrainingError("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
+            self._waiting.append(job)
+            self.metrics.set("guild_queue_depth", len(self._waiting))
+            self._cv.notify()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish what is queued and running, then stop the thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def busy(self) -> int:
+        return len(self._active) + len(self._waiting)
+
+    # -- the engine thread --------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._active and not self._closing:
+                    self._cv.wait()
+                if self._closing and not self._waiting and not self._active:
+                    return
+                admit = []
+                while self._waiting and len(self._active) + len(admit) < self.parallel:
+                    admit.append(self._waiting.popleft())
+                self.metrics.set("guild_queue_depth", len(self._waiting))
+            for job in admit:
+                if not job.cancelled and self._start(job):
+                    self._active.append(job)
+            for job in [j for j in self._active if j.cancelled]:
+                self.metrics.inc("guild_cancelled_total")
+                self._leave(job)
+            gens = [j.gen for j in self._active if not j.gen.done]
+            if gens:
+                t = time.perf_counter()
+                n0 = sum(len(g.out) for g in gens)
+                try:
+                    run_round(self.model, gens)
+                except Exception as e:  # noqa: BLE001 - a failed forward fails its requests, not the server
+                    for j in [j for j in self._active if j.gen in gens]:
+                        self._fail(j, e)
+                    continue
+                dt = time.perf_counter() - t
+                self.metrics.inc("guild_rounds_total")
+                self.metrics.set("guild_batch_size", len(gens))
+                self.metrics.set("guild_decode_tokens_per_second", (sum(len(g.out) for g in gens) - n0) / dt)
+            for job in [j for j in self._active if j.gen.done]:
+                self._done(job)
+            self.metrics.set("guild_pool_sessions", len(self.pool.entries))
+            self.metrics.set("guild_pool_bytes", self.pool.nbytes)
+
+    def _start(self, job: Job) -> bool:
+        try:
+            e, n = self.pool.acquire(job.prompt, job.strategy, self.session_bytes)
+        except Exception as exc:  # noqa: BLE001
+            job.emit("error", str(exc))
+            return False
+        job.entry, job.reused = e, n
+        start = e.session.state.pos
+        job.stream = TextStream(self.tok, lambda s: job.emit("text", s), job.stop)
+        try:
+            job.gen = Generation(e.session, job.prompt[n:], job.max_tokens, job.stream.push, job.sampling,
+                                 e.drafter, job.max_draft, job.strategy)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(job, exc)
+            return False
+        job.ttft_s = time.perf_counter() - job.t_submit
+        self.pool.prefilled(e, start)
+        return True
+
+    def _done(self, job: Job) -> None:
+        out, st = job.gen.result()
+        text = job.stream.finish()
+        res = Result(text, out, FINISH_REASONS.get(st.stop_reason, "stop"), len(job.prompt), job.reused,
+                     job.ttft_s, st)
+        m = self.metrics
+        m.inc("guild_prompt_tokens_total", len(job.prompt))
+        m.inc("guild_prefix_reused_tokens_total", job.reused)
+        m.inc("guild_completion_tokens_total", len(out))
+        m.inc("guild_decode_seconds_total", st.decode_s)
+        m.inc("guild_time_to_first_token_seconds_sum", job.ttft_s)
+        m.inc("guild_time_to_first_token_seconds_count")
+        for w in st.windows:
+            m.inc("guild_windows_total", strategy=w.strategy)
+            m.inc("guild_drafted_tokens_total", w.k, strategy=w.strategy)
+            m.inc("guild_accepted_tokens_total", w.emitted - 1, strategy=w.strategy)
+        self._leave(job)
+        job.emit("done", res)
+
+    def _leave(self, job: Job) -> None:
+        self._active.remove(job)
+        self.pool.release(job.entry)
+
+    def _fail(self, job: Job, exc: Exception) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        if job.entry is not None:
+            self.pool.discard(job.entry)  # its cache may hold an open window
+        msg = str(exc) if isinstance(exc, GuildError) else f"internal error: {type(exc).__name__}: {exc}"
+        job.emit("error", msg)

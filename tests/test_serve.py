@@ -1,0 +1,273 @@
+"""`guild serve` through the official `openai` client against a server started on a free loopback port: chat and
+completions, streaming, stop strings, seeds, token parity with the library's solo run, prefix reuse, a 16-client
+load test, and the 400 / 429 / disconnect / SIGTERM cases."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from guild.chat import Conversation  # noqa: E402
+from guild.engine.sampling import SamplingParams  # noqa: E402
+from guild.load import load  # noqa: E402
+from guild.options import SpecOptions  # noqa: E402
+
+MODEL = "smollm2-135m-moe"
+CONTEXT = 512
+PREFILL = 32  # <= the kernels' row-invariant size: every cached row is reusable (see guild/serve/engine.py)
+SAMPLED = dict(temperature=0.8, top_p=0.9, seed=1234)
+SAMPLED_PARAMS = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*flags, timeout=600):
+    port = _port()
+    p = subprocess.Popen([sys.executable, "-m", "guild", "serve", MODEL, "--port", str(port), "--device", "cpu",
+                          "--context", str(CONTEXT), "--prefill-batch", str(PREFILL), *flags],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if p.poll() is not None:
+            raise RuntimeError(f"server exited: {p.stderr.read()}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+            return p, port
+        except OSError:
+            time.sleep(0.5)
+    p.kill()
+    raise RuntimeError("server did not start")
+
+
+def _stop(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    p, port = _start("--parallel", "4", "--max-queue", "32")
+    yield port
+    _stop(p)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def lm(moe_path):
+    return load(moe_path)
+
+
+def _solo(lm, messages, n, sampling=SamplingParams(), strategy="adaptive", stop=(), chat=True):
+    """The library's solo run (what `guild run` calls) with the server's settings."""
+    conv = Conversation(lm.session(CONTEXT, PREFILL), lm.tokenizer)
+    d = lm.drafter(SpecOptions(strategy=strategy), CONTEXT)
+    if not chat:
+        return conv.complete(messages, n, stop=stop, sampling=sampling, drafter=d, max_draft=4)
+    conv.messages = list(messages[:-1])
+    return conv.say(messages[-1]["content"], n, stop=stop, sampling=sampling, drafter=d, max_draft=4)
+
+
+def _chat(client, messages, **kw):
+    extra = {"return_tokens": True, **kw.pop("extra", {})}
+    return client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra, **kw)
+
+
+def _tokens(resp):
+    return resp.model_extra["guild"]["tokens"]
+
+
+def _post(port, path, body: bytes):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, json.loads(e.read())
+
+
+USER = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+def test_chat_equals_solo_run(client, lm, sampling):
+    kw = SAMPLED if sampling == "seeded" else dict(temperature=0.0)
+    r = _chat(client, USER, max_tokens=24, **kw)
+    want = _solo(lm, USER, 24, SAMPLED_PARAMS if sampling == "seeded" else SamplingParams())
+    assert _tokens(r) == want.tokens and r.choices[0].message.content == want.text
+    assert r.usage.completion_tokens == len(want.tokens) and r.choices[0].finish_reason in ("stop", "length")
+    again = _chat(client, USER, max_tokens=24, **kw)  # seed reproducibility
+    assert _tokens(again) == _tokens(r)
+
+
+def test_streaming_chat_and_completions(client, lm):
+    chunks = list(_chat(client, USER, max_tokens=16, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    want = _solo(lm, USER, 16)
+    assert text == want.text and chunks[-1].usage.completion_tokens == len(want.tokens)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    prompt = "The three primary colours are"
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                  extra_body={"return_tokens": True})
+    want = _solo(lm, prompt, 12, chat=False)
+    assert r.model_extra["guild"]["tokens"] == want.tokens and r.choices[0].text == want.text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True))
+    assert streamed == want.text
+
+
+def test_stop_strings(client, lm):
+    full = _solo(lm, USER, 24).text
+    stop = full[8:11]
+    r = _chat(client, USER, max_tokens=24, stop=[stop, "zzzz"])
+    want = _solo(lm, USER, 24, stop=[stop])
+    assert r.choices[0].message.content == want.text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop" and _tokens(r) == want.tokens
+
+
+def test_prefix_reuse_is_exact(client, lm):
+    first = _chat(client, USER, max_tokens=16)
+    turn2 = [*USER, {"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And two more?"}]
+    r = _chat(client, turn2, max_tokens=16)
+    assert r.usage.prompt_tokens_details.cached_tokens > 20  # the first turn's rows were reused
+    assert _tokens(r) == _solo(lm, turn2, 16).tokens  # ... and change nothing
+
+
+def test_models_health_metrics(client, server):
+    assert [m.id for m in client.models.list()] == [MODEL]
+    health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{server}/health").read())
+    assert health["status"] == "ok"
+    m = urllib.request.urlopen(f"http://127.0.0.1:{server}/metrics").read().decode()
+    for name in ("guild_requests_total", "guild_completion_tokens_total", "guild_windows_total",
+                 "guild_queue_depth", "guild_batch_size", "guild_decode_tokens_per_second"):
+        assert f"# TYPE {name}" in m
+    assert 'guild_requests_total{endpoint="/v1/chat/completions",status="200"}' in m
+
+
+def test_bad_requests(server, client):
+    port = server
+    for body, param in [(b"{not json", None), (b"[]", None),
+                        (json.dumps({"messages": []}).encode(), "messages"),
+                        (json.dumps({"messages": USER, "temperature": "hot"}).encode(), "temperature"),
+                        (json.dumps({"messages": USER, "n": 2}).encode(), "n"),
+                        (json.dumps({"messages": USER, "decode_strategy": "fast"}).encode(), "decode_strategy"),
+                        (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), "messages[0].role"),
+                        (json.dumps({"messages": USER, "stop": [""]}).encode(), "stop")]:
+        status, _, err = _post(port, "/v1/chat/completions", body)
+        assert status == 400, body
+        assert err["error"]["type"] == "invalid_request_error" and err["error"]["param"] == param, err
+    long = " ".join(["word"] * 2 * CONTEXT)
+    status, _, err = _post(port, "/v1/completions", json.dumps({"prompt": long}).encode())
+    assert status == 400 and err["error"]["code"] == "context_length_exceeded"
+    assert f"context is {CONTEXT} tokens" in err["error"]["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=USER, temperature=9)
+
+
+PROMPTS = ["Write a haiku about the sea.", "List the first five prime numbers.", "What is the capital of Italy?",
+           "Spell the word 'banana' backwards.", "Summarise: the cat sat on the mat because the mat was warm.",
+           "Translate 'good morning' into French.", "Name a programming language created in 1991.",
+           "Repeat after me: one two three four five six."]
+STRATEGIES = ["normal", "lookup", "retrieval", "mtp", "adaptive"]
+
+
+def test_sixteen_concurrent_streams_equal_their_solo_runs(client, lm):
+    # clients i and i + 8 differ only in strategy: one solo run (normal; strategies are exact) serves both
+    cases = [(PROMPTS[i % 8], STRATEGIES[i % 5], i % 8 % 3 == 0, 12 + i % 8 % 5) for i in range(16)]
+    got: dict[int, tuple] = {}
+    ttft: list[float] = []
+
+    def one(i):
+        prompt, strategy, sampled, n = cases[i]
+        kw = SAMPLED if sampled else dict(temperature=0.0)
+        t0 = time.perf_counter()
+        text, first = "", None
+        for c in _chat(client, [{"role": "user", "content": prompt}], max_tokens=n, stream=True,
+                       extra={"decode_strategy": strategy}, **kw):
+            if c.choices and c.choices[0].delta.content:
+                first = first or time.perf_counter() - t0
+                text += c.choices[0].delta.content
+        got[i] = (text, strategy)
+        ttft.append(first or 0.0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert len(got) == 16  # none lost
+    solo = {}
+    for i, (prompt, strategy, sampled, n) in enumerate(cases):
+        if i % 8 not in solo:
+            solo[i % 8] = _solo(lm, [{"role": "user", "content": prompt}], n,
+                                SAMPLED_PARAMS if sampled else SamplingParams(), "normal").text
+        assert got[i][0] == solo[i % 8], (i, strategy)
+    ttft.sort()
+    print(f"16 clients: ttft p50 {ttft[8]:.2f} s, p95 {ttft[15]:.2f} s")
+
+
+def test_overload_disconnect_and_sigterm():
+    p, port = _start("--parallel", "1", "--max-queue", "1")
+    try:
+        body = json.dumps({"messages": USER, "max_tokens": 48, "temperature": 0}).encode()
+        results = []
+        ts = [threading.Thread(target=lambda: results.append(_post(port, "/v1/chat/completions", body)))
+              for _ in range(4)]
+        for t in ts:
+            t.start()
+            time.sleep(0.05)
+        for t in ts:
+            t.join(300)
+        codes = sorted(r[0] for r in results)
+        assert codes.count(200) >= 2 and 429 in codes, codes
+        r429 = next(r for r in results if r[0] == 429)
+        assert r429[1].get("retry-after") == "1" and r429[2]["error"]["type"] == "rate_limit_error"
+
+        # a client that goes away mid-stream is cancelled; the server goes on serving
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+        s = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=400, stream=True)
+        next(iter(s))
+        s.close()
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+            if "guild_cancelled_total 1" in m:
+                break
+            time.sleep(0.5)
+        assert "guild_cancelled_total 1" in m
+
+        # SIGTERM while a request streams: it finishes, then the server exits 0
+        s = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=24, stream=True, temperature=0)
+        it = iter(s)
+        next(it)
+        p.send_signal(signal.SIGTERM)
+        rest = list(it)
+        assert rest and rest[-1].choices[0].finish_reason in ("stop", "length")
+        assert p.wait(120) == 0
+    finally:
+        _stop(p)
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
