@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup setup-oracle run test bench bench-full mtp-head lint clean fuzz fuzz-boundscheck
+.PHONY: setup setup-oracle run test bench bench-full bench-serve mtp-head lint clean fuzz fuzz-boundscheck
 
 setup: $(VENV)/.setup-done
 
@@ -47,6 +47,11 @@ bench-full: setup
 	$(BIN)/python -m guild.tools.perf --spec
 	$(BIN)/python -m guild.tools.perf_hybrid
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
+
+# guild serve under 1/2/4/8 streaming clients (normal, adaptive; W2, W7), beside llama.cpp's server when
+# llama-cpp-python[server] is installed: aggregate and per-request tok/s, time to first token
+bench-serve: setup
+	$(BIN)/python -m guild.tools.bench_serve
 
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
 # an interrupted run resumes from guild/heads/*.ckpt/

@@ -271,3 +271,37 @@ def test_overload_disconnect_and_sigterm():
         _stop(p)
         if p.poll() is None:
             os.kill(p.pid, signal.SIGKILL)
+
+
+def test_two_replicas_behind_litellm(server, lm):
+    """Scaling out (README "Serving"): two `guild serve` replicas as deployments of one model in LiteLLM's Router;
+    both take requests, and every answer equals the solo run."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network: the bundled cost map
+    litellm = pytest.importorskip("litellm")
+    import random
+
+    p2, port2 = _start("--parallel", "2")
+    try:
+        router = litellm.Router(model_list=[
+            {"model_name": "guild", "litellm_params": {"model": f"openai/{MODEL}", "api_base": f"http://127.0.0.1:{port}/v1",
+                                                       "api_key": "none"}} for port in (server, port2)],
+            routing_strategy="simple-shuffle", num_retries=0)
+        def served():
+            out = []
+            for port in (server, port2):
+                m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+                key = 'guild_requests_total{endpoint="/v1/chat/completions",status="200"}'
+                out.append(float(next((x for x in m.splitlines() if x.startswith(key)), "x 0").split()[-1]))
+            return out
+
+        before = served()
+        random.seed(0)
+        want = _solo(lm, USER, 8).text
+        for _ in range(8):
+            r = router.completion(model="guild", messages=USER, max_tokens=8, temperature=0)
+            assert r.choices[0].message.content == want
+        after = served()
+        delta = [a - b for a, b in zip(after, before, strict=True)]
+        assert sum(delta) == 8 and all(n > 0 for n in delta), delta
+    finally:
+        _stop(p2)

@@ -57,8 +57,8 @@ class Server:
             {"id": self.name, "object": "model", "created": self.created, "owned_by": "guild"}]})
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "active": len(self.engine._active),
-                             "waiting": len(self.engine._waiting)})
+        e = self.engine
+        return JSONResponse({"status": "ok", "active": e.active, "waiting": e.waiting})
 
     async def metrics(self, request: Request) -> Response:
         return PlainTextResponse(self.engine.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -190,8 +190,12 @@ class BatchEngine:
             self._thread.join(timeout)
 
     @property
-    def busy(self) -> int:
-        return len(self._active) + len(self._waiting)
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
 
     # -- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -1,0 +1,81 @@
+"""The serving engine without HTTP: prefix reuse stays exact when prefill chunks take the BLAS path, the session
+pool stays within its memory cap, and an impossible cap is refused up front."""
+
+import threading
+
+import pytest
+
+from guild.engine.sampling import SamplingParams
+from guild.errors import GuildError
+from guild.load import load
+from guild.serve.engine import BatchEngine, Job
+
+
+@pytest.fixture(scope="module")
+def lm(moe_path):
+    return load(moe_path)
+
+
+def _engine(lm, **kw):
+    args = dict(context=320, prefill_batch=512, parallel=2, max_queue=8, cache_bytes=2**30) | kw
+    e = BatchEngine(lm, **args)
+    e.start()
+    return e
+
+
+def _run(engine, prompt, n=8, strategy="lookup"):
+    done, out = threading.Event(), {}
+
+    def emit(kind, payload):
+        if kind != "text":
+            out[kind] = payload
+            done.set()
+
+    engine.submit(Job(list(prompt), n, SamplingParams(), strategy, 4, (), emit))
+    assert done.wait(600)
+    assert "error" not in out, out
+    return out["done"]
+
+
+def _ids(lm, text):
+    return lm.tokenizer.encode(text, add_special=True)
+
+
+DOC = ("The Python Software Foundation was formed in 2001 to own Python-related intellectual property. It is a "
+       "non-profit organization devoted to the Python programming language. ") * 2
+
+
+def test_reuse_with_blas_prefill_is_cut_to_whole_chunks(lm):
+    batch = 72  # > the kernels' row-invariant size: prefill chunks take the BLAS path
+    e = _engine(lm, prefill_batch=batch)
+    try:
+        a = _ids(lm, DOC + "Question: who owns it?")
+        assert len(a) > batch  # at least one whole chunk to reuse
+        first = _run(e, a)
+        b = a + first.tokens + _ids(lm, " And when was it formed? Answer briefly, please.")[1:]
+        second = _run(e, b)
+        assert second.reused_tokens > 0 and second.reused_tokens % batch == 0
+        assert second.reused_tokens <= len(a)  # decode rows (row-invariant kernels) differ from BLAS rows: not reused
+    finally:
+        e.close()
+    fresh = _engine(lm, prefill_batch=batch)
+    try:
+        assert _run(fresh, b).tokens == second.tokens and _run(fresh, a).tokens == first.tokens
+    finally:
+        fresh.close()
+
+
+def test_pool_stays_within_its_cap(lm):
+    probe = lm.session(320)
+    cap = 3 * probe.state.nbytes
+    e = _engine(lm, parallel=1, cache_bytes=cap)
+    try:
+        for i in range(6):
+            r = _run(e, _ids(lm, f"Prompt number {i}: say something about the number {i}."), n=2,
+                     strategy=("normal", "lookup")[i % 2])
+            assert r.tokens
+            assert len(e.pool.entries) <= 3 and e.pool.nbytes <= cap
+    finally:
+        e.close()
+    with pytest.raises(GuildError, match="--cache-mem"):
+        BatchEngine(lm, context=320, prefill_batch=512, parallel=4, max_queue=8, cache_bytes=cap)
