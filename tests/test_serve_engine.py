@@ -79,3 +79,25 @@ def test_pool_stays_within_its_cap(lm):
         e.close()
     with pytest.raises(GuildError, match="--cache-mem"):
         BatchEngine(lm, context=320, prefill_batch=512, parallel=4, max_queue=8, cache_bytes=cap)
+
+
+def test_a_failing_forward_fails_its_requests_not_the_server(lm):
+    e = _engine(lm, parallel=1)
+    try:
+        class Broken:  # the engine's rounds fail (prefill runs on the session's own model reference)
+            def __getattr__(self, name):
+                return getattr(lm.model, name)
+
+            def forward_batch(self, items, **kw):
+                raise RuntimeError("boom")
+
+        e.model = Broken()
+        done, out = threading.Event(), {}
+        e.submit(Job(_ids(lm, "Hello there"), 8, SamplingParams(), "normal", 4, (),
+                     lambda k, p: (out.__setitem__(k, p), done.set()) if k != "text" else None))
+        assert done.wait(300) and "boom" in out["error"]
+        e.model = lm.model
+        assert _run(e, _ids(lm, "Hello there"), n=4).tokens  # the server goes on
+        assert not e.pool.entries or all(not x.busy for x in e.pool.entries)
+    finally:
+        e.close()

@@ -73,7 +73,7 @@ class Server:
     async def _complete(self, request: Request, chat: bool) -> Response:
         try:
             req = parse(await _body(request), chat, self.defaults)
-            ids = self._tokens(req)
+            ids = await asyncio.to_thread(self._tokens, req)  # a long prompt must not stall other streams
         except RequestError as e:
             return error(e)
         except ClientDisconnect:
@@ -84,8 +84,14 @@ class Server:
         room = self.engine.context - len(ids)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        job = Job(ids, min(req.max_tokens or room, room), sampling, req.strategy, req.max_draft, req.stop,
-                  lambda kind, payload: loop.call_soon_threadsafe(queue.put_nowait, (kind, payload)))
+
+        def emit(kind, payload):  # called on the engine thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+            except RuntimeError:  # the event loop is gone (shutdown past --drain-timeout): nobody is listening
+                job.cancelled = True
+
+        job = Job(ids, min(req.max_tokens or room, room), sampling, req.strategy, req.max_draft, req.stop, emit)
         try:
             self.engine.submit(job)
         except QueueFullError as e:

@@ -200,39 +200,49 @@ class BatchEngine:
     # -- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            with self._cv:
-                while not self._waiting and not self._active and not self._closing:
-                    self._cv.wait()
-                if self._closing and not self._waiting and not self._active:
+            try:
+                if not self._step():
                     return
-                admit = []
-                while self._waiting and len(self._active) + len(admit) < self.parallel:
-                    admit.append(self._waiting.popleft())
-                self.metrics.set("guild_queue_depth", len(self._waiting))
-            for job in admit:
-                if not job.cancelled and self._start(job):
-                    self._active.append(job)
-            for job in [j for j in self._active if j.cancelled]:
-                self.metrics.inc("guild_cancelled_total")
-                self._leave(job)
-            gens = [j.gen for j in self._active if not j.gen.done]
-            if gens:
-                t = time.perf_counter()
-                n0 = sum(len(g.out) for g in gens)
-                try:
-                    run_round(self.model, gens)
-                except Exception as e:  # noqa: BLE001 - a failed forward fails its requests, not the server
-                    for j in [j for j in self._active if j.gen in gens]:
-                        self._fail(j, e)
-                    continue
-                dt = time.perf_counter() - t
-                self.metrics.inc("guild_rounds_total")
-                self.metrics.set("guild_batch_size", len(gens))
-                self.metrics.set("guild_decode_tokens_per_second", (sum(len(g.out) for g in gens) - n0) / dt)
-            for job in [j for j in self._active if j.gen.done]:
-                self._done(job)
-            self.metrics.set("guild_pool_sessions", len(self.pool.entries))
-            self.metrics.set("guild_pool_bytes", self.pool.nbytes)
+            except Exception as e:  # noqa: BLE001 - a bug fails the requests in flight, never the server
+                for job in list(self._active):
+                    self._fail(job, e)
+
+    def _step(self) -> bool:
+        """Admit waiting requests, run one round, retire finished ones. False when closed and drained."""
+        with self._cv:
+            while not self._waiting and not self._active and not self._closing:
+                self._cv.wait()
+            if self._closing and not self._waiting and not self._active:
+                return False
+            admit = []
+            while self._waiting and len(self._active) + len(admit) < self.parallel:
+                admit.append(self._waiting.popleft())
+            self.metrics.set("guild_queue_depth", len(self._waiting))
+        for job in admit:
+            if not job.cancelled and self._start(job):
+                self._active.append(job)
+        for job in [j for j in self._active if j.cancelled]:
+            self.metrics.inc("guild_cancelled_total")
+            self._leave(job)
+        gens = [j.gen for j in self._active if not j.gen.done]
+        if gens:
+            t = time.perf_counter()
+            n0 = sum(len(g.out) for g in gens)
+            try:
+                run_round(self.model, gens)
+            except Exception as e:  # noqa: BLE001 - a failed forward fails its requests, not the server
+                for j in [j for j in self._active if j.gen in gens]:
+                    self._fail(j, e)
+                return True
+            dt = time.perf_counter() - t
+            self.metrics.inc("guild_rounds_total")
+            self.metrics.set("guild_batch_size", len(gens))
+            self.metrics.set("guild_decode_tokens_per_second", (sum(len(g.out) for g in gens) - n0) / dt)
+        for job in [j for j in self._active if j.gen.done]:
+            self._done(job)
+        self.metrics.set("guild_pool_sessions", len(self.pool.entries))
+        self.metrics.set("guild_pool_bytes", self.pool.nbytes)
+        return True
 
     def _start(self, job: Job) -> bool:
         try:
