@@ -122,6 +122,18 @@ def test_chat_equals_solo_run(client, lm, sampling):
     assert _tokens(again) == _tokens(r)
 
 
+def test_seeded_chat_equals_the_guild_run_command(client):
+    """The CLI itself, with its default sampling flags, as the server's defaults are (top-k 40, min-p 0.05)."""
+    r = _chat(client, USER, max_tokens=16, **SAMPLED)
+    out = subprocess.run([sys.executable, "-m", "guild", "run", MODEL, "--chat", "-p", USER[0]["content"], "-n", "16",
+                          "--device", "cpu", "--context", str(CONTEXT), "--prefill-batch", str(PREFILL),
+                          "--temperature", "0.8", "--top-p", "0.9", "--seed", "1234", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    run = json.loads(out.stdout)
+    assert _tokens(r) == run["tokens"] and r.choices[0].message.content == run["text"]
+
+
 def test_streaming_chat_and_completions(client, lm):
     chunks = list(_chat(client, USER, max_tokens=16, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
