@@ -367,16 +367,20 @@ def chat(ctx: typer.Context):
 @app.command()
 def bench(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
+    model_opt: str | None = typer.Option(None, "-m", "--model", help="The model, as a flag (llama.cpp's -m)."),
     workloads: str = typer.Option("W1,W2,W3,W4,W5,W6,W7,W8,W9", "--workloads", help="Comma-separated ids (W1..W10)."),
     strategies: str = typer.Option("normal,lookup,retrieval,adaptive", "--strategies",
                                    help="Comma-separated strategies."),
     repeats: int = typer.Option(1, "--repeats", help="Repeats (strategies interleaved within each)."),
-    max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most."),
-    max_tokens: int | None = typer.Option(None, "-n", "--max-tokens", help="Override each workload's length."),
-    context: int = typer.Option(8192, "--context", help="Context length (W10 sizes above it are skipped)."),
+    noise_check: bool = typer.Option(True, "--noise-check/--no-noise-check", help="With one repeat, run normal once "
+                                     "more per workload: its tok/s CV is the noise a ratio must beat."),
+    max_draft: int = typer.Option(4, "--spec-max-draft", "--draft-max", "--draft",
+                                  help="Draft tokens per window at most."),
+    max_tokens: int | None = typer.Option(None, "-n", "--max-tokens", "--n-predict",
+                                          help="Override each workload's length."),
+    context: int = typer.Option(8192, "-c", "--context", "--ctx-size",
+                                help="Context length (W10 sizes above it are skipped)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Override workloads' sampling."),
-    seed: int = typer.Option(12345, "--seed", help="Seed when --temperature is given."),
     sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions per run, batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
@@ -386,20 +390,34 @@ def bench(
     mtp_head: Path | None = typer.Option(None, "--mtp-head", help="MTP head GGUF for mtp/adaptive."),
     mtp_k: int = typer.Option(MTP_K, "--spec-mtp-k", help="MTP drafts per window at most (1..7)."),
     mtp_vocab: int = typer.Option(MTP_VOCAB, "--spec-mtp-vocab", help="Draft LM head rows (0 = whole vocabulary)."),
+    temperature: float | None = _BENCH_SAMPLING["temperature"],
+    top_k: int | None = _BENCH_SAMPLING["top_k"],
+    top_p: float | None = _BENCH_SAMPLING["top_p"],
+    min_p: float | None = _BENCH_SAMPLING["min_p"],
+    repeat_penalty: float | None = _BENCH_SAMPLING["repeat_penalty"],
+    repeat_last_n: int | None = _BENCH_SAMPLING["repeat_last_n"],
+    frequency_penalty: float | None = _BENCH_SAMPLING["frequency_penalty"],
+    presence_penalty: float | None = _BENCH_SAMPLING["presence_penalty"],
+    seed: int | None = _BENCH_SAMPLING["seed"],
 ):
-    """Run workloads x strategies in one process, check token parity with normal, write a table."""
+    """Run workloads x strategies in one process, check token parity with normal, write a table. Sampling flags
+    change those settings of every workload (the rest stay each workload's own)."""
     from .engine.sampling import SamplingParams  # deferred: see the module docstring
     from .load import set_threads
     from .tools.bench import bench as run_bench
 
     try:
         _writable(out / "bench.json", "--out")
+        model = _model_arg(model, model_opt)
         set_threads(threads)
-        sampling = None if temperature is None else SamplingParams(
-            temperature=temperature, top_k=40, top_p=0.9, min_p=0.05, seed=seed)
+        overrides = _sampling_kw(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            seed=seed)
+        SamplingParams(**overrides)  # each value checked now, with its flag's name
         rep = run_bench(model, [w for w in workloads.split(",") if w], [s for s in strategies.split(",") if s],
-                        repeats=repeats, sampling=sampling, max_draft=max_draft, context=context,
-                        max_tokens=max_tokens, out=out, sessions=sessions,
+                        repeats=repeats, max_draft=max_draft, context=context, sampling_overrides=overrides,
+                        max_tokens=max_tokens, out=out, sessions=sessions, noise_check=noise_check,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                         mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab))
     except OSError as e:  # writing bench.md / bench.json after the runs
@@ -410,7 +428,10 @@ def bench(
         print(json.dumps({k: v for k, v in rep.items() if k != "markdown"}, default=str))
     else:
         print(rep["markdown"])
-        err.print(f"[dim]written to {out}/bench.md and {out}/bench.json[/]")
+        warning = rep["info"]["noise"].get("warning")
+        if warning:
+            err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
+        err.print(f"[dim]written to {escape(str(out / 'bench.md'))} and {escape(str(out / 'bench.json'))}[/]")
 
 
 @app.command()
@@ -445,7 +466,8 @@ def inspect(
     plan: bool = typer.Option(False, "--plan", help="Every table of a plan: placement, CPU tuning, speculative "
                               "costs and the verify curve."),
     as_json: bool = typer.Option(False, "--json", help="Print every field as JSON."),
-    plot: Path | None = typer.Option(None, "--plot", help="Write the cost curves as a PNG (needs matplotlib)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write the cost curves as a PNG (needs matplotlib: "
+                                     "pip install 'guild\\[plot]')."),
 ):
     """Show a plan (identity, placement, CPU tuning, speculative costs) or a GGUF model."""
     from .describe import inspect as run_inspect  # deferred: see the module docstring
@@ -458,7 +480,7 @@ def inspect(
     if as_json:
         print(json.dumps(d))
     elif plot is not None:
-        err.print(f"[dim]plot written to {plot}[/]")
+        err.print(f"[dim]plot written to {escape(str(plot))}[/]")
 
 
 @app.command()
