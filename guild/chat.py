@@ -29,6 +29,7 @@ class Turn:
     prompt_ids: list[int] = field(default_factory=list)  # the ids this turn fed the session (after the cached prefix)
     ttft_s: float = 0.0  # from the turn's start (templating included) to its first token
     dropped: int = 0  # oldest turns dropped so that this one fit the context
+    system: str | None = None  # the system prompt this turn was answered under (chat turns)
 
 
 class TextStream:
@@ -192,7 +193,7 @@ class Conversation:
             stats.stop_reason = "interrupted"
         if chat:
             self.record(reply)
-        return Turn(reply, out, stats, list(prompt), _ttft(stream, t0), self.dropped)
+        return Turn(reply, out, stats, list(prompt), _ttft(stream, t0), self.dropped, self.system if chat else None)
 
 
 @dataclass
@@ -244,7 +245,9 @@ def run_turn(slots: Sequence[Slot], text: str, *, chat: bool, max_tokens: int, m
             st.stop_reason = "interrupted"
         if chat:
             s.conversation.record(reply)
-        turns.append(Turn(reply, out, st, list(ids), _ttft(stream, t0), s.conversation.dropped if chat else 0))
+        c = s.conversation
+        turns.append(Turn(reply, out, st, list(ids), _ttft(stream, t0), c.dropped if chat else 0,
+                          c.system if chat else None))
     return turns, cs
 
 

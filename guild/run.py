@@ -3,6 +3,7 @@ stats; `--sessions N` runs N copies concurrently. `--json` objects follow the sc
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -105,13 +106,14 @@ class RunResult:
                 "device_reason": self.device_reason, "strategy": self.options.strategy,
                 "mtp_head": self.mtp_head, "max_tokens": self.options.max_tokens, "context": self.options.context,
                 "sampling": sampling_dict(self.options.sampling), "seed": self.options.sampling.seed,
-                "system": t.system, "stop": list(t.stop), "ignore_eos": t.ignore_eos,
+                "stop": list(t.stop), "ignore_eos": t.ignore_eos,
                 "load_ms": round(self.load_s * 1e3, 1)}
 
     def turn_dict(self, i: int) -> dict:
         t = self.turns[i]
         st = t.stats
-        return {**self.head(), "turn": i + 1, "prompt_ids": t.prompt_ids, "text": t.text, "tokens": t.tokens,
+        return {**self.head(), "turn": i + 1, "system": t.system, "prompt_ids": t.prompt_ids, "text": t.text,
+                "tokens": t.tokens,
                 **st.as_dict(), "ttft_ms": round(t.ttft_s * 1e3, 1), "prefill_ms": round(st.prefill_s * 1e3, 1),
                 "decode_ms": round(st.decode_s * 1e3, 1), "dropped_turns": t.dropped}
 
@@ -155,6 +157,7 @@ def load_with_notes(model: str | None, opts: DecodeOptions, threads: int | None 
     _say(notify, f"loading {model or 'smollm2-135m-moe'} …")
     lm = load_for(model, opts, threads)
     if text.chat_template is not None:
+        lm.tokenizer = copy.copy(lm.tokenizer)  # this run's own renderer; the loaded tokenizer stays as it was
         use_chat_template(lm.tokenizer, text.chat_template)
     where = lm.device if lm.device == "cpu" else lm.device.split(" · ")[0]
     _say(notify, f"loaded {Path(lm.path).name} in {lm.load_s:.1f} s · {lm.threads} threads · {where}")
