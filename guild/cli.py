@@ -71,32 +71,24 @@ MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the e
 TEXT = "Prompt and text"
 
 
-def _sampling_options(d: dict | None):
-    """The sampling flags, shared by run and bench: `d` the defaults (None: bench, each flag None = the
-    workload's own setting)."""
-    def v(key):
-        return None if d is None else d[key]
+_SAMPLING_FLAGS = (  # (SamplingParams-ish name, flags, help)
+    ("temperature", ("--temperature", "--temp"), "0 = greedy."),
+    ("top_k", ("--top-k",), "Keep the k most likely tokens (0 = off)."),
+    ("top_p", ("--top-p",), "Nucleus: smallest set with this mass (1 = off)."),
+    ("min_p", ("--min-p",), "Drop tokens below min_p x the top probability (0 = off)."),
+    ("repeat_penalty", ("--repeat-penalty",), "1 = off."),
+    ("repeat_last_n", ("--repeat-last-n",), "History the penalties see (-1 = all)."),
+    ("frequency_penalty", ("--frequency-penalty",), "0 = off."),
+    ("presence_penalty", ("--presence-penalty",), "0 = off."),
+    ("seed", ("-s", "--seed"), "Seed of the position-keyed draws (run default: random; bench: the workload's)."),
+)
 
-    return dict(
-        temperature=typer.Option(v("temperature"), "--temperature", "--temp", help="0 = greedy.",
-                                 rich_help_panel=SAMPLING),
-        top_k=typer.Option(v("top_k"), "--top-k", help="Keep the k most likely tokens (0 = off).",
-                           rich_help_panel=SAMPLING),
-        top_p=typer.Option(v("top_p"), "--top-p", help="Nucleus: smallest set with this mass (1 = off).",
-                           rich_help_panel=SAMPLING),
-        min_p=typer.Option(v("min_p"), "--min-p", help="Drop tokens below min_p x the top probability (0 = off).",
-                           rich_help_panel=SAMPLING),
-        repeat_penalty=typer.Option(v("repeat_penalty"), "--repeat-penalty", help="1 = off.",
-                                    rich_help_panel=SAMPLING),
-        repeat_last_n=typer.Option(v("repeat_last_n"), "--repeat-last-n", help="History the penalties see (-1 = all).",
-                                   rich_help_panel=SAMPLING),
-        frequency_penalty=typer.Option(v("frequency_penalty"), "--frequency-penalty", help="0 = off.",
-                                       rich_help_panel=SAMPLING),
-        presence_penalty=typer.Option(v("presence_penalty"), "--presence-penalty", help="0 = off.",
-                                      rich_help_panel=SAMPLING),
-        seed=typer.Option(None, "-s", "--seed", help="Seed of the position-keyed draws (run default: random; bench:"
-                          " the workload's).", rich_help_panel=SAMPLING),
-    )
+
+def _sampling_options(d: dict | None) -> dict:
+    """The sampling flags, shared by run and bench: `d` the defaults (None: bench, each flag None = the
+    workload's own setting; the seed defaults to None on both)."""
+    return {k: typer.Option(None if d is None else d.get(k), *flags, help=h, rich_help_panel=SAMPLING)
+            for k, flags, h in _SAMPLING_FLAGS}
 
 
 _RUN_SAMPLING = _sampling_options(dict(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0,
