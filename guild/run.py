@@ -53,21 +53,15 @@ def kernels_cold() -> bool:
         import guild.kernels
 
         src = Path(guild.kernels.__file__).parent / "cpu"
-    roots = [src / "__pycache__"]
-    if numba.config.CACHE_DIR:
-        roots.insert(0, Path(numba.config.CACHE_DIR))
+    # NUMBA_CACHE_DIR replaces the __pycache__ folder beside the source
+    root, pattern = (Path(numba.config.CACHE_DIR), "**/{}.*.nbi") if numba.config.CACHE_DIR else \
+        (src / "__pycache__", "{}.*.nbi")
     for mod in ("ops", "quant_gen"):
         try:
-            newest_src = (src / f"{mod}.py").stat().st_mtime
+            source_time = (src / f"{mod}.py").stat().st_mtime
         except OSError:
             return False
-        fresh = False
-        for root in roots:
-            pattern = f"**/{mod}.*.nbi" if root != src / "__pycache__" else f"{mod}.*.nbi"
-            if any(p.stat().st_mtime >= newest_src for p in root.glob(pattern)):
-                fresh = True
-                break
-        if not fresh:
+        if not any(p.stat().st_mtime >= source_time for p in root.glob(pattern.format(mod))):
             return True
     return False
 
@@ -155,15 +149,15 @@ def load_with_notes(model: str | None, opts: DecodeOptions, threads: int | None 
     """load_for, saying on `notify` what happens before the first token: loading, then compiling the kernels when
     Numba's cache is cold (with an estimate); a --chat-template file replaces the model's."""
     _say(notify, f"loading {model or 'smollm2-135m-moe'} …")
+    if notify is not None and kernels_cold():
+        _say(notify, f"compiling kernels for this CPU (first run: about {COMPILE_ESTIMATE_S:.0f} s more, cached "
+                     "afterwards) …")
     lm = load_for(model, opts, threads)
     if text.chat_template is not None:
         lm.tokenizer = copy.copy(lm.tokenizer)  # this run's own renderer; the loaded tokenizer stays as it was
         use_chat_template(lm.tokenizer, text.chat_template)
     where = lm.device if lm.device == "cpu" else lm.device.split(" · ")[0]
     _say(notify, f"loaded {Path(lm.path).name} in {lm.load_s:.1f} s · {lm.threads} threads · {where}")
-    if kernels_cold():
-        _say(notify, f"compiling kernels for this CPU (first run; about {COMPILE_ESTIMATE_S:.0f} s, cached "
-                     "afterwards) …")
     return lm
 
 

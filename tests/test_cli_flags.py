@@ -77,6 +77,9 @@ def test_json_schema_stdin_prompt_and_aliases():
 def test_prompt_file_and_bad_input(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("The capital of France is")
+    r = _run("-f", str(f), "-n", "2", "-v")
+    assert r.stdout.startswith(" Paris")
+    assert "loading smollm2-135m" in r.stderr and "loaded SmolLM2" in r.stderr and "first token" in r.stderr
     (a,) = _json("-f", str(f), "-n", "2")
     assert a["prompt_ids"] == [504, 3575, 282, 4649, 314]
     for args, needle in ((["-f", str(tmp_path / "none.txt")], "-f/--file"),
@@ -133,3 +136,29 @@ def test_interactive_json_lines_from_a_pipe():
     lines = _json("-i", "-n", "8", input="What is the capital of France?\n\n/system Be brief.\nAnd of Italy?\n")
     assert [x["turn"] for x in lines] == [1, 2] and "Paris" in lines[0]["text"]
     assert lines[0]["system"] is None and lines[1]["system"] == "Be brief."  # the system prompt in force
+
+
+def test_brackets_survive_and_mtp_head_inspect(tmp_path):
+    missing = tmp_path / "[q4] model.gguf"
+    r = CliRunner().invoke(app, ["run", str(missing), "-p", "x"])
+    assert r.exit_code == 1 and "[q4] model.gguf" in r.stderr
+    head = "guild/heads/smollm2-135m-moe.mtp.gguf"
+    r = CliRunner().invoke(app, ["inspect", head], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and all(x in r.stdout for x in ("MTP head", "drafts for", "held-out acceptance"))
+    assert "context length" not in r.stdout and "layers" not in r.stdout and "mtp train." not in r.stdout
+    d = json.loads(CliRunner().invoke(app, ["inspect", head, "--json"]).stdout)
+    assert d["kind"] == "mtp_head" and d["base"]["name"] == "smollm2-135m-moe.gguf" and d["draft_vocab"] == 8192
+    assert d["block"] == {"layers": 1, "ffn": "moe", "expert_count": 8, "embedding_length": 576}
+
+
+def test_install_hint_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # as on a machine without guild[train]
+    r = CliRunner().invoke(app, ["train-mtp", "smollm2-135m", "-o", str(tmp_path / "h.gguf")])
+    assert r.exit_code == 1 and "pip install 'guild[train]'" in r.stderr, r.stderr
+
+
+def test_cold_kernel_cache_is_noticed(tmp_path):
+    code = "from guild.run import kernels_cold; print(kernels_cold())"
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.stdout.strip() == "True", r.stderr  # an empty Numba cache: the kernels will compile

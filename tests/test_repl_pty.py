@@ -7,14 +7,14 @@ import sys
 
 import pexpect
 
-GUILD = [sys.executable, "-m", "guild", "run", "smollm2-135m", "-i", "-t", "1", "--device", "cpu"]
+MODEL = ["smollm2-135m", "-t", "1", "--device", "cpu"]
 PROMPT = ">>> "
 
 
-def _spawn(tmp_path, *args):
+def _spawn(tmp_path, command, *args):
     env = {**os.environ, "GUILD_HISTORY_FILE": str(tmp_path / "history"), "TERM": "xterm"}
-    child = pexpect.spawn(GUILD[0], [*GUILD[1:], *args], env=env, encoding="utf-8", timeout=180,
-                          dimensions=(50, 250))
+    child = pexpect.spawn(sys.executable, ["-m", "guild", *command, *MODEL, *args], env=env, encoding="utf-8",
+                          timeout=180, dimensions=(50, 250))
     child.logfile_read = open(tmp_path / "transcript.txt", "w")  # noqa: SIM115 - closed with the child
     child.expect_exact(PROMPT)
     return child
@@ -34,7 +34,7 @@ def _exit_status(child):
 
 
 def test_chat_turns_commands_and_ctrl_d(tmp_path):
-    child = _spawn(tmp_path, "-n", "16")
+    child = _spawn(tmp_path, ["run", "-i"], "-n", "16")
     out = _say(child, "")
     assert "prompt " not in out and "error" not in out  # an empty line does nothing
     out = _say(child, "/help")
@@ -56,7 +56,7 @@ def test_chat_turns_commands_and_ctrl_d(tmp_path):
 
 
 def test_ctrl_c_system_prompt_and_full_context(tmp_path):
-    child = _spawn(tmp_path, "-n", "40", "-c", "200", "--ignore-eos")
+    child = _spawn(tmp_path, ["chat"], "-n", "40", "-c", "200", "--ignore-eos")  # guild chat = guild run -i
     assert "system prompt set" in _say(child, "/system You are a terse assistant. Answer in one line.")
     # Ctrl-C during a reply stops the reply, not the program
     child.sendline("Count from one to one hundred in words.")
