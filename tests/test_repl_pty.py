@@ -50,6 +50,12 @@ def test_chat_turns_commands_and_ctrl_d(tmp_path):
     assert "conversation cleared" in _say(child, "/clear")
     assert "loaded 4 messages" in _say(child, f"/load {saved}")
     assert "unknown command /nope" in _say(child, "/nope")
+    child.send("\x1b[A")  # up arrow: the last line again, from readline's history
+    child.expect_exact("/nope")
+    assert "unknown command /nope" in _say(child, "")
+    child.send("/systen x\x1b[D\x1b[D\x7fm")  # left arrow twice, backspace, retype: line editing
+    assert "system prompt set" in _say(child, "")
+    assert "system prompt: x" in _say(child, "/system")
     child.sendeof()  # Ctrl-D at an empty prompt
     assert _exit_status(child) == 0
     assert "What is the capital of France?" in (tmp_path / "history").read_text()  # line history kept
