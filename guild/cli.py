@@ -349,10 +349,10 @@ def run(
     _print_stats(res, sampling)
 
 
-@app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+             help="Chat in the terminal: the same as `guild run -i` (every run flag applies, e.g. guild chat MODEL "
+                  "--system TEXT); /help inside lists the commands.")
 def chat(ctx: typer.Context):
-    """Chat with a model in the terminal: `guild run --chat -i`, every `guild run` flag applies (guild chat
-    [MODEL] --system TEXT ...)."""
     typer.main.get_command(app).main(["run", "-i", *ctx.args], prog_name="guild", standalone_mode=False)
 
 
