@@ -130,16 +130,26 @@ class ChatRepl:
     def read_message(self, rl: _Readline) -> str | None:
         """The next message (None: end of the chat). Ctrl-C at an empty prompt ends it; on a line being
         typed it clears the line."""
+        typed = []
+
+        def on_sigint(signum, frame):  # runs inside readline's loop, while the typed line is still its buffer
+            typed.append(rl.line_buffer())
+            raise KeyboardInterrupt
+
         while True:
+            typed.clear()
+            old = signal.signal(signal.SIGINT, on_sigint)
             try:
                 line = self._input(">>> " if self.tty else "")
             except EOFError:
                 return None
             except KeyboardInterrupt:
-                if rl.line_buffer():
+                if any(typed):
                     self.out.write("\n")
                     continue
                 return None
+            finally:
+                signal.signal(signal.SIGINT, old)
             if line.lstrip().startswith(MULTILINE):
                 line = self._multiline(line.lstrip()[len(MULTILINE):])
                 if line is None:

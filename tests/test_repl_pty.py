@@ -56,6 +56,10 @@ def test_chat_turns_commands_and_ctrl_d(tmp_path):
     child.send("/systen x\x1b[D\x1b[D\x7fm")  # left arrow twice, backspace, retype: line editing
     assert "system prompt set" in _say(child, "")
     assert "system prompt: x" in _say(child, "/system")
+    child.send("half a line")
+    child.sendintr()  # Ctrl-C on a line being typed clears it and prompts again
+    child.expect_exact(PROMPT)
+    assert "no system prompt" in _say(child, "/system -") + _say(child, "/system")
     child.sendeof()  # Ctrl-D at an empty prompt
     assert _exit_status(child) == 0
     assert "What is the capital of France?" in (tmp_path / "history").read_text()  # line history kept
