@@ -156,7 +156,8 @@ def _trace(write_trace, path: Path, turns) -> None:
         raise GuildError(f"--trace {path}: cannot write ({e.strerror or e})") from None
 
 
-def _print_stats(res, sampling, first: int = 0) -> None:
+def _print_stats(res, sampling, first: int = 0, footer: bool = True) -> None:
+    """Each turn's stats on stderr, then (footer) the model, threads, load time, strategy and device."""
     for i, turn in enumerate(res.turns):
         s = turn.stats
         summ = s.summary()
@@ -174,6 +175,8 @@ def _print_stats(res, sampling, first: int = 0) -> None:
             f"generated {s.generated_tokens} tok · decode {s.decode_tok_s:.1f} tok/s · "
             f"{s.ms_per_token:.2f} ms/token · stop: {s.stop_reason}{escape(spec)}[/]", soft_wrap=True
         )
+    if not footer:
+        return
     err.print(
         f"[dim]{escape(Path(res.model).name)} · {res.threads} threads · load {res.load_s * 1e3:.0f} ms · "
         f"strategy {res.options.strategy}" + ("" if sampling.greedy else f" · seed {sampling.seed}")
@@ -196,8 +199,9 @@ def run(
                               rich_help_panel=TEXT),
     system: str | None = typer.Option(None, "-sys", "--system", "--system-prompt", help="System prompt of the chat "
                                       "(with --chat, -i or --conversation).", rich_help_panel=TEXT),
-    stop: list[str] | None = typer.Option(None, "--stop", "-r", "--reverse-prompt", help="End the text just before "
-                                          "this string (repeatable; never shown).", rich_help_panel=TEXT),
+    stop: list[str] | None = typer.Option(None, "--stop", "-r", "--reverse-prompt", metavar="<str>",
+                                          help="End the text just before this string (repeatable; never shown).",
+                                          rich_help_panel=TEXT),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Go on past end-of-generation tokens (not shown) "
                                     "until -n tokens.", rich_help_panel=TEXT),
     chat_template: Path | None = typer.Option(None, "--chat-template", "--chat-template-file", help="Jinja chat "
@@ -310,7 +314,7 @@ def run(
                 if as_json:
                     print(json.dumps(runner.result(done).turn_dict(len(done) - 1), ensure_ascii=False), flush=True)
                 else:
-                    _print_stats(runner.result([turn]), sampling, len(done) - 1)
+                    _print_stats(runner.result([turn]), sampling, len(done) - 1, footer=False)
 
             repl = ChatRepl(runner, note=lambda m: err.print(f"[dim]{escape(m)}[/]", soft_wrap=True),
                             after_turn=after_turn, error=lambda m: err.print(f"[bold red]error:[/] {escape(m)}"),
