@@ -162,3 +162,12 @@ def test_cold_kernel_cache_is_noticed(tmp_path):
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.stdout.strip() == "True", r.stderr  # an empty Numba cache: the kernels will compile
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_cut_mid_character_shows_no_replacement_character(n):
+    # greedy: "🌆🌞🌟…", each emoji spread over tokens; -n 1, 2 and 4 end inside one
+    r = _run("-p", "Write five emoji about the sea: 🌊", "-n", str(n))
+    (a,) = _json("-p", "Write five emoji about the sea: 🌊", "-n", str(n))
+    assert "\ufffd" not in r.stdout and "\ufffd" not in a["text"] and a["generated_tokens"] == n
+    assert r.stdout.rstrip("\n") == a["text"] and a["text"] == "🌆🌞🌟"[: len(a["text"])]
