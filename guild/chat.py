@@ -146,13 +146,13 @@ class Conversation:
             msgs = msgs[:first] + msgs[nxt:]
             self.dropped += 1
             full = self._ids(msgs)
-        if self.dropped and self.on_drop is not None:
-            self.on_drop(self.dropped, len(full), n_ctx)
         if len(full) >= n_ctx:
             raise ContextOverflowError(
                 f"the message ({len(full)} tokens with the chat template"
                 + (" and the system prompt" if msgs[0]["role"] == "system" else "")
                 + f") does not fit the context of {n_ctx} tokens", n_ctx)
+        if self.dropped and self.on_drop is not None:
+            self.on_drop(self.dropped, len(full), n_ctx)
         held = self.session.tokens
         n = 0
         for a, b in zip(held, full, strict=False):
