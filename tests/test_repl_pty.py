@@ -57,6 +57,7 @@ def test_chat_turns_commands_and_ctrl_d(tmp_path):
     assert "system prompt set" in _say(child, "")
     assert "system prompt: x" in _say(child, "/system")
     child.send("half a line")
+    child.expect_exact("half a line")  # echoed: readline holds it (a Ctrl-C sent sooner could beat the keys)
     child.sendintr()  # Ctrl-C on a line being typed clears it and prompts again
     child.expect_exact(PROMPT)
     assert "no system prompt" in _say(child, "/system -") + _say(child, "/system")
