@@ -353,9 +353,9 @@ def run(
     _print_stats(res, sampling)
 
 
-@app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+@app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False,
              help="Chat in the terminal: the same as `guild run -i` (every run flag applies, e.g. guild chat MODEL "
-                  "--system TEXT); /help inside lists the commands.")
+                  "--system TEXT; -h shows them); /help inside lists the commands.")
 def chat(ctx: typer.Context):
     typer.main.get_command(app).main(["run", "-i", *ctx.args], prog_name="guild", standalone_mode=False)
 
