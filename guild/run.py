@@ -231,7 +231,8 @@ def run_sessions(model: str | None, prompts: Sequence[str], *, chat: bool = Fals
         turns.append({"sessions": [{"prompt_ids": t.prompt_ids, "tokens": t.tokens, **t.stats.as_dict(),
                                     "ttft_ms": round(t.ttft_s * 1e3, 1)} for t in res], **cs.as_dict()})
     return {"schema": JSON_SCHEMA, "guild": __version__, "model": lm.path, "threads": lm.threads,
-            "strategy": opts.strategy, "sessions": len(ss), "device": lm.device, "device_reason": lm.device_reason,
+            "strategy": opts.strategy, "sessions": len(ss), "device": "cpu" if lm.device == "cpu" else "cuda",
+            "device_detail": lm.device, "device_reason": lm.device_reason,
             "sampling": sampling_dict(opts.sampling), "load_ms": round(lm.load_s * 1e3, 1), "texts": texts,
             "turns": turns}
 

@@ -175,7 +175,7 @@ the window's rows (dense models: 0) · noise: CV (stdev / mean) of normal's tok/
 
 def markdown(rows: list[dict], info: dict) -> str:
     head = (f"guild {info['guild']} · {info['model']} · {info['cpu']} · {info['threads']} threads · "
-            f"device {info.get('device', 'cpu')} · "
+            f"device {info.get('device_detail', info.get('device', 'cpu'))} · "
             f"{info['sessions']} session(s) (tok/s aggregate) · {info['repeats']} repeats · {info['sampling']}\n\n"
             "| workload | strategy | tok/s | ms/token | vs normal | acceptance | mean T | windows | experts/layer |\n"
             "|---|---|---|---|---|---|---|---|---|")
@@ -276,8 +276,9 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     if sampling_overrides:
         sampling_desc += " with " + ", ".join(f"{k}={v}" for k, v in sampling_overrides.items())
     info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft, "sessions": sessions,
-            "plan": plan.path if plan else None, "device": lm.device, "device_reason": lm.device_reason,
-            "sampling": sampling_desc, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "plan": plan.path if plan else None, "device": "cpu" if lm.device == "cpu" else "cuda",
+            "device_detail": lm.device, "device_reason": lm.device_reason, "sampling": sampling_desc,
+            "date": time.strftime("%Y-%m-%d %H:%M"),
             "wall_s": round(time.time() - t_start, 1),
             "noise": {"cv": cv, "load_start": [round(x, 2) for x in load_start],
                       "load_end": [round(x, 2) for x in load_end], "cores": cores,
