@@ -14,11 +14,27 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from . import __version__
 from .errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
 from .files import check_writable
-from .inputs import conversation_turns, prompt_text
+from .inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
 from .options import MTP_K, MTP_VOCAB, MtpOptions
+
+
+def _plain_flag_metavar() -> None:
+    """Help shows no `<bool>` for flags (they take no value); other options keep their `<int>`, `<path>`..."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich
+
+
+_plain_flag_metavar()
 
 
 class GuildApp(typer.Typer):
@@ -34,11 +50,69 @@ app = GuildApp(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True, highlight=False)
 
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"guild {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print guild's version and exit.")):
+    pass
+
 SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
 MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."
+TEXT = "Prompt and text"
+
+
+_SAMPLING_FLAGS = (  # (SamplingParams-ish name, flags, help)
+    ("temperature", ("--temperature", "--temp"), "0 = greedy."),
+    ("top_k", ("--top-k",), "Keep the k most likely tokens (0 = off)."),
+    ("top_p", ("--top-p",), "Nucleus: smallest set with this mass (1 = off)."),
+    ("min_p", ("--min-p",), "Drop tokens below min_p x the top probability (0 = off)."),
+    ("repeat_penalty", ("--repeat-penalty",), "1 = off."),
+    ("repeat_last_n", ("--repeat-last-n",), "History the penalties see (-1 = all)."),
+    ("frequency_penalty", ("--frequency-penalty",), "0 = off."),
+    ("presence_penalty", ("--presence-penalty",), "0 = off."),
+    ("seed", ("-s", "--seed"), "Seed of the position-keyed draws (run default: random; bench: the workload's)."),
+)
+
+
+def _sampling_options(d: dict | None) -> dict:
+    """The sampling flags, shared by run and bench: `d` the defaults (None: bench, each flag None = the
+    workload's own setting; the seed defaults to None on both)."""
+    return {k: typer.Option(None if d is None else d.get(k), *flags, help=h, rich_help_panel=SAMPLING)
+            for k, flags, h in _SAMPLING_FLAGS}
+
+
+_RUN_SAMPLING = _sampling_options(dict(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0,
+                                       repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0))
+_BENCH_SAMPLING = _sampling_options(None)
+_SAMPLING_FIELDS = {"repeat_last_n": "penalty_last_n"}  # flag name → SamplingParams field where they differ
+
+
+def _sampling_kw(**flags) -> dict:
+    """SamplingParams keyword arguments from the sampling flags that were given (None = not given)."""
+    return {_SAMPLING_FIELDS.get(k, k): v for k, v in flags.items() if v is not None}
+
+
+def _model_arg(model: str | None, model_opt: str | None) -> str | None:
+    if model is not None and model_opt is not None and model != model_opt:
+        raise BadFlagError(f"two models: {model} and -m/--model {model_opt}; give one")
+    return model if model is not None else model_opt
+
+
+def _notes(verbose: bool):
+    """Start-up notes (loading, compiling kernels, a full context) on stderr when it is a terminal or --verbose."""
+    if not (verbose or sys.stderr.isatty()):
+        return None
+    return lambda m: err.print(f"[dim]{escape(m)}[/]", soft_wrap=True)
 
 
 # engine errors speak in engine terms; here they get the flag that changes the outcome
@@ -72,7 +146,7 @@ STRICT_HELP = "Fail on a --gexec plan for another machine or model instead of re
 
 def _conversation(path: Path) -> list[str]:
     """User turns from a JSON or YAML file (size-capped, UTF-8, no YAML aliases): guild.inputs."""
-    return conversation_turns(path)
+    return conversation_turns(path)[1]
 
 
 def _trace(write_trace, path: Path, turns) -> None:
@@ -82,7 +156,8 @@ def _trace(write_trace, path: Path, turns) -> None:
         raise GuildError(f"--trace {path}: cannot write ({e.strerror or e})") from None
 
 
-def _print_stats(res, sampling) -> None:
+def _print_stats(res, sampling, first: int = 0, footer: bool = True) -> None:
+    """Each turn's stats on stderr, then (footer) the model, threads, load time, strategy and device."""
     for i, turn in enumerate(res.turns):
         s = turn.stats
         summ = s.summary()
@@ -93,37 +168,63 @@ def _print_stats(res, sampling) -> None:
             spec = (f"\nwindows {summ['windows']} · drafted {summ['drafted']} · accepted {summ['accepted']} "
                     f"({summ['acceptance'] * 100:.0f}%) · {summ['tokens_per_window']:.2f} tokens/window · "
                     f"T histogram {summ['t_histogram']}\nper strategy: {per}")
-        turn_label = f"turn {i + 1}: " if len(res.turns) > 1 else ""
+        turn_label = f"turn {first + i + 1}: " if len(res.turns) > 1 or first else ""
         err.print(
-            f"[dim]{turn_label}prompt {s.prompt_tokens} tok · prefill {s.prefill_tok_s:.1f} tok/s · "
+            f"[dim]{turn_label}prompt {s.prompt_tokens} tok · prefill {s.prefill_tok_s:.1f} tok/s "
+            f"({s.prefill_s * 1e3:.0f} ms) · first token {turn.ttft_s * 1e3:.0f} ms · "
             f"generated {s.generated_tokens} tok · decode {s.decode_tok_s:.1f} tok/s · "
-            f"{s.ms_per_token:.2f} ms/token · stop: {s.stop_reason}{spec}[/]"
+            f"{s.ms_per_token:.2f} ms/token · stop: {s.stop_reason}{escape(spec)}[/]", soft_wrap=True
         )
+    if not footer:
+        return
     err.print(
-        f"[dim]{Path(res.model).name} · {res.threads} threads · load {res.load_s:.2f} s · "
+        f"[dim]{escape(Path(res.model).name)} · {res.threads} threads · load {res.load_s * 1e3:.0f} ms · "
         f"strategy {res.options.strategy}" + ("" if sampling.greedy else f" · seed {sampling.seed}")
-        + (f" · MTP head {Path(res.mtp_head).name}" if res.mtp_head else "")
-        + f" · device {res.device}" + (f" ({escape(res.device_reason)})" if res.device_reason else "") + "[/]"
+        + (f" · MTP head {escape(Path(res.mtp_head).name)}" if res.mtp_head else "")
+        + f" · device {escape(res.device)}" + (f" ({escape(res.device_reason)})" if res.device_reason else "")
+        + "[/]", soft_wrap=True
     )
 
 
 @app.command()
 def run(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
+    model_opt: str | None = typer.Option(None, "-m", "--model", help="The model, as a flag (llama.cpp's -m)."),
     prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text (UTF-8; invalid bytes are an error; "
-                                      "-i lines take U+FFFD for them instead)."),
-    chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the model's chat template."),
+                                      "-i lines take U+FFFD for them instead); - reads standard input.",
+                                      rich_help_panel=TEXT),
+    file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from this UTF-8 file.",
+                                     rich_help_panel=TEXT),
+    chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the model's chat template.",
+                              rich_help_panel=TEXT),
+    system: str | None = typer.Option(None, "-sys", "--system", "--system-prompt", help="System prompt of the chat "
+                                      "(with --chat, -i or --conversation).", rich_help_panel=TEXT),
+    stop: list[str] | None = typer.Option(None, "--stop", "-r", "--reverse-prompt", metavar="<str>",
+                                          help="End the text just before this string (repeatable; never shown).",
+                                          rich_help_panel=TEXT),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Go on past end-of-generation tokens (not shown) "
+                                    "until -n tokens.", rich_help_panel=TEXT),
+    chat_template: Path | None = typer.Option(None, "--chat-template", "--chat-template-file", help="Jinja chat "
+                                              "template file replacing the model's (checked and sandboxed alike).",
+                                              rich_help_panel=TEXT),
     conversation: Path | None = typer.Option(
-        None, "--conversation", help="JSON/YAML list of user turns, run as one chat (implies --chat); UTF-8, "
-        "at most 16 MiB, no YAML aliases."),
-    interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat on stdin, one line per turn "
-                                     "(invalid UTF-8 becomes U+FFFD)."),
+        None, "--conversation", help="JSON/YAML list of messages (strings = user turns; role/content with a system "
+        "message first if any), run as one chat (implies --chat); UTF-8, at most 16 MiB, no YAML aliases.",
+        rich_help_panel=TEXT),
+    interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat in the terminal (implies --chat): "
+                                     "line editing, history, /help; Ctrl-C stops a reply.", rich_help_panel=TEXT),
     sessions: int = typer.Option(1, "--sessions", help="Run N sessions concurrently (seeds seed+i), batched."),
-    max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most (per turn)."),
+    max_tokens: int = typer.Option(128, "-n", "--max-tokens", "--n-predict", help="Tokens to generate at most "
+                                   "(per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
-    context: int = typer.Option(4096, "--context", help="Context length in tokens (KV cache size)."),
-    prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text, tokens, stats) instead."),
+    context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context length in tokens (KV cache "
+                                "size); a full chat drops its oldest turns."),
+    prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size",
+                                      help="Prompt rows per prefill forward."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text and stats: one object per run, one "
+                                 "line per turn with --conversation or -i (schema: README, \"--json\")."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Start-up notes on stderr even when it is not a "
+                                 "terminal."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     strategy: str = typer.Option("adaptive", "--decode-strategy", help="adaptive (picks normal, lookup, "
                                  "retrieval or mtp per window by expected ms/token), normal, lookup, retrieval or "
@@ -138,8 +239,8 @@ def run(
                                     "probability is below this (0 = always draft).", rich_help_panel=SPEC),
     mtp_vocab: int = typer.Option(MTP_VOCAB, "--spec-mtp-vocab", help="Draft LM head over the head's N most "
                                   "frequent tokens (0 = whole vocabulary).", rich_help_panel=SPEC),
-    max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most (0..7).",
-                                  rich_help_panel=SPEC),
+    max_draft: int = typer.Option(4, "--spec-max-draft", "--draft-max", "--draft", help="Draft tokens per window at "
+                                  "most (0..7).", rich_help_panel=SPEC),
     trace: Path | None = typer.Option(None, "--trace", help="Append one JSON line per window (candidates, "
                                       "predicted and measured ms, choice, kept) to this file.", rich_help_panel=SPEC),
     min_match: int = typer.Option(3, "--spec-min-match", help="Lookup anchor length (2 or 3).", rich_help_panel=SPEC),
@@ -149,23 +250,19 @@ def run(
                                              "ingests (repeatable).", rich_help_panel=SPEC),
     gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP, rich_help_panel=SPEC),
     strict_plan: bool = typer.Option(False, "--strict-plan", help=STRICT_HELP, rich_help_panel=SPEC),
-    temperature: float = typer.Option(0.0, "--temperature", "--temp", help="0 = greedy.", rich_help_panel=SAMPLING),
-    top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel=SAMPLING),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus: smallest set with this mass (1 = off).",
-                                rich_help_panel=SAMPLING),
-    min_p: float = typer.Option(0.05, "--min-p", help="Drop tokens below min_p x the top probability (0 = off).",
-                                rich_help_panel=SAMPLING),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1 = off.", rich_help_panel=SAMPLING),
-    repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="History the penalties see (-1 = all).",
-                                      rich_help_panel=SAMPLING),
-    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", rich_help_panel=SAMPLING),
-    presence_penalty: float = typer.Option(0.0, "--presence-penalty", rich_help_panel=SAMPLING),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the position-keyed draws (default: random).",
-                                    rich_help_panel=SAMPLING),
+    temperature: float = _RUN_SAMPLING["temperature"],
+    top_k: int = _RUN_SAMPLING["top_k"],
+    top_p: float = _RUN_SAMPLING["top_p"],
+    min_p: float = _RUN_SAMPLING["min_p"],
+    repeat_penalty: float = _RUN_SAMPLING["repeat_penalty"],
+    repeat_last_n: int = _RUN_SAMPLING["repeat_last_n"],
+    frequency_penalty: float = _RUN_SAMPLING["frequency_penalty"],
+    presence_penalty: float = _RUN_SAMPLING["presence_penalty"],
+    seed: int | None = _RUN_SAMPLING["seed"],
 ):
     """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
     from .engine.sampling import SamplingParams  # deferred: see the module docstring
-    from .run import DecodeOptions, Runner, write_trace
+    from .run import DecodeOptions, Runner, TextOptions, write_trace
     from .run import run as run_prompts
 
     def stream(s: str) -> None:
@@ -178,48 +275,63 @@ def run(
 
     try:
         _writable(trace, "--trace")
-        if prompt is not None:
-            prompt = prompt_text(prompt, "-p/--prompt")
-        sampling = SamplingParams(
+        model = _model_arg(model, model_opt)
+        if interactive and prompt == "-":
+            raise BadFlagError("-p - reads the prompt from standard input, which -i reads the chat from")
+        prompt = prompt_source(prompt, file)
+        sampling = SamplingParams(**_sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-            penalty_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            seed=secrets.randbits(63) if seed is None else seed,
-        )
+            repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            seed=secrets.randbits(63) if seed is None else seed))
+        prompts = [prompt] if prompt is not None else []
+        if conversation is not None:
+            conv_system, turns = conversation_turns(conversation)
+            prompts += turns
+            system = system if system is not None else conv_system
+            chat = True
+        chat = chat or interactive
+        text = TextOptions(system=system, stop=tuple(stop or ()), ignore_eos=ignore_eos,
+                           chat_template=None if chat_template is None else str(chat_template))
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, min_match=min_match,
                              lookup_window=lookup_window, corpus=tuple(str(c) for c in corpus or ()),
                              sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
                              gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                              mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, mtp_min_p, mtp_vocab),
                              sessions=sessions)
+        notes = _notes(verbose)
         if interactive:
-            runner = Runner(model, opts, threads)
-            err.print("[dim]chat: one line per turn; empty line or Ctrl-D ends[/]")
-            while True:
-                try:
-                    line = input("> ")
-                except EOFError:
-                    break
-                if not line.strip():
-                    break
-                turn = runner.say(prompt_text(line, "stdin", replace=True), stream)
+            if sessions != 1:
+                raise BadFlagError("-i chats with one session; drop --sessions")
+            from .repl import ChatRepl
+
+            runner = Runner(model, opts, threads, text, notes)
+            done = []
+
+            def after_turn(turn) -> None:
+                done.append(turn)
                 if trace is not None:
                     _trace(write_trace, trace, [turn])
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-                _print_stats(runner.result([turn]), sampling)
-            return
-        prompts = [prompt] if prompt is not None else []
-        if conversation is not None:
-            prompts += _conversation(conversation)
-            chat = True
+                if as_json:
+                    print(json.dumps(runner.result(done).turn_dict(len(done) - 1), ensure_ascii=False), flush=True)
+                else:
+                    _print_stats(runner.result([turn]), sampling, len(done) - 1, footer=False)
+
+            repl = ChatRepl(runner, note=lambda m: err.print(f"[dim]{escape(m)}[/]", soft_wrap=True),
+                            after_turn=after_turn, error=lambda m: err.print(f"[bold red]error:[/] {escape(m)}"),
+                            stream=not as_json)
+            for p in prompts:
+                if not as_json:
+                    sys.stdout.write(f">>> {p}\n")
+                repl.turn(p)
+            raise typer.Exit(repl.loop())
         if sessions != 1:
             from .run import run_sessions
 
             if trace is not None:
                 raise BadFlagError("--trace records one session's windows; drop --sessions or --trace")
-            rep = run_sessions(model, prompts, chat=chat, opts=opts, threads=threads)
+            rep = run_sessions(model, prompts, chat=chat, opts=opts, threads=threads, text=text, notify=notes)
             if as_json:
-                print(json.dumps(rep))
+                print(json.dumps(rep, ensure_ascii=False))
                 return
             for i, texts in enumerate(rep["texts"]):
                 sys.stdout.write(f"--- session {i + 1}\n" + "\n".join(texts) + "\n")
@@ -228,13 +340,13 @@ def run(
                           f"aggregate decode {t['aggregate_tok_s']:.1f} tok/s over {sessions} sessions[/]")
             return
         res = run_prompts(model, prompts, chat=chat, opts=opts, threads=threads,
-                          on_text=None if as_json else stream, on_turn=turn_header)
+                          on_text=None if as_json else stream, on_turn=turn_header, text=text, notify=notes)
         if trace is not None:
             _trace(write_trace, trace, res.turns)
     except GuildError as e:
         _fail(e)
     if as_json:
-        print(json.dumps(res.as_dict()))
+        print("\n".join(res.json_lines()) if len(res.turns) > 1 else json.dumps(res.as_dict(), ensure_ascii=False))
         return
     sys.stdout.write("\n")
     sys.stdout.flush()
@@ -247,6 +359,7 @@ SERVE = "Serving"
 @app.command()
 def serve(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
+    model_opt: str | None = typer.Option(None, "-m", "--model", help="The model, as a flag (llama.cpp's -m)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (only this one).",
                              rich_help_panel=SERVE),
     port: int = typer.Option(8080, "--port", help="TCP port (0 = any free port).", rich_help_panel=SERVE),
@@ -259,50 +372,68 @@ def serve(
     drain_timeout: float = typer.Option(300.0, "--drain-timeout", help="Seconds in-flight requests may take to "
                                         "finish after SIGTERM or Ctrl-C.", rich_help_panel=SERVE),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
-    context: int = typer.Option(4096, "--context", "-c", "--ctx-size", help="Context of each session, in tokens."),
-    prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward (<= 64: "
-                                      "every cached row is reusable by a later request)."),
+    context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context of each session, in tokens."),
+    prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size", help="Prompt rows per prefill "
+                                      "forward (<= 64: every cached row is reusable by a later request)."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
     strategy: str = typer.Option("adaptive", "--decode-strategy", help="Default strategy (a request may name its "
                                  "own as \"decode_strategy\").", rich_help_panel=SPEC),
-    max_draft: int = typer.Option(4, "--spec-max-draft", help="Default draft tokens per window (0..7).",
-                                  rich_help_panel=SPEC),
+    max_draft: int = typer.Option(4, "--spec-max-draft", "--draft-max", "--draft",
+                                  help="Default draft tokens per window (0..7).", rich_help_panel=SPEC),
     gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP, rich_help_panel=SPEC),
-    temperature: float = typer.Option(0.0, "--temperature", "--temp", help="Default when a request names none "
-                                      "(0 = greedy).", rich_help_panel=SAMPLING),
-    top_k: int = typer.Option(40, "--top-k", help="Default top-k (0 = off).", rich_help_panel=SAMPLING),
-    top_p: float = typer.Option(0.95, "--top-p", help="Default top-p (1 = off).", rich_help_panel=SAMPLING),
-    min_p: float = typer.Option(0.05, "--min-p", help="Default min-p (0 = off).", rich_help_panel=SAMPLING),
+    temperature: float = _RUN_SAMPLING["temperature"],
+    top_k: int = _RUN_SAMPLING["top_k"],
+    top_p: float = _RUN_SAMPLING["top_p"],
+    min_p: float = _RUN_SAMPLING["min_p"],
+    repeat_penalty: float = _RUN_SAMPLING["repeat_penalty"],
+    repeat_last_n: int = _RUN_SAMPLING["repeat_last_n"],
+    frequency_penalty: float = _RUN_SAMPLING["frequency_penalty"],
+    presence_penalty: float = _RUN_SAMPLING["presence_penalty"],
 ):
     """Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus /health and
-    /metrics (Prometheus). Requests are batched into one forward per round; each decodes exactly as `guild run`."""
-    from .engine.sampling import SamplingParams
+    /metrics (Prometheus). Requests are batched into one forward per round; each decodes exactly as `guild run`.
+    Sampling flags are the defaults for requests that leave a field out."""
+    from .engine.sampling import SamplingParams  # deferred: see the module docstring
     from .run import DecodeOptions
     from .serve import ServeOptions
     from .serve import serve as serve_model
 
     try:
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        sampling = SamplingParams(**_sampling_kw(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, sampling=sampling, context=context,
                              prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec), device=device)
-        serve_model(model, opts, ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout), threads)
+        serve_model(_model_arg(model, model_opt), opts,
+                    ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout), threads)
     except GuildError as e:
         _fail(e)
+
+
+@app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False,
+             help="Chat in the terminal: the same as `guild run -i` (every run flag applies, e.g. guild chat MODEL "
+                  "--system TEXT; -h shows them); /help inside lists the commands.")
+def chat(ctx: typer.Context):
+    typer.main.get_command(app).main(["run", "-i", *ctx.args], prog_name="guild", standalone_mode=False)
 
 
 @app.command()
 def bench(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
+    model_opt: str | None = typer.Option(None, "-m", "--model", help="The model, as a flag (llama.cpp's -m)."),
     workloads: str = typer.Option("W1,W2,W3,W4,W5,W6,W7,W8,W9", "--workloads", help="Comma-separated ids (W1..W10)."),
     strategies: str = typer.Option("normal,lookup,retrieval,adaptive", "--strategies",
                                    help="Comma-separated strategies."),
     repeats: int = typer.Option(1, "--repeats", help="Repeats (strategies interleaved within each)."),
-    max_draft: int = typer.Option(4, "--spec-max-draft", help="Draft tokens per window at most."),
-    max_tokens: int | None = typer.Option(None, "-n", "--max-tokens", help="Override each workload's length."),
-    context: int = typer.Option(8192, "--context", help="Context length (W10 sizes above it are skipped)."),
+    noise_check: bool = typer.Option(True, "--noise-check/--no-noise-check", help="With one repeat, run normal once "
+                                     "more per workload: its tok/s CV is the noise a ratio must beat."),
+    max_draft: int = typer.Option(4, "--spec-max-draft", "--draft-max", "--draft",
+                                  help="Draft tokens per window at most."),
+    max_tokens: int | None = typer.Option(None, "-n", "--max-tokens", "--n-predict",
+                                          help="Override each workload's length."),
+    context: int = typer.Option(8192, "-c", "--context", "--ctx-size",
+                                help="Context length (W10 sizes above it are skipped)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Override workloads' sampling."),
-    seed: int = typer.Option(12345, "--seed", help="Seed when --temperature is given."),
     sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions per run, batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
@@ -312,20 +443,34 @@ def bench(
     mtp_head: Path | None = typer.Option(None, "--mtp-head", help="MTP head GGUF for mtp/adaptive."),
     mtp_k: int = typer.Option(MTP_K, "--spec-mtp-k", help="MTP drafts per window at most (1..7)."),
     mtp_vocab: int = typer.Option(MTP_VOCAB, "--spec-mtp-vocab", help="Draft LM head rows (0 = whole vocabulary)."),
+    temperature: float | None = _BENCH_SAMPLING["temperature"],
+    top_k: int | None = _BENCH_SAMPLING["top_k"],
+    top_p: float | None = _BENCH_SAMPLING["top_p"],
+    min_p: float | None = _BENCH_SAMPLING["min_p"],
+    repeat_penalty: float | None = _BENCH_SAMPLING["repeat_penalty"],
+    repeat_last_n: int | None = _BENCH_SAMPLING["repeat_last_n"],
+    frequency_penalty: float | None = _BENCH_SAMPLING["frequency_penalty"],
+    presence_penalty: float | None = _BENCH_SAMPLING["presence_penalty"],
+    seed: int | None = _BENCH_SAMPLING["seed"],
 ):
-    """Run workloads x strategies in one process, check token parity with normal, write a table."""
+    """Run workloads x strategies in one process, check token parity with normal, write a table. Sampling flags
+    change those settings of every workload (the rest stay each workload's own)."""
     from .engine.sampling import SamplingParams  # deferred: see the module docstring
     from .load import set_threads
     from .tools.bench import bench as run_bench
 
     try:
         _writable(out / "bench.json", "--out")
+        model = _model_arg(model, model_opt)
         set_threads(threads)
-        sampling = None if temperature is None else SamplingParams(
-            temperature=temperature, top_k=40, top_p=0.9, min_p=0.05, seed=seed)
+        overrides = _sampling_kw(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            seed=seed)
+        SamplingParams(**overrides)  # each value checked now, with its flag's name
         rep = run_bench(model, [w for w in workloads.split(",") if w], [s for s in strategies.split(",") if s],
-                        repeats=repeats, sampling=sampling, max_draft=max_draft, context=context,
-                        max_tokens=max_tokens, out=out, sessions=sessions,
+                        repeats=repeats, max_draft=max_draft, context=context, sampling_overrides=overrides,
+                        max_tokens=max_tokens, out=out, sessions=sessions, noise_check=noise_check,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                         mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab))
     except OSError as e:  # writing bench.md / bench.json after the runs
@@ -336,7 +481,10 @@ def bench(
         print(json.dumps({k: v for k, v in rep.items() if k != "markdown"}, default=str))
     else:
         print(rep["markdown"])
-        err.print(f"[dim]written to {out}/bench.md and {out}/bench.json[/]")
+        warning = rep["info"]["noise"].get("warning")
+        if warning:
+            err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
+        err.print(f"[dim]written to {escape(str(out / 'bench.md'))} and {escape(str(out / 'bench.json'))}[/]")
 
 
 @app.command()
@@ -371,7 +519,8 @@ def inspect(
     plan: bool = typer.Option(False, "--plan", help="Every table of a plan: placement, CPU tuning, speculative "
                               "costs and the verify curve."),
     as_json: bool = typer.Option(False, "--json", help="Print every field as JSON."),
-    plot: Path | None = typer.Option(None, "--plot", help="Write the cost curves as a PNG (needs matplotlib)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write the cost curves as a PNG (needs matplotlib: "
+                                     "pip install 'guild\\[plot]')."),
 ):
     """Show a plan (identity, placement, CPU tuning, speculative costs) or a GGUF model."""
     from .describe import inspect as run_inspect  # deferred: see the module docstring
@@ -384,7 +533,7 @@ def inspect(
     if as_json:
         print(json.dumps(d))
     elif plot is not None:
-        err.print(f"[dim]plot written to {plot}[/]")
+        err.print(f"[dim]plot written to {escape(str(plot))}[/]")
 
 
 @app.command()

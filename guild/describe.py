@@ -54,17 +54,16 @@ def model_summary(path: str | os.PathLike) -> dict:
 
     g = GGUFFile(path)
     a = g.architecture
+    if a == ARCH_MTP:
+        return head_summary(path, g)
     n_layers = int(g.get(f"{a}.block_count", int, 0))
     n_exp = int(g.get(f"{a}.expert_count", int, 0))
-    quant = Counter(t.qtype.name for t in g.tensors.values())
     d = {
-        "path": str(path), "name": g.get("general.name", str, ""), "architecture": a, "layers": n_layers,
-        "context_length": g.get(f"{a}.context_length", int, None), "embedding_length": g.get(f"{a}.embedding_length",
-                                                                                              int, None),
+        "path": str(path), "kind": "model", "name": g.get("general.name", str, ""), "architecture": a,
+        "layers": n_layers, "context_length": g.get(f"{a}.context_length", int, None),
+        "embedding_length": g.get(f"{a}.embedding_length", int, None),
         "expert_count": n_exp, "expert_used_count": int(g.get(f"{a}.expert_used_count", int, 0)) if n_exp else 0,
-        "tensor_count": len(g.tensors), "quant_types": dict(sorted(quant.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "parameters": int(sum(t.n_elements for t in g.tensors.values())),
-        "file_bytes": os.path.getsize(g.path), "sha256": g.identity_digest(),
+        **_file_fields(g),
     }
     interval = g.get(f"{a}.full_attention_interval", None, None)
     nextn = int(g.get(f"{a}.nextn_predict_layers", int, 0))
@@ -73,34 +72,85 @@ def model_summary(path: str | os.PathLike) -> dict:
         d.update(full_attention_interval=interval, layer_pattern=pat, layer_pattern_short=compress_pattern(pat))
     if nextn:
         d["nextn_predict_layers"] = nextn
-    if a == ARCH_MTP:  # an MTP head (guild train-mtp): what it was trained for and how well
-        d["mtp"] = {k.removeprefix("guild.mtp."): v for k, v in g.metadata.items() if k.startswith("guild.mtp.")}
-    else:
-        side = sidecar_path(path)
-        d["mtp_head"] = (f"nextn block (blk.{n_layers - nextn})" if nextn else str(side) if side else None)
+    side = sidecar_path(path)
+    d["mtp_head"] = (f"nextn block (blk.{n_layers - nextn})" if nextn else str(side) if side else None)
     return d
 
 
-def print_model(d: dict, console: Console) -> None:
-    t = Table(title=f"{Path(d['path']).name}", show_header=False, title_justify="left")
+def _file_fields(g: GGUFFile) -> dict:
+    quant = Counter(t.qtype.name for t in g.tensors.values())
+    return {"tensor_count": len(g.tensors), "quant_types": dict(sorted(quant.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "parameters": int(sum(t.n_elements for t in g.tensors.values())),
+            "file_bytes": os.path.getsize(g.path), "sha256": g.identity_digest()}
+
+
+def head_summary(path: str | os.PathLike, g: GGUFFile) -> dict:
+    """An MTP head (guild train-mtp): the model it drafts for, its block, its draft vocabulary and how it was
+    trained, from its guild.mtp.* metadata and tensor shapes."""
+    meta = {k.removeprefix("guild.mtp."): v for k, v in g.metadata.items() if k.startswith("guild.mtp.")}
+    train = {k.removeprefix("train."): v for k, v in meta.items() if k.startswith("train.")}
+    shapes = {n: tuple(int(x) for x in t.shape) for n, t in g.tensors.items()}
+    blocks = sorted({int(n.split(".")[1]) for n in shapes if n.startswith("blk.")})
+    exps = next((v[0] for n, v in shapes.items() if n.endswith("ffn_gate_exps.weight")), 0)
+    dim = next((v[-1] for n, v in shapes.items() if n.endswith("nextn.enorm.weight")), None)
+    vocab = next((v[0] for n, v in shapes.items() if n == "mtp.draft_vocab"), None)
+    return {
+        "path": str(path), "kind": "mtp_head", "architecture": ARCH_MTP,
+        "base": {"name": meta.get("base_name"), "architecture": meta.get("base_architecture"),
+                 "digest": meta.get("base_digest")},
+        "block": {"layers": len(blocks), "ffn": meta.get("ffn"), "expert_count": int(exps),
+                  "embedding_length": None if dim is None else int(dim)},
+        "draft_vocab": None if vocab is None else int(vocab),
+        "training": train,
+        **_file_fields(g),
+    }
+
+
+def print_head(d: dict, console: Console) -> None:
+    t = Table(title=escape(f"{Path(d['path']).name} · MTP head"), show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("name", d["name"] or "—")
-    t.add_row("architecture", d["architecture"])
+    b, blk, tr = d["base"], d["block"], d["training"]
+    t.add_row("drafts for", escape(f"{b['name'] or '—'} ({b['architecture'] or '?'}) · identity sha256 "
+                                   f"{(b['digest'] or '?')[:16]}…"))
+    t.add_row("block", escape(f"{blk['layers']} layer of the base's kind · FFN {blk['ffn'] or '?'}"
+                              + (f" ({blk['expert_count']} experts)" if blk["expert_count"] else "")
+                              + (f" · width {blk['embedding_length']}" if blk["embedding_length"] else "")))
+    t.add_row("draft vocabulary", f"{d['draft_vocab']} most frequent targets" if d["draft_vocab"] else "whole")
+    if "heldout_acceptance" in tr:
+        before = tr.get("heldout_acceptance_step0")
+        t.add_row("held-out acceptance", f"{tr['heldout_acceptance'] * 100:.1f}% over {tr.get('heldout_rows', '?')} "
+                  "rows" + (f" (before training {before * 100:.1f}%)" if before is not None else ""))
+    if "steps" in tr:
+        t.add_row("training", escape(f"{tr['steps']} steps · {tr.get('rows', '?')} rows of {tr.get('seq_len', '?')} "
+                                     f"tokens" + (f" · {tr['seconds'] / 60:.1f} min" if "seconds" in tr else "")))
+    if "sources" in tr:
+        t.add_row("training text", escape(str(tr["sources"])))
+    t.add_row("parameters", f"{d['parameters'] / 1e6:.1f} M in {d['tensor_count']} tensors")
+    t.add_row("quant types", escape(", ".join(f"{k} × {v}" for k, v in d["quant_types"].items())))
+    t.add_row("file", f"{d['file_bytes'] / 2**20:.1f} MiB · identity sha256 {d['sha256'][:16]}…")
+    console.print(t)
+
+
+def print_model(d: dict, console: Console) -> None:
+    if d.get("kind") == "mtp_head":
+        return print_head(d, console)
+    t = Table(title=escape(Path(d["path"]).name), show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("name", escape(d["name"]) or "—")
+    t.add_row("architecture", escape(d["architecture"]))
     t.add_row("layers", str(d["layers"]))
     if "layer_pattern" in d:
         t.add_row("layer pattern", f"{d['layer_pattern_short']}  (R recurrent, A full attention"
                   + (", M MTP" if "M" in d["layer_pattern"] else "") + f"; interval {d['full_attention_interval']})")
     t.add_row("experts", f"{d['expert_count']} (top-{d['expert_used_count']})" if d["expert_count"] else "dense")
-    t.add_row("context length", str(d["context_length"]))
+    t.add_row("context length", str(d["context_length"]) if d["context_length"] else "— (not in the file)")
     t.add_row("parameters", f"{d['parameters'] / 1e6:.1f} M")
     t.add_row("tensors", str(d["tensor_count"]))
-    t.add_row("quant types", ", ".join(f"{k} × {v}" for k, v in d["quant_types"].items()))
+    t.add_row("quant types", escape(", ".join(f"{k} × {v}" for k, v in d["quant_types"].items())))
     t.add_row("file", f"{d['file_bytes'] / 2**20:.1f} MiB · identity sha256 {d['sha256'][:16]}…")
-    if "mtp_head" in d:
-        t.add_row("MTP head", d["mtp_head"] or "none (guild train-mtp makes one)")
-    for k, v in d.get("mtp", {}).items():
-        t.add_row(f"mtp {k}", f"{v:.4g}" if isinstance(v, float) else str(v))
+    t.add_row("MTP head", escape(d["mtp_head"]) if d["mtp_head"] else "none (guild train-mtp makes one)")
     console.print(t)
 
 
@@ -139,18 +189,18 @@ def _ms(x: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
 def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
 
     h, hw, m = plan.header, plan.hardware, plan.model
-    t = Table(title=f"plan {plan.path}", show_header=False, title_justify="left")
+    t = Table(title=escape(f"plan {plan.path}"), show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     t.add_row("format", f"{h.format} v{h.version} · guild {h.guild_version} · {h.created} · seal ok")
     t.add_row("optimize", f"--mode {h.mode} --context {h.context} --prefill-batch {h.prefill_batch} --spec {h.spec}")
-    t.add_row("CPU", f"{hw.cpu_model} · {hw.physical_cores} cores / {hw.logical_cpus} threads · "
-              f"{hw.numa_nodes} NUMA node(s)")
+    t.add_row("CPU", escape(f"{hw.cpu_model} · {hw.physical_cores} cores / {hw.logical_cpus} threads · "
+                            f"{hw.numa_nodes} NUMA node(s)"))
     t.add_row("ISA", " ".join(hw.isa))
-    t.add_row("GPU", hw.gpu.describe() if hw.gpu else "none")
-    t.add_row("model", f"{m.file} · {m.architecture} · {m.layers} layers · "
-              + (f"{m.expert_count} experts (top-{m.expert_used_count})" if m.expert_count else "dense")
-              + f" · sha256 {m.sha256[:16]}…")
+    t.add_row("GPU", escape(hw.gpu.describe()) if hw.gpu else "none")
+    t.add_row("model", escape(f"{m.file} · {m.architecture} · {m.layers} layers · "
+                              + (f"{m.expert_count} experts (top-{m.expert_used_count})" if m.expert_count else "dense")
+                              + f" · sha256 {m.sha256[:16]}…"))
     here = d["this_machine"]
     t.add_row("this machine", "matches" if here["matches"] else f"[yellow]{escape(here['mismatch']['message'])}[/]")
     console.print(t)
@@ -160,7 +210,7 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
                       f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens · --plan for every table")
         return
     p = plan.placement
-    t = Table(title=f"placement at --context {p.context}", caption=p.note, title_justify="left",
+    t = Table(title=f"placement at --context {p.context}", caption=escape(p.note or ""), title_justify="left",
               caption_justify="left")
     for c in ("group", "device", "tensors", "size", "on the GPU"):
         t.add_column(c, justify="left" if c in ("group", "device") else "right")
@@ -191,21 +241,29 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
     console.print(t)
     console.print(f"lookup {s.lookup_draft_ms * 1e3:.1f} µs · retrieval {s.retrieval_draft_ms * 1e3:.1f} µs · "
                   f"KV commit {s.kv_commit_ms * 1e3:.1f} µs · MTP step {_ms(s.mtp_draft_step_ms)} ms, catch-up "
-                  f"{_ms(s.mtp_kv_catchup_ms)} ms" + (f" ({s.mtp_note})" if s.mtp_note else "")
+                  f"{_ms(s.mtp_kv_catchup_ms)} ms" + (f" ({escape(s.mtp_note)})" if s.mtp_note else "")
                   + f" · noise CV {s.noise_cv:.3f} · prefill {s.prefill_tok_s:.0f} tok/s")
     console.print("\nverify curve V(T)" + (" (█ CPU experts, ░ the rest)" if s.verify_cpu_expert_ms else ""))
     for line in verify_chart(plan):
         console.print(line, highlight=False)
 
 
-def plot(plan: Plan, out: str | os.PathLike) -> Path:
+PLOT_HINT = "--plot needs matplotlib: pip install 'guild[plot]'"
+
+
+def _pyplot():
     try:
         import matplotlib  # optional: guild[plot]
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise GuildError("--plot needs matplotlib (guild's 'plot' extra): pip install matplotlib") from None
+        raise GuildError(PLOT_HINT) from None
+    return plt
+
+
+def plot(plan: Plan, out: str | os.PathLike) -> Path:
+    plt = _pyplot()
     s = plan.spec
     T = list(range(1, MAX_T + 1))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -249,6 +307,8 @@ def inspect(path: str | os.PathLike, *, full: bool = False, as_json: bool = Fals
             print_model(d, console)
         return d
     plan = read_plan(path)
+    if plot_to:
+        _pyplot()  # a missing matplotlib fails before anything is printed
     d = plan_json(plan)
     if not as_json:
         print_plan(plan, d, console, full)

@@ -62,21 +62,61 @@ def read_text_file(path: str | os.PathLike, what: str, limit: int = MAX_CONVERSA
         raise GuildError(f"{what} {p}: invalid UTF-8 at byte {e.start}") from None
 
 
-def conversation_turns(path: str | os.PathLike) -> list[str]:
-    """User turns from a JSON or YAML file: a list of strings or of {role, content} messages."""
+ROLES = ("system", "user", "assistant")
 
 
-    text = read_text_file(path, "--conversation")
+def conversation_messages(path: str | os.PathLike, what: str = "--conversation") -> list[dict]:
+    """Messages from a JSON or YAML file: a list of strings (user turns) or of {role, content} messages (role
+    system, user or assistant; user when left out). A system message may only come first."""
+    text = read_text_file(path, what)
     try:
         data = safe_yaml.load(text)
     except (yaml.YAMLError, safe_yaml.UnsafeYaml) as e:
-        raise GuildError(f"--conversation {path}: cannot read ({str(e).splitlines()[0]})") from None
-    turns = []
-    for m in data if isinstance(data, list) else []:
+        raise GuildError(f"{what} {path}: cannot read ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, list):
+        raise GuildError(f"{what} {path}: expected a list of messages (strings or role/content)")
+    msgs = []
+    for i, m in enumerate(data):
         if isinstance(m, str):
-            turns.append(m)
-        elif isinstance(m, dict) and m.get("role", "user") == "user" and isinstance(m.get("content"), str):
-            turns.append(m["content"])
-    if not turns:
-        raise GuildError(f"--conversation {path}: expected a list of user messages (strings or role/content)")
-    return [prompt_text(t, f"--conversation {path}") for t in turns]
+            m = {"role": "user", "content": m}
+        if not (isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role", "user") in ROLES):
+            raise GuildError(f"{what} {path}: message {i + 1} is not a string or a role/content mapping "
+                             f"(role: {', '.join(ROLES)})")
+        role = m.get("role", "user")
+        if role == "system" and msgs:
+            raise GuildError(f"{what} {path}: message {i + 1}: a system message may only come first")
+        msgs.append({"role": role, "content": prompt_text(m["content"], f"{what} {path}")})
+    if not any(m["role"] == "user" for m in msgs):
+        raise GuildError(f"{what} {path}: expected a list of user messages (strings or role/content)")
+    return msgs
+
+
+def conversation_turns(path: str | os.PathLike) -> tuple[str | None, list[str]]:
+    """`--conversation FILE`: its system prompt (or None) and its user turns (assistant messages are what the
+    model answers, so they are not replayed)."""
+    msgs = conversation_messages(path)
+    system = msgs[0]["content"] if msgs[0]["role"] == "system" else None
+    return system, [m["content"] for m in msgs if m["role"] == "user"]
+
+
+def prompt_source(prompt: str | None, file: str | os.PathLike | None, stdin=None) -> str | None:
+    """The prompt of `-p TEXT`, `-p -` (standard input, read to its end) or `-f/--file FILE`."""
+    import sys
+
+    if prompt is not None and file is not None:
+        raise BadFlagError("give either -p/--prompt or -f/--file, not both")
+    if file is not None:
+        return read_text_file(file, "-f/--file", MAX_PROMPT_CHARS * 4)
+    if prompt == "-":
+        stream = stdin or sys.stdin
+        if stream.isatty():
+            raise BadFlagError("-p -: standard input is a terminal; pipe the prompt in (or use -f FILE)")
+        data = stream.buffer.read(MAX_PROMPT_CHARS * 4 + 1) if hasattr(stream, "buffer") else \
+            stream.read(MAX_PROMPT_CHARS + 1).encode("utf-8", "surrogateescape")
+        if len(data) > MAX_PROMPT_CHARS * 4:
+            raise BadFlagError(f"-p -: standard input is over {MAX_PROMPT_CHARS * 4} bytes")
+        try:
+            return prompt_text(data.decode("utf-8"), "-p - (standard input)")
+        except UnicodeDecodeError as e:
+            raise BadFlagError(f"-p - (standard input): invalid UTF-8 at byte {e.start}") from None
+    return None if prompt is None else prompt_text(prompt, "-p/--prompt")

@@ -26,8 +26,8 @@ def run_cli(call, *args, **kwargs):
         rc = call(*args, standalone_mode=False, **kwargs)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # a reply may have been cut mid-line: the error starts a line of its own
+        print(("\n" if sys.stderr.isatty() else "") + "error: interrupted", file=sys.stderr)
         rc = 130
     except GuildError as e:
         if debug:

@@ -1,19 +1,72 @@
 """`guild run`: decode one prompt or a whole conversation on a loaded model (guild.load), stream text, return
-stats; `--sessions N` runs N copies concurrently."""
+stats; `--sessions N` runs N copies concurrently. `--json` objects follow the schema in README ("--json")."""
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .chat import Conversation, Slot, Turn, run_turn
+from . import __version__
+from .chat import Conversation, Slot, Turn, drop_note, run_turn, use_chat_template
 from .errors import BadFlagError
 from .load import LoadedModel, load
 from .options import DecodeOptions
 
-__all__ = ["DecodeOptions", "RunResult", "Runner", "run", "run_sessions", "slots", "write_trace"]
+__all__ = ["DecodeOptions", "RunResult", "Runner", "TextOptions", "run", "run_sessions", "slots", "write_trace"]
+
+JSON_SCHEMA = "guild.run/1"  # the --json objects' layout (README, "--json"); bumped on any incompatible change
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """What the text around the tokens looks like: `--system`, `--stop`, `--ignore-eos`, `--chat-template`."""
+
+    system: str | None = None  # the system prompt of a chat
+    stop: tuple[str, ...] = ()  # the text ends just before the first of these (never shown)
+    ignore_eos: bool = False  # generate past end-of-generation tokens (they are not shown)
+    chat_template: str | None = None  # a Jinja file replacing the GGUF's tokenizer.chat_template
+
+    def __post_init__(self):
+        if any(not s for s in self.stop):
+            raise BadFlagError("--stop: an empty stop string would stop at once")
+
+
+def sampling_dict(sp) -> dict:
+    """The sampling settings as --json reports them (llama.cpp's names)."""
+    return {"temperature": sp.temperature, "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p,
+            "repeat_penalty": sp.repeat_penalty, "repeat_last_n": sp.penalty_last_n,
+            "frequency_penalty": sp.frequency_penalty, "presence_penalty": sp.presence_penalty, "seed": sp.seed,
+            "greedy": sp.greedy}
+
+
+def kernels_cold() -> bool:
+    """Whether the Numba kernels will compile on first use here (no cache index for them, or one older than their
+    source): a heuristic for the start-up message, never for behaviour."""
+    import numba
+
+    src = Path(__file__).resolve().parent.parent / "kernels" / "cpu"
+    if not src.is_dir():
+        import guild.kernels
+
+        src = Path(guild.kernels.__file__).parent / "cpu"
+    # NUMBA_CACHE_DIR replaces the __pycache__ folder beside the source
+    root, pattern = (Path(numba.config.CACHE_DIR), "**/{}.*.nbi") if numba.config.CACHE_DIR else \
+        (src / "__pycache__", "{}.*.nbi")
+    for mod in ("ops", "quant_gen"):
+        try:
+            source_time = (src / f"{mod}.py").stat().st_mtime
+        except OSError:
+            return False
+        if not any(p.stat().st_mtime >= source_time for p in root.glob(pattern.format(mod))):
+            return True
+    return False
+
+
+COMPILE_ESTIMATE_S = 40 * 2 / max(1, min(os.cpu_count() or 1, 8))  # ~40 s measured on 2 busy cores; fewer with more
 
 @dataclass
 class RunResult:
@@ -25,6 +78,7 @@ class RunResult:
     device: str = "cpu"
     mtp_head: str | None = None  # the MTP head file drafting used (mtp, adaptive)
     device_reason: str = ""  # why the CPU runs it when --device auto did not take the GPU
+    text_options: TextOptions = field(default_factory=TextOptions)
 
     @property
     def text(self) -> str:
@@ -38,12 +92,32 @@ class RunResult:
     def stats(self):
         return self.turns[-1].stats
 
+    def head(self) -> dict:
+        """What every --json object of this run starts with (README, "--json")."""
+        t = self.text_options
+        return {"schema": JSON_SCHEMA, "guild": __version__, "model": self.model, "threads": self.threads,
+                "device": "cpu" if self.device == "cpu" else "cuda", "device_detail": self.device,
+                "device_reason": self.device_reason, "strategy": self.options.strategy,
+                "mtp_head": self.mtp_head, "max_tokens": self.options.max_tokens, "context": self.options.context,
+                "sampling": sampling_dict(self.options.sampling), "seed": self.options.sampling.seed,
+                "stop": list(t.stop), "ignore_eos": t.ignore_eos,
+                "load_ms": round(self.load_s * 1e3, 1)}
+
+    def turn_dict(self, i: int) -> dict:
+        t = self.turns[i]
+        st = t.stats
+        return {**self.head(), "turn": i + 1, "system": t.system, "prompt_ids": t.prompt_ids, "text": t.text,
+                "tokens": t.tokens,
+                **st.as_dict(), "ttft_ms": round(t.ttft_s * 1e3, 1), "prefill_ms": round(st.prefill_s * 1e3, 1),
+                "decode_ms": round(st.decode_s * 1e3, 1), "dropped_turns": t.dropped}
+
     def as_dict(self) -> dict:
-        head = {"model": self.model, "threads": self.threads, "load_s": round(self.load_s, 3),
-                "strategy": self.options.strategy, "seed": self.options.sampling.seed, "device": self.device,
-                "device_reason": self.device_reason, "mtp_head": self.mtp_head}
-        turns = [{"text": t.text, "tokens": t.tokens, **t.stats.as_dict()} for t in self.turns]
-        return {**head, **turns[0]} if len(turns) == 1 else {**head, "turns": turns}
+        """The last turn's object (one prompt: the whole run)."""
+        return self.turn_dict(len(self.turns) - 1)
+
+    def json_lines(self) -> list[str]:
+        """One JSON object per turn (a conversation prints one line per turn)."""
+        return [json.dumps(self.turn_dict(i), ensure_ascii=False) for i in range(len(self.turns))]
 
 
 def load_for(model: str | None, opts: DecodeOptions, threads: int | None = None) -> LoadedModel:
@@ -51,35 +125,66 @@ def load_for(model: str | None, opts: DecodeOptions, threads: int | None = None)
     return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan)
 
 
-def slots(lm: LoadedModel, opts: DecodeOptions, n: int = 1, corpus_texts=()) -> list[Slot]:
+def slots(lm: LoadedModel, opts: DecodeOptions, n: int = 1, corpus_texts=(),
+          text: TextOptions = TextOptions()) -> list[Slot]:
     """n sessions, each with its own cache, drafter (corpus ingested) and sampling seed (seed + i)."""
     out = []
     for i in range(n):
-        conv = Conversation(lm.session(opts.context, opts.prefill_batch), lm.tokenizer)
+        session = lm.session(opts.context, opts.prefill_batch)
+        if text.ignore_eos:
+            session.eos_ids = frozenset()
+        conv = Conversation(session, lm.tokenizer, text.system)
         out.append(Slot(conv, lm.drafter(opts, opts.context, corpus_texts),
                         replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64)))
     return out
 
 
+def _say(notify: Callable[[str], None] | None, msg: str) -> None:
+    if notify is not None:
+        notify(msg)
+
+
+def load_with_notes(model: str | None, opts: DecodeOptions, threads: int | None = None,
+                    text: TextOptions = TextOptions(), notify: Callable[[str], None] | None = None) -> LoadedModel:
+    """load_for, saying on `notify` what happens before the first token: loading, then compiling the kernels when
+    Numba's cache is cold (with an estimate); a --chat-template file replaces the model's."""
+    _say(notify, f"loading {model or 'smollm2-135m-moe'} …")
+    if notify is not None and kernels_cold():
+        _say(notify, f"compiling kernels for this CPU (first run: about {COMPILE_ESTIMATE_S:.0f} s more, cached "
+                     "afterwards) …")
+    lm = load_for(model, opts, threads)
+    if text.chat_template is not None:
+        lm.tokenizer = copy.copy(lm.tokenizer)  # this run's own renderer; the loaded tokenizer stays as it was
+        use_chat_template(lm.tokenizer, text.chat_template)
+    where = lm.device if lm.device == "cpu" else lm.device.split(" · ")[0]
+    _say(notify, f"loaded {Path(lm.path).name} in {lm.load_s:.1f} s · {lm.threads} threads · {where}")
+    return lm
+
+
 class Runner:
     """A loaded model with one session and its drafter: one-shot prompts or a multi-turn conversation."""
 
-    def __init__(self, model: str | None, opts: DecodeOptions, threads: int | None = None):
-        self.opts = opts
-        self.lm = load_for(model, opts, threads)
+    def __init__(self, model: str | None, opts: DecodeOptions, threads: int | None = None,
+                 text: TextOptions = TextOptions(), notify: Callable[[str], None] | None = None):
+        self.opts, self.text = opts, text
+        self.lm = load_with_notes(model, opts, threads, text, notify)
         self.plan, self.threads = self.lm.plan, self.lm.threads
-        self.slot = slots(self.lm, opts)[0]
+        self.slot = slots(self.lm, opts, text=text)[0]
         self.conversation, self.drafter, self.session = self.slot.conversation, self.slot.drafter, \
             self.slot.conversation.session
+        if notify is not None:
+            self.conversation.on_drop = lambda n, kept, n_ctx: notify(drop_note(n, kept, n_ctx))
 
-    def turn(self, text: str, chat: bool, on_text: Callable[[str], None] | None = None) -> Turn:
+    def turn(self, text: str, chat: bool, on_text: Callable[[str], None] | None = None,
+             cancel: Callable[[], bool] | None = None) -> Turn:
         """One turn: a chat turn (the chat template, history kept) or a raw completion of `text`."""
         o = self.opts
         return run_turn([self.slot], text, chat=chat, max_tokens=o.max_tokens, max_draft=o.max_draft,
-                        on_text=on_text)[0][0]
+                        on_text=on_text, stop=self.text.stop, cancel=cancel)[0][0]
 
-    def say(self, text: str, on_text: Callable[[str], None] | None = None) -> Turn:
-        return self.turn(text, True, on_text)
+    def say(self, text: str, on_text: Callable[[str], None] | None = None,
+            cancel: Callable[[], bool] | None = None) -> Turn:
+        return self.turn(text, True, on_text, cancel)
 
     def complete(self, text: str, on_text: Callable[[str], None] | None = None) -> Turn:
         return self.turn(text, False, on_text)
@@ -87,16 +192,19 @@ class Runner:
     def result(self, turns: list[Turn]) -> RunResult:
         head = self.lm.mtp_head(self.opts.strategy)
         return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts, self.lm.device,
-                         head.info.source if head is not None else None, self.lm.device_reason)
+                         head.info.source if head is not None else None, self.lm.device_reason, self.text)
 
 
 def run(model: str | None, prompts: Sequence[str], *, chat: bool = False, opts: DecodeOptions = DecodeOptions(),
         threads: int | None = None, on_text: Callable[[str], None] | None = None,
-        on_turn: Callable[[int, str], None] | None = None) -> RunResult:
+        on_turn: Callable[[int, str], None] | None = None, text: TextOptions = TextOptions(),
+        notify: Callable[[str], None] | None = None) -> RunResult:
     """Decode each prompt in turn on one session (several prompts = a conversation when chat is set)."""
     if not prompts:
-        raise BadFlagError("no prompt: give -p/--prompt or --conversation")
-    r = Runner(model, opts, threads)
+        raise BadFlagError("no prompt: give -p/--prompt, -f/--file or --conversation")
+    if text.system is not None and not chat:
+        raise BadFlagError("--system needs --chat (a raw completion has no system prompt)")
+    r = Runner(model, opts, threads, text, notify)
     turns = []
     for i, p in enumerate(prompts):
         if on_turn is not None:
@@ -106,22 +214,27 @@ def run(model: str | None, prompts: Sequence[str], *, chat: bool = False, opts: 
 
 
 def run_sessions(model: str | None, prompts: Sequence[str], *, chat: bool = False,
-                 opts: DecodeOptions = DecodeOptions(), threads: int | None = None) -> dict:
+                 opts: DecodeOptions = DecodeOptions(), threads: int | None = None, text: TextOptions = TextOptions(),
+                 notify: Callable[[str], None] | None = None) -> dict:
     """`--sessions N`: N sessions run the same turns concurrently, each with its own cache, drafter and
     sampling seed (seed + i), batched into one forward per round. Returns texts per session and the rounds."""
     if not prompts:
-        raise BadFlagError("no prompt: give -p/--prompt or --conversation")
-    lm = load_for(model, opts, threads)
-    ss = slots(lm, opts, opts.sessions)
+        raise BadFlagError("no prompt: give -p/--prompt, -f/--file or --conversation")
+    lm = load_with_notes(model, opts, threads, text, notify)
+    ss = slots(lm, opts, opts.sessions, text=text)
     texts: list[list[str]] = [[] for _ in ss]
     turns = []
     for p in prompts:
-        res, cs = run_turn(ss, p, chat=chat, max_tokens=opts.max_tokens, max_draft=opts.max_draft)
+        res, cs = run_turn(ss, p, chat=chat, max_tokens=opts.max_tokens, max_draft=opts.max_draft, stop=text.stop)
         for i, t in enumerate(res):
             texts[i].append(t.text)
-        turns.append({"sessions": [{"tokens": t.tokens, **t.stats.as_dict()} for t in res], **cs.as_dict()})
-    return {"model": lm.path, "threads": lm.threads, "strategy": opts.strategy, "sessions": len(ss),
-            "device": lm.device, "device_reason": lm.device_reason, "texts": texts, "turns": turns}
+        turns.append({"sessions": [{"prompt_ids": t.prompt_ids, "tokens": t.tokens, **t.stats.as_dict(),
+                                    "ttft_ms": round(t.ttft_s * 1e3, 1)} for t in res], **cs.as_dict()})
+    return {"schema": JSON_SCHEMA, "guild": __version__, "model": lm.path, "threads": lm.threads,
+            "strategy": opts.strategy, "sessions": len(ss), "device": "cpu" if lm.device == "cpu" else "cuda",
+            "device_detail": lm.device, "device_reason": lm.device_reason,
+            "sampling": sampling_dict(opts.sampling), "load_ms": round(lm.load_s * 1e3, 1), "texts": texts,
+            "turns": turns}
 
 
 def write_trace(path: str | Path, turns: Sequence[Turn], session: int | None = None) -> None:

@@ -18,7 +18,9 @@ def test_bench_small_run(tmp_path, dense_path):
     for r in rows.values():
         assert r["tok_s"] > 0 and r["generated"] == rows[("W9", "normal")]["generated"]
     data = json.loads((tmp_path / "bench.json").read_text())
-    assert data["info"]["cpu"] and len(data["runs"]) == 3
+    assert data["info"]["cpu"] and len(data["runs"]) == 3 and all(r["tokens"] for r in data["runs"])
+    noise = data["info"]["noise"]
+    assert len(noise["check_runs"]) == 1 and noise["cv"]["W9"] is not None and len(noise["load_start"]) == 3
     assert "| W9 | lookup |" in (tmp_path / "bench.md").read_text()
 
 
@@ -49,3 +51,46 @@ def test_bench_two_sessions(tmp_path, dense_path):
     rows = {r["strategy"]: r for r in rep["rows"]}
     assert rep["info"]["sessions"] == 2 and rows["normal"]["generated"] == rows["lookup"]["generated"]
     assert rows["normal"]["generated"] == 2 * 9  # two sessions x (10 tokens - the prefill's first)
+
+
+def _rec(w, s, rep, tok_s, windows=None):
+    r = RunRecord(w, s, rep, [[1, 2]], 100, 100 / tok_s, 0, 0)
+    r.windows.update(windows or {"normal": 99})
+    return r
+
+
+def test_noise_marks_ratios_within_it():
+    from guild.tools.bench import load_warning, markdown, noise, summarise
+
+    recs = [_rec("W1", "normal", 0, 50.0), _rec("W1", "lookup", 0, 52.0, {"lookup": 20, "normal": 40}),
+            _rec("W1", "adaptive", 0, 75.0, {"normal": 61, "lookup": 10})]
+    checks = [_rec("W1", "normal", 0, 46.0)]  # the noise-check rerun: CV of (50, 46) = 5.9%
+    cv = noise(recs, checks)
+    assert cv == {"W1": pytest.approx(0.0589, abs=1e-4)}
+    rows = {r["strategy"]: r for r in summarise(recs, cv)}
+    assert rows["lookup"]["reliable"] is False and rows["adaptive"]["reliable"] is True  # 1.04x vs 1.50x
+    assert rows["normal"]["reliable"] is None and rows["lookup"]["windows"] == {"lookup": 20, "normal": 40}
+    assert all(type(v) is int for r in rows.values() for v in r["windows"].values())
+    warn = load_warning((5.0, 1, 1), (1.0, 1, 1), 2, list(rows.values()))
+    assert "load average 5.0 on 2 cores" in warn and "1 ratio(s) within the noise" in warn
+    assert load_warning((0.5, 1, 1), (0.7, 1, 1), 2, [rows["adaptive"]]) is None
+    info = {"guild": "0", "model": "m", "cpu": "c", "threads": 2, "sessions": 1, "repeats": 1, "sampling": "s",
+            "noise": {"cv": cv, "load_start": [5.0, 1, 1], "load_end": [1.0, 1, 1], "cores": 2, "warning": warn}}
+    md = markdown(list(rows.values()), info)
+    assert "| W1 | lookup | 52.0 | 19.2 | 1.04× (noise) |" in md and "| 1.50× |" in md
+    assert "CV of normal's tok/s W1 5.9%" in md and "load average 5.00 at start, 1.00 at end" in md
+    assert "experts/layer: distinct routed experts" in md and "mean T:" in md  # the legend
+
+
+def test_cli_bench_json_and_sampling_flags(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "guild", "bench", "smollm2-135m", "--workloads", "W9", "--strategies",
+                        "lookup", "-n", "4", "-t", "1", "--device", "cpu", "--out", str(tmp_path), "--json",
+                        "--temp", "0.5", "--top-k", "10", "-s", "3"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("{")  # nothing before the object (the progress bar goes to stderr)
+    rep = json.loads(r.stdout)
+    assert "temperature=0.5, top_k=10, seed=3" in rep["info"]["sampling"]
+    assert all(type(v) is int for row in rep["rows"] for v in row["windows"].values())
+    bad = subprocess.run([sys.executable, "-m", "guild", "bench", "smollm2-135m", "--top-p", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "--top-p" in bad.stderr and "Traceback" not in bad.stderr

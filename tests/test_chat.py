@@ -54,8 +54,8 @@ def test_conversation_file_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "--conversation", str(conv), "-n", "16",
                         "--json"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert len(out["turns"]) == 2 and "Rome" in out["turns"][1]["text"]
+    turns = [json.loads(ln) for ln in r.stdout.splitlines()]  # one JSON line per turn
+    assert [t["turn"] for t in turns] == [1, 2] and "Rome" in turns[1]["text"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("{not: a list}")
     r = subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "--conversation", str(bad)],

@@ -20,7 +20,7 @@ def test_run_json_matches_session(dense_path, dense_model):
     out = json.loads(r.stdout)
     assert out["generated_tokens"] == len(out["tokens"]) == 8 and out["prompt_tokens"] == 5
     assert out["text"].startswith(" Paris")
-    for key in ("prefill_tok_s", "decode_tok_s", "ms_per_token", "threads", "load_s"):
+    for key in ("prefill_tok_s", "decode_tok_s", "ms_per_token", "threads", "load_ms", "ttft_ms"):
         assert out[key] > 0
     # the same greedy stream as the library's session
     s = GuildSession(dense_model, n_ctx=64)

@@ -2,6 +2,10 @@
 
 Strategies run interleaved within each repeat (normal first) so that machine noise hits them alike; every
 strategy's tokens must equal normal's for the same workload and repeat, or the bench stops with an error.
+
+Noise check: `normal` runs at least twice per workload (once more after the other strategies when --repeats is
+1); the coefficient of variation (CV) of its tok/s is that workload's noise, and a ratio to normal that differs
+from 1 by less than it is marked unreliable. The load average at start and end is reported beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numba
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from .. import __version__
 from ..chat import run_turn
@@ -109,9 +122,22 @@ def _check_parity(rec: RunRecord, ref: RunRecord) -> None:
             )
 
 
-def summarise(records: list[RunRecord]) -> list[dict]:
-    """Per workload × strategy: medians over repeats, speedup vs normal of the same repeat."""
+def noise(records: list[RunRecord], extra: list[RunRecord]) -> dict[str, float | None]:
+    """Per workload: the CV (stdev / mean) of normal's tok/s over its runs (repeats and the noise-check run)."""
+    out: dict[str, float | None] = {}
+    for r in [*records, *extra]:
+        out.setdefault(r.workload, None)
+    for w in out:
+        xs = [r.tok_s for r in [*records, *extra] if r.workload == w and r.strategy == "normal" and r.tok_s]
+        out[w] = round(statistics.stdev(xs) / statistics.mean(xs), 4) if len(xs) >= 2 else None
+    return out
+
+
+def summarise(records: list[RunRecord], cv: dict[str, float | None] | None = None) -> list[dict]:
+    """Per workload × strategy: medians over repeats, speedup vs normal of the same repeat; `reliable` is False
+    where the workload's noise (cv) is at least the effect |speedup - 1|."""
     base = {(r.workload, r.repeat): r.tok_s for r in records if r.strategy == "normal"}
+    cv = cv or {}
     rows = []
     for key in dict.fromkeys((r.workload, r.strategy) for r in records):
         rs = [r for r in records if (r.workload, r.strategy) == key]
@@ -120,13 +146,17 @@ def summarise(records: list[RunRecord]) -> list[dict]:
         drafted = sum(r.drafted for r in rs)
         sizes = [s for r in rs for s in r.window_sizes]
         wins = sum((r.windows for r in rs), Counter())
+        speedup = round(statistics.median(speed), 3) if speed else None
+        noise_cv = cv.get(key[0])
+        reliable = None if key[1] == "normal" or speedup is None or noise_cv is None else \
+            abs(speedup - 1.0) > noise_cv
         rows.append({
             "workload": key[0], "strategy": key[1], "tok_s": round(tok_s, 2),
             "ms_per_token": round(1000 / tok_s, 2) if tok_s else None,
-            "speedup": round(statistics.median(speed), 3) if speed else None,
+            "speedup": speedup, "noise_cv": noise_cv, "reliable": reliable,
             "acceptance": round(sum(r.accepted for r in rs) / drafted, 3) if drafted else None,
             "mean_T": round(sum(sizes) / len(sizes), 2) if sizes else None,
-            "windows": {k: round(v / len(rs), 1) for k, v in sorted(wins.items())},
+            "windows": {k: int(round(v / len(rs))) for k, v in sorted(wins.items())},
             "distinct_experts": round(statistics.mean(r.distinct_experts for r in rs), 2),
             "round_ms": round(statistics.median(x for r in rs for x in r.rounds_ms), 2) if rs[0].rounds_ms else None,
             "generated": rs[0].generated,
@@ -134,33 +164,67 @@ def summarise(records: list[RunRecord]) -> list[dict]:
     return rows
 
 
+LEGEND = """\
+tok/s: decode tokens per second (each turn's first token, which comes from the prefill, is left out) · ms/token:
+1000 / tok/s · vs normal: tok/s over normal's in the same repeat (median over repeats); "(noise)" marks a ratio
+that differs from 1.00 by less than the noise · acceptance: accepted drafts / drafted tokens · mean T: mean
+verification window size (1 root + drafts) · windows: verification windows per run, by the strategy that drafted
+them (normal = plain one-token steps) · experts/layer: distinct routed experts per layer per window, the union over
+the window's rows (dense models: 0) · noise: CV (stdev / mean) of normal's tok/s over its repeated runs."""
+
+
 def markdown(rows: list[dict], info: dict) -> str:
     head = (f"guild {info['guild']} · {info['model']} · {info['cpu']} · {info['threads']} threads · "
-            f"device {info.get('device', 'cpu')} · "
+            f"device {info.get('device_detail', info.get('device', 'cpu'))} · "
             f"{info['sessions']} session(s) (tok/s aggregate) · {info['repeats']} repeats · {info['sampling']}\n\n"
             "| workload | strategy | tok/s | ms/token | vs normal | acceptance | mean T | windows | experts/layer |\n"
             "|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         acc = f"{r['acceptance'] * 100:.0f}%" if r["acceptance"] is not None else "–"
-        wins = ", ".join(f"{k} {v:g}" for k, v in r["windows"].items())
+        wins = ", ".join(f"{k} {v}" for k, v in r["windows"].items())
+        flag = " (noise)" if r.get("reliable") is False else ""
         lines.append(
             f"| {r['workload']} | {r['strategy']} | {r['tok_s']:.1f} | {r['ms_per_token'] or 0:.1f} | "
-            f"{r['speedup'] or 0:.2f}× | {acc} | {r['mean_T'] or 1:.2f} | {wins} | "
+            f"{r['speedup'] or 0:.2f}×{flag} | {acc} | {r['mean_T'] or 1:.2f} | {wins} | "
             f"{r['distinct_experts']:.2f} |" + (f" {r['round_ms']:.1f} |" if r.get("round_ms") else "")
         )
     if any(r.get("round_ms") for r in rows):
         lines[0] = lines[0].replace("experts/layer |\n|", "experts/layer | round ms |\n|---|", 1)
-    return "\n".join(lines) + "\n"
+    n = info.get("noise")
+    if n:
+        cvs = ", ".join(f"{w} {c * 100:.1f}%" for w, c in n["cv"].items() if c is not None) or "–"
+        la, lb = n["load_start"], n["load_end"]
+        lines.append(f"\nnoise: CV of normal's tok/s {cvs} · load average {la[0]:.2f} at start, {lb[0]:.2f} at end "
+                     f"({n['cores']} cores)")
+        if n.get("warning"):
+            lines.append(f"**{n['warning']}**")
+    legend = LEGEND + (" · round ms: median wall time of one batched round of all sessions."
+                       if any(r.get("round_ms") for r in rows) else "")
+    return "\n".join(lines) + "\n\n" + legend + "\n"
+
+
+def load_warning(load_start: tuple, load_end: tuple, cores: int, rows: list[dict]) -> str | None:
+    """A line for a machine that was busy or noisy while the bench ran."""
+    busy = max(load_start[0], load_end[0])
+    unreliable = sum(1 for r in rows if r.get("reliable") is False)
+    why = []
+    if busy > cores:
+        why.append(f"load average {busy:.1f} on {cores} cores")
+    if unreliable:
+        why.append(f"{unreliable} ratio(s) within the noise")
+    return ("unreliable: " + " and ".join(why) + "; rerun on a quiet machine with --repeats 3") if why else None
 
 
 def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequence[str], repeats: int = 1,
           sampling: SamplingParams | None = None, max_draft: int = 4, context: int = 8192,
           max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True,
           sessions: int = 1, gexec: str | None = None, strict_plan: bool = False, device: str = "cpu",
-          mtp: MtpOptions = MtpOptions()) -> dict:
+          mtp: MtpOptions = MtpOptions(), sampling_overrides: dict | None = None, noise_check: bool = True) -> dict:
     """`gexec`: a `guild optimize` plan whose calibrated costs seed the adaptive drafters (checked against this
-    machine and model; regenerated next to it on a mismatch unless `strict_plan`)."""
+    machine and model; regenerated next to it on a mismatch unless `strict_plan`). `sampling` replaces each
+    workload's sampling; `sampling_overrides` (SamplingParams fields) change only those fields of it. With
+    `noise_check` and one repeat, normal runs once more per workload for the noise figure."""
     strategies = list(dict.fromkeys(["normal", *strategies]))
     for s in strategies:
         if s not in STRATEGIES:
@@ -176,33 +240,52 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     ws = []
     for w in load_workloads(workloads):
         ws += w.instances(lm.tokenizer, context)
-    jobs = [(rep, w, s) for rep in range(repeats) for w in ws for s in strategies]
+    extra = noise_check and repeats == 1
+    # (repeat, workload, strategy, noise-check run): a noise-check normal run closes each workload
+    jobs = [(rep, w, s, False) for rep in range(repeats) for w in ws for s in strategies]
+    if extra:
+        jobs = [j for w in ws for j in [*(x for x in jobs if x[1] is w), (0, w, "normal", True)]]
     records: list[RunRecord] = []
+    checks: list[RunRecord] = []
     ref: dict = {}
     t_start = time.time()
+    load_start = os.getloadavg()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not progress, transient=True) as bar:
+                  TextColumn("eta"), TimeRemainingColumn(), disable=not progress, transient=True,
+                  console=Console(stderr=True)) as bar:
         task = bar.add_task("bench", total=len(jobs))
-        for rep, w, s in jobs:
-            bar.update(task, description=f"repeat {rep + 1} · {w.key} · {s}")
-            opts = replace(base, strategy=s, sampling=sampling or w.sampling_params(),
-                           max_tokens=max_tokens or w.max_tokens)
+        for rep, w, s, check in jobs:
+            what = "noise check" if check else f"repeat {rep + 1}"
+            bar.update(task, description=escape(f"{what} · {w.key} · {s}"))
+            sp = sampling or w.sampling_params()
+            if sampling_overrides:
+                sp = replace(sp, **sampling_overrides)
+            opts = replace(base, strategy=s, sampling=sp, max_tokens=max_tokens or w.max_tokens)
             rec = run_workload(lm, w, opts, rep)
-            if s == "normal":
+            if s == "normal" and not check:
                 ref[(w.key, rep)] = rec
             else:
                 _check_parity(rec, ref[(w.key, rep)])
-            records.append(rec)
+            (checks if check else records).append(rec)
             bar.advance(task)
+    load_end = os.getloadavg()
+    cv = noise(records, checks) if noise_check or repeats > 1 else {}
+    rows = summarise(records, cv)
+    cores = os.cpu_count() or 1
+    sampling_desc = "workload defaults" if sampling is None else str(sampling)
+    if sampling_overrides:
+        sampling_desc += " with " + ", ".join(f"{k}={v}" for k, v in sampling_overrides.items())
     info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft, "sessions": sessions,
-            "plan": plan.path if plan else None, "device": lm.device, "device_reason": lm.device_reason,
-            "sampling": "workload defaults" if sampling is None else str(sampling),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.time() - t_start, 1)}
-    rows = summarise(records)
+            "plan": plan.path if plan else None, "device": "cpu" if lm.device == "cpu" else "cuda",
+            "device_detail": lm.device, "device_reason": lm.device_reason, "sampling": sampling_desc,
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "wall_s": round(time.time() - t_start, 1),
+            "noise": {"cv": cv, "load_start": [round(x, 2) for x in load_start],
+                      "load_end": [round(x, 2) for x in load_end], "cores": cores,
+                      "check_runs": [{"workload": r.workload, "tok_s": round(r.tok_s, 3)} for r in checks],
+                      "warning": load_warning(load_start, load_end, cores, rows)}}
     report = {"info": info, "rows": rows,
-              "runs": [{**asdict(r), "windows": dict(r.windows), "tok_s": r.tok_s, "tokens": None, "window_sizes": None,
-                        "rounds_ms": None}
-                       for r in records]}
+              "runs": [{**asdict(r), "windows": dict(r.windows), "tok_s": round(r.tok_s, 3)} for r in records]}
     md = markdown(rows, info)
     if out is not None:
         o = Path(out)

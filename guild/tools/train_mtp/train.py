@@ -64,7 +64,7 @@ class _Bars:
 
     def log(self, msg: str) -> None:
         if self.console is not None:
-            self.console.print(f"[dim]{msg}[/]")
+            self.console.print(msg, style="dim", markup=False)
 
     def bar(self, description: str, total: int, unit: str):
         if not self.enabled:
