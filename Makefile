@@ -46,6 +46,8 @@ bench-full: setup
 	$(BIN)/python -m guild.tools.perf --full
 	$(BIN)/python -m guild.tools.perf --spec
 	$(BIN)/python -m guild.tools.perf_hybrid
+	$(BIN)/python -m guild.tools.perf_scale
+	$(BIN)/python -m guild.tools.quant_compare
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
 
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
