@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import mmap
 import os
 import shutil
@@ -231,7 +232,7 @@ class CacheFile:
             arrays = []
             for off, (dt, shape) in zip(m[3], lay, strict=True):
                 off = _int(off, f"matrix #{i} offset")
-                nbytes = dt.itemsize * int(np.prod(shape))
+                nbytes = dt.itemsize * math.prod(shape)
                 if off % ALIGN or off < len(MAGIC) or off + nbytes > data_end:
                     raise StaleCache(f"matrix #{i}: array at {off} ({nbytes} bytes) outside the data section")
                 arrays.append((off, dt, shape, nbytes))
