@@ -158,6 +158,11 @@ def build(g: GGUFFile, path: Path, load_model, progress=None) -> None:
 
 
 # -- reading -------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def _sized_layout(q: int, n: int, k: int) -> tuple:
+    return tuple((dt, shape, dt.itemsize * math.prod(shape)) for dt, shape in layout(q, n, k))
+
+
 def _int(v, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
     if type(v) is not int or not lo <= v <= hi:
         raise StaleCache(f"{what} is not an integer in {lo}..{hi}")
@@ -226,13 +231,12 @@ class CacheFile:
             if q not in KINDS:
                 raise StaleCache(f"matrix #{i}: quant type {q} has no kernel")
             n, k = _int(m[1], f"matrix #{i} rows", 1, 1 << 31), _int(m[2], f"matrix #{i} columns", 1, 1 << 31)
-            lay = layout(q, n, k)
+            lay = _sized_layout(q, n, k)
             if len(m[3]) != len(lay):
                 raise StaleCache(f"matrix #{i}: {len(m[3])} arrays, its type packs {len(lay)}")
             arrays = []
-            for off, (dt, shape) in zip(m[3], lay, strict=True):
+            for off, (dt, shape, nbytes) in zip(m[3], lay, strict=True):
                 off = _int(off, f"matrix #{i} offset")
-                nbytes = dt.itemsize * math.prod(shape)
                 if off % ALIGN or off < len(MAGIC) or off + nbytes > data_end:
                     raise StaleCache(f"matrix #{i}: array at {off} ({nbytes} bytes) outside the data section")
                 arrays.append((off, dt, shape, nbytes))
