@@ -286,3 +286,15 @@ def test_loading_stays_in_bounded_memory(moe_path, tmp_path):
     assert (first["how"], second["how"]) == ("built", "cache")
     assert first["growth"] <= 0.6 * first["size"], first
     assert second["growth"] <= 0.15 * second["size"], second
+
+
+def test_prefetch_and_progress_are_quiet(tmp_path, capsys):
+    p = tmp_path / "f.rpk"
+    p.write_bytes(b"x" * 100_000)
+    rc.prefetch(p, wait=True)
+    rc.prefetch(p)  # a background read-ahead: returns at once
+    rc.prefetch(tmp_path / "missing.rpk", wait=True)  # nothing to read: nothing happens
+    bar = rc._Progress(True, 10, "repacking")
+    bar(10)
+    bar.close()
+    assert not bar.enabled and capsys.readouterr().err == ""  # no terminal: no bar
