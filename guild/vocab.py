@@ -126,6 +126,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 _BYTE_ENCODER = bytes_to_unicode()
 _BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
+_BYTE_KEYS = frozenset(_BYTE_DECODER)
+_BYTE_TABLE = {ord(c): b for c, b in _BYTE_DECODER.items()}  # str.translate: stand-in -> chr(byte)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _HEX_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -253,11 +255,12 @@ def _build_gpt2(meta: dict, tokens: list[str], types: list[int]):
     hf.add_tokens([a for a in added if not a.special])
 
     token_bytes = []
+    keys, table = _BYTE_KEYS, _BYTE_TABLE
     for i, t in enumerate(tokens):
-        if types[i] in (TT_CONTROL, TT_USER_DEFINED, TT_UNKNOWN) or not all(c in _BYTE_DECODER for c in t):
+        if types[i] in (TT_CONTROL, TT_USER_DEFINED, TT_UNKNOWN) or not keys.issuperset(t):
             token_bytes.append(t.encode("utf-8", "surrogateescape"))
-        else:
-            token_bytes.append(bytes(_BYTE_DECODER[c] for c in t))
+        else:  # every character is a byte's stand-in: map each to that byte (str.translate, in C)
+            token_bytes.append(t.translate(table).encode("latin-1"))
     return hf, token_bytes, pre, pre_note, add_bos
 
 

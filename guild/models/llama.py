@@ -23,7 +23,12 @@ def fuse(tensors, pack) -> tuple[int, int, list]:
     the packer of the device that will hold them."""
     n_out, n_in = sum(t.shape[0] for t in tensors), tensors[0].shape[1]
     if len({t.qtype for t in tensors}) == 1:
-        raw = tensors[0].data if len(tensors) == 1 else np.concatenate([t.data for t in tensors], axis=0)
+        if len(tensors) == 1:
+            raw = tensors[0].data
+        elif getattr(pack, "accepts_parts", False):  # concatenated only if repacked (not when read from a cache)
+            raw = tuple(t.data for t in tensors)
+        else:
+            raw = np.concatenate([t.data for t in tensors], axis=0)
         return n_out, n_in, [pack(tensors[0].qtype, raw, n_out, n_in)]
     return n_out, n_in, [pack(t.qtype, t.data, t.shape[0], t.shape[1]) for t in tensors]
 

@@ -290,9 +290,18 @@ def nonfinite_count(t) -> int:
 
 
 def scan_finite(g) -> None:
+    """Every float tensor and block scale of g finite, once per file object (`g.finite_checked`; a repack cache
+    built from a scanned file sets it). Each tensor's pages are released once read (GGUFFile.release), so the
+    scan does not leave the whole file resident."""
+    if getattr(g, "finite_checked", False):
+        return
+    release = getattr(g, "release", None)
     for name, t in g.tensors.items():
         if t.qtype in _EXP_MASK or t.qtype in _SCALE_OFFSETS:
             n = nonfinite_count(t)
+            if release is not None:
+                release(t.data)
             if n:
                 what = "values" if t.qtype in _EXP_MASK else "block scales"
                 raise NumericsError(f"{g.path}: tensor '{name}' has {n} non-finite (NaN/inf) {what}")
+    g.finite_checked = True

@@ -107,7 +107,7 @@ def window_costs(model, ids, repeats=7, max_T=8):
     for T in range(1, max_T + 1):
         times, d = [], []
         for _ in range(repeats):
-            win = rng.integers(100, 20000, T)
+            win = rng.integers(min(100, model.args.vocab_size // 2), min(20000, model.args.vocab_size), T)
             t0 = time.perf_counter()
             out = model.forward_batch([(win, s.state)])[0]
             times.append((time.perf_counter() - t0) * 1e3)
@@ -321,12 +321,17 @@ def main(argv=None) -> int:
             + (f"{r['llama_prefill_tok_s']:.0f} | {r['same_tokens']}/{a.tokens} |" if ll else "– | – |")
         )
     md = f"guild {threads} threads, {a.tokens} greedy tokens, median of {repeats}\n\n" + "\n".join(head + lines)
-    print(md)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "perf.json").write_text(json.dumps(report, indent=1))
-    (out / "perf.md").write_text(md + "\n")
+    write_results(a.out, "perf", report, md)
     return 0
+
+
+def write_results(folder: str, name: str, data, md: str) -> None:
+    """Print the markdown table and save it with the raw figures as FOLDER/NAME.md and FOLDER/NAME.json."""
+    print(md)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{name}.md").write_text(md + "\n")
 
 
 if __name__ == "__main__":

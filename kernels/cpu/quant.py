@@ -40,7 +40,11 @@ bit-exact with gguf.quants.dequantize.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import lru_cache
 
 import numba
 import numpy as np
@@ -91,9 +95,9 @@ class PackedMatrix:
     """Weights of one linear layer, repacked for the kernels; built once at model load.
 
     qtype, n_rows (N output features), n_cols (K input features). `arrays`: the packed arrays (typed, tiled,
-    see kernels/cpu/codecs.py), `flat`: the same memory as six flat uint8 arrays (unused slots
-    empty) handed to the drivers, `dims` = (tiles, blocks per row), `perm`: the canonical activation order
-    (int64 [Kp], -1 = zero padding)."""
+    see kernels/cpu/codecs.py; in memory, or views of guild's repack cache file), `flat`: the same memory as six
+    flat uint8 arrays (unused slots empty) handed to the drivers, `dims` = (tiles, blocks per row), `perm`: the
+    canonical activation order (int64 [Kp], -1 = zero padding)."""
 
     __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "kind", "nbytes")
 
@@ -112,13 +116,77 @@ class PackedMatrix:
     def __repr__(self) -> str:
         return f"PackedMatrix({Q(self.qtype).name}, {self.n_rows}x{self.n_cols}, {self.nbytes} bytes)"
 
+    @classmethod
+    def from_arrays(cls, qtype: int, n_rows: int, n_cols: int, arrays) -> PackedMatrix:
+        """A matrix over packed arrays made elsewhere (a cache file): each must have the dtype and shape that
+        `layout` gives; the activation order is derived here, never taken from the arrays' source."""
+        want = layout(qtype, n_rows, n_cols)
+        arrays = tuple(arrays)
+        if len(arrays) != len(want) or any(a.dtype != dt or a.shape != sh for a, (dt, sh) in zip(arrays, want,
+                                                                                                    strict=False)):
+            raise ValueError(f"packed arrays of a {Q(int(qtype)).name} {n_rows}x{n_cols} matrix: want "
+                             f"{[(str(d), s) for d, s in want]}, got {[(str(a.dtype), a.shape) for a in arrays]}")
+        c = BY_QTYPE[int(qtype)]
+        return cls(qtype, n_rows, n_cols, arrays, _perm(int(qtype), int(n_cols)), -(-int(n_cols) // c.block))
 
-def pack(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int) -> PackedMatrix:
-    """Repack raw GGUF data of an [n_rows, n_cols] matrix into the tiled layout (quantized, same bits)."""
+
+@lru_cache(maxsize=4096)
+def layout(qtype: int, n_rows: int, n_cols: int) -> tuple:
+    """(dtype, shape) of each packed array of an [n_rows, n_cols] matrix of `qtype`, as `pack` makes them."""
+    c = BY_QTYPE.get(int(qtype))
+    if c is None or n_rows < 1 or n_cols < 1:
+        raise ValueError(f"no packed layout for quant type {qtype} and shape {n_rows}x{n_cols}")
+    nt, nb = -(-int(n_rows) // NT), -(-int(n_cols) // c.block)
+    return tuple((np.dtype(CTYPES[ct]), (nt, nb) + tuple(dims) + (NT,)) for _, ct, dims, _ in c.fields)
+
+
+@lru_cache(maxsize=256)
+def _perm(qtype: int, n_cols: int) -> np.ndarray:
+    """The canonical activation order of a row of n_cols (shared by every matrix of that type and width)."""
+    c = BY_QTYPE[qtype]
+    bs = c.block
+    Kp = -(-n_cols // bs) * bs
+    perm = (np.arange(0, Kp, bs)[:, None] + canonical_order(c)[None, :]).reshape(-1)
+    perm[perm >= n_cols] = -1
+    return perm  # left writeable, as the kernels' compiled signatures expect (nothing writes it)
+
+
+# While a loader runs (guild.repack_cache), `pack` hands each matrix to its hook instead: the hook may return a
+# matrix read from a cache, or repack and keep a copy. A context variable, so concurrent loads do not mix.
+_HOOK: ContextVar = ContextVar("guild_pack_hook", default=None)
+
+
+@contextmanager
+def pack_hook(hook) -> Iterator[None]:
+    """Route every `pack` call of this context through hook(qtype, raw, n_rows, n_cols) while the block runs."""
+    token = _HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _HOOK.reset(token)
+
+
+def pack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
+    """Repack raw GGUF data of an [n_rows, n_cols] matrix into the tiled layout (quantized, same bits). `raw`: an
+    array, or a sequence of arrays stacked along the rows (concatenated only if the matrix is repacked, not when
+    a loader's hook finds it in a cache)."""
+    hook = _HOOK.get()
+    if hook is not None:
+        return hook(qtype, raw, n_rows, n_cols)
+    return repack(qtype, raw, n_rows, n_cols)
+
+
+pack.accepts_parts = True  # models.llama.fuse hands over its tensors' parts unconcatenated
+
+
+def repack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
+    """`pack` without the loader's hook."""
     qt = Q(int(qtype))
     c = BY_QTYPE.get(int(qt))
     if c is None:
         raise NotImplementedError(f"no CPU kernel for quant type {qt.name}")
+    if isinstance(raw, (list, tuple)):
+        raw = raw[0] if len(raw) == 1 else np.concatenate([np.asarray(r) for r in raw], axis=0)
     N, K = int(n_rows), int(n_cols)
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(N, row_bytes(qt, K))
     bs = c.block
@@ -127,9 +195,7 @@ def pack(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int) -> PackedMatrix:
         b = np.concatenate([b, np.zeros((N, (Kp - K) * BLOCK[qt][1]), np.uint8)], axis=1)
     blk = b.reshape(N, Kp // bs, -1)
     arrays = tuple(_tiles(_field(blk, ct, dims, src), N) for _, ct, dims, src in c.fields)
-    perm = (np.arange(0, Kp, bs)[:, None] + canonical_order(c)[None, :]).reshape(-1)
-    perm[perm >= K] = -1
-    return PackedMatrix(qt, N, K, arrays, perm, Kp // bs)
+    return PackedMatrix(qt, N, K, arrays, _perm(int(qt), K), Kp // bs)
 
 
 KINDS = tuple(c.qtype for c in CODECS)

@@ -1,0 +1,419 @@
+"""The repacked weights of a model, cached on disk and memory-mapped, so that a model loads in bounded memory and
+its second load costs little more than opening the file.
+
+The first load of a GGUF repacks each matrix (kernels.cpu.quant.pack) and streams the packed arrays into a cache
+file, releasing the GGUF's pages as it goes (GGUFFile.release): the process never holds the repacked copy and
+the file's pages at once. The file is written atomically (guild.files) and then mapped; every later load maps
+it again and builds the model on views of it. Resident memory is then about one copy of the weights, in pages
+of the cache file that the kernels touched, which the kernel can drop and read back like any file page.
+
+Where: `$GUILD_CACHE_DIR/repack/` (else the platform user cache dir), one file per model, named by the model's
+identity digest (SHA-256 of the GGUF's header, metadata and tensor index: GGUFFile.identity_digest).
+
+Format (little-endian): b"GUILDRPK", then the packed arrays (each at a 64-byte aligned offset), then a JSON
+header, then a trailer: u64 header offset, u64 header length, the header's SHA-256 (32 bytes), b"GUILDRPK".
+The header records the cache format, a digest of the code that fixes the packed layout and the order in
+which a model packs its matrices (`layout_digest`), the source's identity digest, size and modification time,
+and per matrix its quant type, shape and array offsets.
+
+A cache is used only when all of that matches the file being loaded and this code, the trailer and header are
+intact, the file is exactly as long as recorded, and every array lies inside the data section with the dtype
+and shape the codec table gives (`quant.layout`); the kernels' activation order is derived, never read. A
+cache that fails any check (stale: the GGUF changed; truncated; foreign: another model's, another version's,
+or not a cache at all) is rebuilt, never used. What the check does not read are the packed bytes themselves:
+like a GGUF's quantised blocks, any bytes there are valid input for the kernels (a non-finite value shows as
+a NumericsError at run time).
+
+`GUILD_REPACK_CACHE=0` turns the cache off (the model is repacked into memory, the file's pages still
+released). A cache directory that cannot be written (read-only, full) also falls back to that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import mmap
+import os
+import shutil
+import struct
+import sys
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import platformdirs
+
+from .errors import GuildError
+from .files import atomic_path
+from .gguf import GGUFFile
+from .kernels.cpu import quant
+from .kernels.cpu.quant import KINDS, PackedMatrix, layout, pack_hook, repack
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+MAGIC = b"GUILDRPK"
+ALIGN = 64
+_TRAILER = struct.Struct("<QQ32s8s")
+MAX_HEADER = 1 << 28  # bytes of JSON header accepted (a 10k-matrix model needs ~1 MB)
+ENV_SWITCH = "GUILD_REPACK_CACHE"
+
+# Source files that decide the packed bytes or the order in which a model packs its matrices: a change to any
+# of them retires every cache made before it (a change to this module's file format bumps FORMAT).
+_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/blocks.py", "kernels/cpu/drivers.py",
+                   "guild/models/*.py")
+
+
+class StaleCache(Exception):
+    """A cache file that must not be used (the message says why); it is rebuilt."""
+
+
+class CacheWriteError(GuildError):
+    """The cache could not be written (disk full, permissions): the model is repacked into memory instead."""
+
+
+def cache_root() -> Path:
+    """guild's user cache directory: $GUILD_CACHE_DIR, else the platform's user cache dir for guild."""
+    root = os.environ.get("GUILD_CACHE_DIR")
+    return Path(root or platformdirs.user_cache_dir("guild")).expanduser()
+
+
+def cache_path(digest: str) -> Path:
+    return cache_root() / "repack" / f"{digest}.rpk"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "no", "off", "false")
+
+
+@lru_cache(maxsize=1)
+def layout_digest() -> str:
+    """SHA-256 over FORMAT and the sources that fix the cache's contents (see _LAYOUT_SOURCES)."""
+    pkg = Path(__file__).resolve().parent  # guild/
+    roots = {"guild": pkg, "kernels": Path(quant.__file__).resolve().parent.parent}
+    h = hashlib.sha256(f"guild-repack/{FORMAT}".encode())
+    for pattern in _LAYOUT_SOURCES:
+        top, rest = pattern.split("/", 1)
+        for p in sorted(roots[top].glob(rest)):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _source_key(g: GGUFFile) -> dict:
+    st = os.stat(g.path)
+    return {"digest": g.identity_digest(), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+# -- writing -------------------------------------------------------------------------------------------
+class _Recorder:
+    """The pack hook of a first load: repack, append the arrays to the cache file, release the GGUF's pages.
+    Returns no matrix: the model of the recording pass is discarded, the real one is built from the cache."""
+
+    def __init__(self, f, g: GGUFFile, progress):
+        self.f, self.g, self.progress = f, g, progress
+        self.pos = len(MAGIC)
+        self.matrices: list = []
+
+    def __call__(self, qtype, raw, n_rows, n_cols):
+        pm = repack(qtype, raw, n_rows, n_cols)
+        offsets = []
+        for a in pm.arrays:
+            pad = -self.pos % ALIGN
+            if pad:
+                self.f.write(b"\0" * pad)
+                self.pos += pad
+            offsets.append(self.pos)
+            self.f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+            self.pos += a.nbytes
+        self.matrices.append([int(qtype), int(n_rows), int(n_cols), offsets])
+        parts = raw if isinstance(raw, (list, tuple)) else (raw,)
+        self.g.release(*parts)
+        self.progress(sum(np.asarray(p).nbytes for p in parts))
+        return None
+
+
+def build(g: GGUFFile, path: Path, load_model, progress=None) -> None:
+    """Run `load_model(g)` once with every matrix streamed into a new cache file at `path` (atomically)."""
+    progress = progress or (lambda n: None)
+    key = _source_key(g)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CacheWriteError(f"{path.parent}: cannot create ({e.strerror or e})") from None
+    with atomic_path(path, "the repack cache", CacheWriteError) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            f.write(MAGIC)
+            rec = _Recorder(f, g, progress)
+            with pack_hook(rec):
+                load_model(g)
+            header = json.dumps({"format": FORMAT, "layout": layout_digest(), "source": key,
+                                 "finite_checked": bool(g.finite_checked), "data_end": rec.pos,
+                                 "matrices": rec.matrices}, separators=(",", ":")).encode()
+            f.write(header)
+            f.write(_TRAILER.pack(rec.pos, len(header), hashlib.sha256(header).digest(), MAGIC))
+
+
+# -- reading -------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def _sized_layout(q: int, n: int, k: int) -> tuple:
+    return tuple((dt, shape, dt.itemsize * math.prod(shape)) for dt, shape in layout(q, n, k))
+
+
+def _int(v, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        raise StaleCache(f"{what} is not an integer in {lo}..{hi}")
+    return v
+
+
+class CacheFile:
+    """An opened, checked cache file (see the module docstring): `matrices` in pack order, mapped lazily."""
+
+    def __init__(self, path: Path, key: dict):
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise StaleCache("no cache yet") from None
+        except OSError as e:
+            raise StaleCache(f"cannot open ({e.strerror or e})") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size < len(MAGIC) + _TRAILER.size:
+                raise StaleCache(f"truncated ({size} bytes)")
+            f.seek(size - _TRAILER.size)
+            h_off, h_len, h_sha, magic = _TRAILER.unpack(f.read(_TRAILER.size))
+            f.seek(0)
+            if f.read(len(MAGIC)) != MAGIC or magic != MAGIC:
+                raise StaleCache("not a guild repack cache, or truncated (no trailer)")
+            if h_len > MAX_HEADER or h_off < len(MAGIC) or h_off + h_len + _TRAILER.size != size:
+                raise StaleCache("truncated or extended (header extent does not match the file size)")
+            f.seek(h_off)
+            raw = f.read(h_len)
+            if hashlib.sha256(raw).digest() != h_sha:
+                raise StaleCache("header checksum mismatch")
+            try:
+                hdr = json.loads(raw)
+            except (ValueError, RecursionError):
+                raise StaleCache("header is not JSON") from None
+            if not isinstance(hdr, dict):
+                raise StaleCache("header is not an object")
+            if hdr.get("format") != FORMAT:
+                raise StaleCache(f"cache format {hdr.get('format')!r}, this guild writes {FORMAT}")
+            if hdr.get("layout") != layout_digest():
+                raise StaleCache("made by another version of guild's packing code")
+            src = hdr.get("source")
+            if not isinstance(src, dict) or src.get("digest") != key["digest"]:
+                raise StaleCache("foreign: made for another model file")
+            if src.get("size") != key["size"] or src.get("mtime_ns") != key["mtime_ns"]:
+                raise StaleCache("stale: the model file changed since the cache was made")
+            data_end = _int(hdr.get("data_end"), "data_end")
+            if data_end != h_off:
+                raise StaleCache("data section does not end where the header starts")
+            self.finite_checked = hdr.get("finite_checked") is True
+            self.matrices = self._check_matrices(hdr.get("matrices"), data_end)
+            # copy-on-write: views are writeable (the kernels' compiled signatures take writeable arrays) but
+            # nothing written would reach the file; pages are the file's until then
+            self.buf = np.frombuffer(mmap.mmap(f.fileno(), data_end, access=mmap.ACCESS_COPY), np.uint8)
+        self.path, self.size = path, size
+
+    @staticmethod
+    def _check_matrices(ms, data_end: int) -> list:
+        if not isinstance(ms, list):
+            raise StaleCache("matrix table missing")
+        out = []
+        for i, m in enumerate(ms):
+            if not isinstance(m, list) or len(m) != 4 or not isinstance(m[3], list):
+                raise StaleCache(f"matrix #{i}: malformed entry")
+            q = _int(m[0], f"matrix #{i} type")
+            if q not in KINDS:
+                raise StaleCache(f"matrix #{i}: quant type {q} has no kernel")
+            n, k = _int(m[1], f"matrix #{i} rows", 1, 1 << 31), _int(m[2], f"matrix #{i} columns", 1, 1 << 31)
+            lay = _sized_layout(q, n, k)
+            if len(m[3]) != len(lay):
+                raise StaleCache(f"matrix #{i}: {len(m[3])} arrays, its type packs {len(lay)}")
+            arrays = []
+            for off, (dt, shape, nbytes) in zip(m[3], lay, strict=True):
+                off = _int(off, f"matrix #{i} offset")
+                if off % ALIGN or off < len(MAGIC) or off + nbytes > data_end:
+                    raise StaleCache(f"matrix #{i}: array at {off} ({nbytes} bytes) outside the data section")
+                arrays.append((off, dt, shape, nbytes))
+            out.append((q, n, k, arrays))
+        return out
+
+    def views(self, i: int) -> PackedMatrix:
+        q, n, k, arrays = self.matrices[i]
+        b = self.buf
+        return PackedMatrix.from_arrays(q, n, k, [b[o : o + nb].view(dt).reshape(sh) for o, dt, sh, nb in arrays])
+
+
+class _Replayer:
+    """The pack hook of a cached load: the i-th pack call gets the cache's i-th matrix, if its type and shape
+    are the ones asked for (else the cache is stale)."""
+
+    def __init__(self, cache: CacheFile):
+        self.cache, self.i = cache, 0
+
+    def __call__(self, qtype, raw, n_rows, n_cols):
+        ms = self.cache.matrices
+        if self.i >= len(ms):
+            raise StaleCache(f"the model packs more matrices than the cache holds ({len(ms)})")
+        q, n, k, _ = ms[self.i]
+        if (q, n, k) != (int(qtype), int(n_rows), int(n_cols)):
+            raise StaleCache(f"matrix #{self.i} is {q}:{n}x{k} in the cache, the model asks for "
+                             f"{int(qtype)}:{n_rows}x{n_cols}")
+        self.i += 1
+        return self.cache.views(self.i - 1)
+
+
+# -- loading -------------------------------------------------------------------------------------------
+class _Progress:
+    """A bar on stderr for long loads: shown only on a terminal, and only once the load has run ~2 s."""
+
+    DELAY_S = 2.0
+
+    def __init__(self, enabled: bool, total: int, description: str):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.total, self.description = total, description
+        self.done, self.t0, self.bar, self.task = 0, time.perf_counter(), None, None
+
+    def __call__(self, nbytes: int) -> None:
+        self.done += nbytes
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if time.perf_counter() - self.t0 < self.DELAY_S:
+                return
+            from rich.console import Console  # deferred: only long loads on a terminal draw a bar
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.description, total=self.total)
+        self.bar.update(self.task, completed=min(self.done, self.total))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _free_bytes(d: Path) -> int:
+    try:
+        return shutil.disk_usage(d).free
+    except OSError:
+        return 0
+
+
+def load_cached(g: GGUFFile, load_model, progress: bool = False):
+    """`load_model(g)` (models.load_model), the matrices mapped from g's repack cache, built first if needed.
+    Returns (model, how): how is "cache" (mapped from an existing cache), "built" (cache written now, then
+    mapped) or "memory" (repacked into memory: cache off or not writable)."""
+    weights = sum(t.data.nbytes for t in g.tensors.values())
+    if not enabled():
+        return _in_memory(g, load_model, progress, weights), "memory"
+    key = _source_key(g)
+    path = cache_path(key["digest"])
+    built = False
+    while True:
+        try:
+            return _replay(g, CacheFile(path, key), load_model), ("built" if built else "cache")
+        except StaleCache as e:
+            if built:
+                raise GuildError(f"{path}: the repack cache just written does not read back ({e})") from None
+            log.info("repack cache %s: %s; rebuilding", path, e)
+        if not _writable(path, weights):
+            return _in_memory(g, load_model, progress, weights), "memory"
+        bar = _Progress(progress, weights, f"repacking {Path(g.path).name}")
+        try:
+            build(g, path, load_model, bar)
+        except CacheWriteError as err:  # the model's own errors (validation) propagate as they are
+            log.warning("repack cache %s not written (%s); repacking into memory", path, err)
+            return _in_memory(g, load_model, progress, weights), "memory"
+        finally:
+            bar.close()
+        _fadvise(g.path, "POSIX_FADV_DONTNEED")  # the GGUF's pages, read once, would crowd out the cache's
+        built = True
+
+
+def _replay(g: GGUFFile, cache: CacheFile, load_model):
+    if cache.finite_checked:
+        g.finite_checked = True
+    rep = _Replayer(cache)
+    with pack_hook(rep):
+        model = load_model(g)
+    if rep.i != len(cache.matrices):
+        raise StaleCache(f"the model packs {rep.i} matrices, the cache holds {len(cache.matrices)}")
+    prefetch(cache.path)
+    return model
+
+
+def _fadvise(path, advice: str, wait_read: bool = False) -> None:
+    """posix_fadvise over a whole file (where the platform has it); with wait_read, read it through instead."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        if wait_read:
+            buf = bytearray(16 << 20)
+            with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+        elif hasattr(os, advice):
+            os.posix_fadvise(fd, 0, 0, getattr(os, advice))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def prefetch(path, wait: bool = False) -> None:
+    """Bring a cache file into the page cache, so that the first windows do not fault expert pages in from
+    disk one by one (a first pass of a 6.4 GB model's experts at random: tokens per second collapse until the
+    pages are in). By default the kernel is asked to read ahead (POSIX_FADV_WILLNEED) from a background thread
+    and the load returns at once; with `wait` the file is read through here (benchmarks, before timing).
+    Neither maps pages into this process: resident memory grows only as the kernels touch the weights."""
+    if wait:
+        _fadvise(path, "", wait_read=True)
+    else:
+        threading.Thread(target=_fadvise, args=(path, "POSIX_FADV_WILLNEED"), daemon=True,
+                         name="guild-prefetch").start()
+
+
+def _writable(path: Path, need: int) -> bool:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    if not os.access(path.parent, os.W_OK):
+        return False
+    return _free_bytes(path.parent) > need * 1.1 + (256 << 20)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _in_memory(g: GGUFFile, load_model, progress: bool, weights: int):
+    """The model repacked into memory, the GGUF's pages released after each matrix."""
+    bar = _Progress(progress, weights, f"repacking {Path(g.path).name}")
+
+    def hook(qtype, raw, n_rows, n_cols):
+        pm = repack(qtype, raw, n_rows, n_cols)
+        parts = raw if isinstance(raw, (list, tuple)) else (raw,)
+        g.release(*parts)
+        bar(sum(np.asarray(p).nbytes for p in parts))
+        return pm
+
+    try:
+        with pack_hook(hook):
+            return load_model(g)
+    finally:
+        bar.close()
