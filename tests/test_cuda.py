@@ -226,9 +226,9 @@ def test_attention_rows_invariant(gpu):
 
 # -- the engine -------------------------------------------------------------------------------------------
 def _engine(gpu, model):
-    from guild.engine.cuda import GpuLlama, GpuSplit
+    from guild.engine.cuda import GpuSplit, place
 
-    return GpuLlama(model, gpu.backend(), GpuSplit(model.args.n_layers))
+    return place(model, gpu.backend(), GpuSplit(model.args.n_layers))
 
 
 @pytest.fixture(scope="module", params=[
