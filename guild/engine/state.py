@@ -177,11 +177,11 @@ class HybridState:
             raise ValueError(f"commit({keep}) outside the open window of {T} rows")
         self.kv.commit(keep)
         if keep:
-            K1 = self.conv.shape[1]
             snapshots = T > 1 and self.dst[0] != self.dst[1]
             for li, i in self.rec_slot.items():
                 xconv, q, k, v, g, beta = self._rows[i]
                 hist = self.conv[i]
+                K1 = hist.shape[0]
                 if keep >= K1:
                     hist[...] = xconv[keep - K1 : keep]
                 else:  # shift the history by keep rows (a copy: device arrays do not cope with the overlap)
