@@ -111,7 +111,13 @@ def numa_nodes(root: str | Path = "/sys/devices/system/node") -> int:
 
 
 def gpu_info() -> GpuInfo | None:
-    """The first CUDA device CuPy sees, or None (CuPy missing, no driver, no device)."""
+    """The first CUDA device CuPy sees, or None (CuPy missing, no driver, no device); the fake one under
+    GUILD_FAKE_GPU (guild.engine.device)."""
+    from .engine.device import fake_gpu_requested, probe_cuda
+
+    if fake_gpu_requested():
+        d, _ = probe_cuda()
+        return GpuInfo(d.name, f"{d.cc // 10}.{d.cc % 10}", d.total_bytes)
     try:
         import cupy  # optional: guild[gpu]
     except Exception:  # ImportError, or a broken CUDA install failing at import
