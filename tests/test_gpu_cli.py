@@ -23,7 +23,7 @@ PROMPT = "abc abc abc abc abc"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpucli")
-    path = write_tiny_model(d / "tiny_moe.gguf", n_experts=4, top_k=2, qtype="Q8_0", context=512, seed=5)
+    path = write_tiny_model(d / "tiny_moe.gguf", n_experts=4, top_k=2, qtype="Q8_0", context=4096, seed=5)
     write_tiny_mtp_head(path, d / "tiny_moe.mtp.gguf")
     return path
 
