@@ -182,6 +182,10 @@ class DeviceLinear:
         self.n_out, self.n_in, self.parts = fuse(tensors, pack)
         self.nbytes = sum(p.nbytes for p in self.parts)
 
+    @property
+    def n_rows(self) -> int:  # as a PackedMatrix (output features)
+        return self.n_out
+
 
 class CudaBackend:
     """CuPy arrays on one GPU, the kernels of kernels/cuda/, one non-blocking stream, pinned staging buffers."""
@@ -443,7 +447,7 @@ class Layout:
         buf, host = self.stage("moe").get(be, nbytes)
         ids = be.view(buf, 0, (R, k), np.int64)
         w = be.view(buf, o_w, (R, k), np.float32)
-        logits = be.empty((R, router.n_out if isinstance(router, DeviceLinear) else router.n_rows))
+        logits = be.empty((R, router.n_rows))
         be.matmul(router, h, logits)
         be.softmax_topk(logits, k, renorm, ids, w)
         be.to_host(buf[:nbytes], host[:nbytes])

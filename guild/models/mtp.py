@@ -134,7 +134,7 @@ class MtpHead:
             be.rmsnorm(x, W.head_norm, a.norm_eps, h)
             if not n_logits:
                 return h, None
-            logits = be.empty((n_logits, self.output.n_rows))
+            logits = be.empty((n_logits, W.output.n_rows))
             be.matmul(W.output, be.contiguous(h[R - n_logits :]), logits)
             logits = lay.download(be, logits)
         check_finite(logits, self.info.source)
