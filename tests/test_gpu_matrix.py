@@ -103,12 +103,17 @@ def test_hidden_rows_move_only_when_read(tmp_path):
     want = cpu.forward_batch([(PROMPT[:6], cpu.new_state(64))])[0].hidden
     assert np.array_equal(rows, want[2:5]) and np.array_equal(np.asarray(out.hidden), want)
     assert after[0] - before[0] == 1 + 2  # indices + one expert output per MoE layer
+    seen = dev.counters()
+    both = np.concatenate([out.hidden[:2], out.hidden[2:6]])  # a consumer on the device: nothing moves
+    assert isinstance(both, DeviceRows) and dev.counters() == seen
+    assert np.array_equal(np.asarray(both), want)
 
 
 @pytest.mark.parametrize("name", ["llama-moe", "qwen35moe"])
 def test_transfers_per_window(tmp_path, name):
-    """A window of T rows on a fully placed model: one H2D of the indices, per MoE layer one D2H (ids, weights,
-    rows) and one H2D (expert output), one D2H of the logits; the hidden rows stay on the device."""
+    """A window of T rows on a fully placed model: one H2D of the indices (tokens, positions, last row, and for
+    a hybrid the per-row snapshot buffers), per MoE layer one D2H (ids, weights, rows) and one H2D (expert
+    output), one D2H of the logits; the hidden rows stay on the device."""
     cpu = load_model(write_arch(tmp_path, name))
     a = cpu.args
     dev = HostBackend.fake_device()
@@ -121,5 +126,6 @@ def test_transfers_per_window(tmp_path, name):
         eng.forward(PROMPT[5 : 5 + T], st)
         st.commit(1)
         assert dev.h2d - h2d == 1 + a.n_layers and dev.d2h - d2h == 1 + a.n_layers, f"T={T}"
-        assert dev.h2d_bytes - h2d_b == (2 * T + 1) * 8 + a.n_layers * T * a.dim * 4  # tokens|positions|last row
+        idx = (3 if name == "qwen35moe" else 2) * T + 1  # tokens | positions | last row (| snapshot buffers)
+        assert dev.h2d_bytes - h2d_b == idx * 8 + a.n_layers * T * a.dim * 4
         assert dev.d2h_bytes - d2h_b >= a.n_layers * T * a.dim * 4 + T * a.vocab_size * 4

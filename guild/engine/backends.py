@@ -60,6 +60,9 @@ class HostBackend:
     def contiguous(self, a):
         return np.ascontiguousarray(a)
 
+    def concat(self, arrays):
+        return np.concatenate(arrays)
+
     def linear(self, cpu_weights, tensors, name: str):
         """Weights for matmul: the CPU model's packed matrix or Linear (shared, not copied)."""
         return cpu_weights
@@ -219,6 +222,9 @@ class CudaBackend:
 
     def contiguous(self, a):
         return self.cp.ascontiguousarray(a)
+
+    def concat(self, arrays):
+        return self.cp.concatenate(arrays)
 
     def linear(self, cpu_weights, tensors, name: str):
         for t in tensors:
@@ -406,21 +412,25 @@ class Layout:
             be.wait()
         return host[:nbytes].view(np.float32).reshape(x.shape).copy()
 
-    def meta(self, tokens: np.ndarray, positions: np.ndarray, last: np.ndarray) -> dict:
-        """The window's token ids, positions and last-row indices on every backend of the layout (one H2D per
-        device)."""
-        out = {HOST.name: (tokens, positions, last)}
-        R = tokens.size
+    def meta(self, tokens: np.ndarray, positions: np.ndarray, last: np.ndarray, extra=()) -> dict:
+        """The window's token ids, positions and last-row indices (and `extra` int64 arrays: the states' per-row
+        buffer indices) on every backend of the layout: one H2D per device. Returns backend name ->
+        (tokens, positions, last, [extra...])."""
+        extra = [np.asarray(e, np.int64) for e in extra]
+        out = {HOST.name: (tokens, positions, last, extra)}
         if not self.devices:
             return out
-        flat = np.concatenate([tokens, positions, last]).astype(np.int64)
+        parts = [tokens, positions, last, *extra]
+        flat = np.concatenate(parts).astype(np.int64)
+        bounds = np.cumsum([0] + [p.size for p in parts])
         for dev in self.devices:
             with dev.activate():
                 d, h = self.stage("meta").get(dev, flat.nbytes)
                 h[: flat.nbytes] = flat.view(np.uint8)
                 dev.to_device(h[: flat.nbytes], d[: flat.nbytes])
                 md = d[: flat.nbytes].view(np.int64)
-                out[dev.name] = (md[:R], md[R : 2 * R], md[2 * R :])
+                views = [md[bounds[i] : bounds[i + 1]] for i in range(len(parts))]
+                out[dev.name] = (views[0], views[1], views[2], views[3:])
         return out
 
     def moe_rows(self, be, R: int, D: int, k: int):
@@ -495,9 +505,18 @@ class DeviceRows:
         a = self.host()
         return a if dtype is None else a.astype(dtype)
 
-    def on(self, be):
-        """The rows on backend be: the device array itself when be holds them, else a host copy."""
-        return self.device() if be is self.be else (self.host() if not be.device else None)
+    def __array_function__(self, func, types, args, kwargs):
+        """np.concatenate of rows that all live on this device stays there (no transfer: the MTP head catching
+        up over several windows' rows on the same device); anything else reads them to the host first."""
+        if func is np.concatenate and not kwargs:
+            seq = list(args[0])
+            if all(isinstance(r, DeviceRows) and r.be is self.be for r in seq):
+                with self.be.activate():
+                    x = self.be.concat([r.device() for r in seq])
+                return DeviceRows(self.layout, self.be, x, 0, int(x.shape[0]))
+            return np.concatenate([np.asarray(r) for r in seq], *args[1:])
+        conv = [np.asarray(a) if isinstance(a, DeviceRows) else a for a in args]
+        return func(*conv, **kwargs)
 
 
 def rows_on(rows, be):

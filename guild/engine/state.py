@@ -317,11 +317,14 @@ class DeviceHybridState(HybridState):
                 self.S[i][self.cur] = saved[0][i]
                 self.conv[i][...] = saved[1][i]
 
+    def dst_on(self, backend_name: str, dst) -> None:
+        """The open window's per-row destination buffers on a backend (the forward's window indices bring them
+        to each device in its one H2D: guild.models.llama.Window)."""
+        self._dst[backend_name] = dst
+
     def rec_args(self, layer: int):
         be = self._rec_be[self.rec_slot[layer]]
-        if be.name not in self._dst:  # the window's destination buffers, uploaded once per window and device
-            self._dst[be.name] = be.upload(self.dst) if be.device else self.dst
-        return be, self._kmap[be.name], self._dst[be.name]
+        return be, self._kmap[be.name], self._dst.get(be.name, self.dst)
 
     def kv_layer(self, layer: int):
         return self.kv.kv_layer(self.attn_slot[layer])

@@ -193,7 +193,12 @@ class Window:
         self.layout = layout or Layout([HOST] * n_layers, HOST, HOST, {})
         self.rope = self.layout.rope
         self.tokens = tokens if tokens is not None else np.zeros(positions.size, np.int64)
-        self.meta = self.layout.meta(self.tokens, positions, np.asarray(offs[1:], np.int64) - 1)
+        idx = [st.dst for st in states if hasattr(st, "dst_on")]  # hybrid states' per-row buffers
+        self.meta = self.layout.meta(self.tokens, positions, np.asarray(offs[1:], np.int64) - 1, idx)
+        if idx:
+            for name, m in self.meta.items():
+                for st, d in zip((st for st in states if hasattr(st, "dst_on")), m[3], strict=True):
+                    st.dst_on(name, d)
         self.cur = self.layout.embed_be
 
     @classmethod
