@@ -426,9 +426,13 @@ def test_hybrid_engine_windows_rollback_and_logits(gpu, hybrid):
         s.commit(0)
 
 
-@pytest.mark.parametrize("name,strategy,sampling", [("llama-moe", "mtp", "greedy"), ("qwen35moe", "mtp", "seeded"),
-                                                    ("qwen3next", "adaptive", "greedy"),
-                                                    ("qwen3moe", "lookup", "seeded")])
+# every architecture, every strategy and both samplings at least once (the full matrix runs on the counting
+# host backend in tests/test_gpu_matrix.py; the emulator costs ~15-25 s a cell)
+CELLS = [("llama-moe", "mtp", "greedy"), ("qwen35moe", "mtp", "seeded"), ("qwen3next", "adaptive", "greedy"),
+         ("qwen3moe", "lookup", "seeded"), ("llama", "retrieval", "greedy"), ("qwen3", "normal", "seeded")]
+
+
+@pytest.mark.parametrize("name,strategy,sampling", CELLS)
 def test_strategy_cells_on_the_device(gpu, tmp_path, name, strategy, sampling):
     """A subset of tests/test_gpu_matrix.py's cells with the kernels of kernels/cuda/: the placed model (MTP
     head on the device too) emits the CPU engine's `normal` stream."""
@@ -440,3 +444,27 @@ def test_strategy_cells_on_the_device(gpu, tmp_path, name, strategy, sampling):
     want, _ = generate(model, "normal", SAMPLING[sampling], n=8)
     got, st = generate(_engine(gpu, model), strategy, SAMPLING[sampling], n=8)
     assert got == want
+
+
+def test_mtp_head_with_a_draft_vocabulary_on_the_device(gpu, tmp_path):
+    """The draft LM head over the --spec-mtp-vocab rows (a device copy of those output rows) drafts the same
+    tokens on the device as on the CPU."""
+    from guild.engine.session import GuildSession
+    from guild.models import load_model
+    from guild.models.mtp import find_mtp_head
+    from guild.spec import make_drafter
+    from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
+
+    path = write_tiny_model(tmp_path / "m.gguf", n_experts=4, top_k=2, qtype="Q8_0", seed=3)
+    write_tiny_mtp_head(path, tmp_path / "m.mtp.gguf", draft_vocab=96)
+    model = load_model(str(path))
+    eng = _engine(gpu, model)
+    prompt = [int(t) for t in SEQ[:10]] * 2
+    runs = []
+    for m in (model, eng):
+        head = find_mtp_head(m, draft_vocab=64)
+        assert head.vocab_ids is not None and head.w.output.n_rows == 64
+        d = make_drafter("mtp", mtp_head=head, n_ctx=64)
+        toks, st = GuildSession(m, n_ctx=64).generate(prompt, 6, drafter=d, max_draft=2)
+        runs.append((toks, [w.k for w in st.windows], [w.kept for w in st.windows]))
+    assert runs[0] == runs[1] and any(runs[1][1])

@@ -54,7 +54,7 @@ def test_optimize_then_run_and_bench_on_the_fake_gpu(tiny, tmp_path, monkeypatch
     r = cli("optimize", tiny, "-o", plan, "--mode", "quick", "--context", 128, "--device", "cuda")
     assert r.exit_code == 0, r.output
     r = cli("inspect", plan, "--plan")
-    assert r.exit_code == 0 and "fake GPU" in r.output, r.output
+    assert r.exit_code == 0 and "fake GPU" in r.output and "VRAM:" in r.output, r.output
     got = _run(tiny, "cuda", "--gexec", plan)
     monkeypatch.delenv("GUILD_FAKE_GPU")
     assert got["tokens"] == _run(tiny, "cpu")["tokens"]

@@ -273,6 +273,7 @@ def place(cpu_model, device, split: GpuSplit, host: HostBackend = HOST):
         eng.out_norm = out_be.upload(cpu_model.out_norm)
     eng._layout = Layout(bes, embed_be, out_be, rope)
     eng.cpu, eng.dev, eng.host, eng.placement = cpu_model, device, host, split
+    eng.placed_context = a.context_length  # what the spill report sizes the state at (build: the --context)
     eng.returns_hidden = True  # always: a DeviceRows when they end on the device, moved only when read
     eng.hosts_mtp_head = True
     eng.new_state = types.MethodType(_new_state, eng)
@@ -296,7 +297,7 @@ def _new_state(self, n_ctx: int | None = None, rollback: str | None = None):
 
 def _describe(self) -> str:
     p = self.placement
-    spill = spill_report(self.cpu, p, self.args.context_length)
+    spill = spill_report(self.cpu, p, self.placed_context)
     return (f"{self.dev.name}: {p.gpu_layers}/{self.args.n_layers} layers"
             + (", embeddings" if p.embed_gpu else "") + (", output" if p.output_gpu else "")
             + (", experts on CPU" if self.args.is_moe else "") + (f"; {spill}" if spill else ""))
@@ -350,7 +351,9 @@ def build(cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | No
             f"{need / 2**20:.0f} MiB, {device_info.free_bytes / 2**20:.0f} MiB free"
         )
     try:
-        return place(cpu_model, device_backend(device_info.index), placement)
+        eng = place(cpu_model, device_backend(device_info.index), placement)
+        eng.placed_context = n_ctx
+        return eng
     except Exception as e:
         if type(e).__name__ == "OutOfMemoryError":
             raise GpuPathError(f"GPU out of memory while uploading the model ({e})") from None
