@@ -20,12 +20,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from guild.engine.device import probe_cuda
+from guild.engine.device import fake_gpu_requested, probe_cuda
 from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
 
 DEV, WHY = probe_cuda()
+if fake_gpu_requested():  # the counting host backend is no GPU: these tests want CuPy on a real device
+    DEV, WHY = None, "GUILD_FAKE_GPU is set (a host-backend stand-in, not a GPU)"
 QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS,
           Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)

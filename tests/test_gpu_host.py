@@ -38,6 +38,12 @@ PLACEMENTS = [GpuSplit(2, True, True), GpuSplit(1, False, True), GpuSplit(1, Tru
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
 
 
+@pytest.fixture(autouse=True)
+def _no_fake_gpu(monkeypatch):
+    """These tests decide the device themselves: a GUILD_FAKE_GPU in the environment must not leak in."""
+    monkeypatch.delenv("GUILD_FAKE_GPU", raising=False)
+
+
 @pytest.fixture(scope="module", params=TINY, ids=lambda c: "-".join(str(v) for v in c.values()))
 def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "m.gguf"
