@@ -86,8 +86,16 @@ timeout 90 $PY -c "from guild.upcycle import ensure_embedded_moe; ensure_embedde
 
 ROWS=()  # the summary table: check | result | detail
 row() { ROWS+=("| $1 | $2 | $3 |"); }
-# a step's time limit: its own, capped by what is left of the 10 minutes (570 s, leaving the summary room)
-cap() { local left=$(( 570 - ($(date +%s) - t0) )); [ $left -lt 5 ] && left=5; echo $(( $1 < left ? $1 : left )); }
+# a step's time limit: its own (times $SLOW, default 1), capped by what is left of the 10 minutes ($BUDGET s,
+# default 570, leaving the summary room). SLOW and BUDGET exist to try the script on a loaded CPU-only machine
+# (GUILD_FAKE_GPU=1 SLOW=4 BUDGET=2400); on a GPU machine leave them alone.
+SLOW=${SLOW:-1}
+BUDGET=${BUDGET:-570}
+cap() {
+    local want=$(( $1 * SLOW )) left=$(( BUDGET - ($(date +%s) - t0) ))
+    [ $left -lt 5 ] && left=5
+    echo $(( want < left ? want : left ))
+}
 
 timeout $(cap 180) env -u GUILD_FAKE_GPU $PY -m pytest tests/test_cuda.py tests/test_gpu_host.py -q -rs -o addopts= -k "not emu" -p no:cacheprovider \
     > "$OUT/pytest.txt" 2>&1
@@ -101,13 +109,16 @@ for strategy in normal lookup retrieval mtp adaptive; do
     for dev in cpu cuda; do
         timeout $(cap 35) $PY -m guild run smollm2-135m-moe -p "$PROMPT" -n 32 --decode-strategy "$strategy" --device "$dev" \
             --json > "$OUT/run-$strategy-$dev.json" 2> "$OUT/run-$strategy-$dev.err"
+        [ $? -eq 124 ] && echo "timed out" >> "$OUT/run-$strategy-$dev.err"
     done
     verdict=$($PY - "$OUT/run-$strategy-cpu.json" "$OUT/run-$strategy-cuda.json" <<'PYEOF'
 import json, sys
 try:
     a, b = (json.load(open(p)) for p in sys.argv[1:3])
 except Exception as e:
-    print(f"FAIL | no result ({type(e).__name__})"); sys.exit()
+    errs = [open(p.replace(".json", ".err")).read().strip().splitlines()[-1:] for p in sys.argv[1:3]]
+    why = "; ".join(f"{d}: {e[0]}" for d, e in zip(("cpu", "cuda"), errs) if e) or type(e).__name__
+    print(f"FAIL | no result ({why})"); sys.exit()
 same = a["tokens"] == b["tokens"]
 print(("pass" if same else "FAIL") + f" | {len(b['tokens'])} tokens, {'equal' if same else 'DIFFERENT'}; "
       f"cuda {b['decode_tok_s']} tok/s vs cpu {a['decode_tok_s']} tok/s")
