@@ -180,9 +180,10 @@ class DeviceLinear:
     """One or more GPU matrices sharing an input, fused when their quant types agree (as models.llama.Linear)."""
 
     def __init__(self, tensors, pack):
-        from ..models.llama import fuse  # models import this module
-
-        self.n_out, self.n_in, self.parts = fuse(tensors, pack)
+        self.n_out, self.n_in = sum(t.shape[0] for t in tensors), tensors[0].shape[1]
+        groups = [list(tensors)] if len({t.qtype for t in tensors}) == 1 else [[t] for t in tensors]
+        self.parts = [pack(g[0].qtype, g[0].data if len(g) == 1 else np.concatenate([t.data for t in g]),
+                           sum(t.shape[0] for t in g), self.n_in) for g in groups]
         self.nbytes = sum(p.nbytes for p in self.parts)
 
     @property

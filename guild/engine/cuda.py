@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import GpuPathError, GuildError
 from ..gguf import Tensor
+from ..machine import fake_gpu_mib
 from ..models.deltanet import HybridMoe
 from ..models.llama import Linear
 from ..plan import group_of
@@ -363,6 +364,4 @@ def build(cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | No
 def device_backend(index: int = 0):
     """The backend of CUDA device `index`: a CudaBackend, or the counting host backend standing in for a GPU
     when GUILD_FAKE_GPU is set (guild.engine.device: tests and CI run --device cuda end to end without one)."""
-    from .device import fake_gpu_requested
-
-    return HostBackend.fake_device() if fake_gpu_requested() else CudaBackend(index)
+    return HostBackend.fake_device() if fake_gpu_mib() else CudaBackend(index)

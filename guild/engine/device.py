@@ -12,11 +12,11 @@ CPU kernels behind the GPU path's placement, layout and transfers, bitwise the C
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 from dataclasses import dataclass
 
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
+from ..machine import FAKE_GPU_NAME, fake_gpu_mib
 from ..options import DEVICES
 from . import cuda
 
@@ -47,28 +47,14 @@ def _first_line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
-FAKE_GPU_ENV = "GUILD_FAKE_GPU"
-
-
 def fake_gpu_requested() -> bool:
-    return os.environ.get(FAKE_GPU_ENV, "").strip() not in ("", "0")
-
-
-def _fake_gpu() -> Device:
-    v = os.environ.get(FAKE_GPU_ENV, "").strip()
-    try:
-        mib = int(v) if v not in ("1", "yes", "true") else 8192
-    except ValueError:
-        raise BadFlagError(f"{FAKE_GPU_ENV} must be 1 or a VRAM size in MiB, got '{v}'") from None
-    if mib <= 0:
-        raise BadFlagError(f"{FAKE_GPU_ENV} must be 1 or a VRAM size in MiB, got '{v}'")
-    return Device("cuda", f"fake GPU ({FAKE_GPU_ENV}, host backend)", 61, mib * 2**20, mib * 2**20)
+    return fake_gpu_mib() > 0
 
 
 def probe_cuda(index: int = 0) -> tuple[Device | None, str]:
     """(the CUDA device, "") when CuPy can use GPU `index`, else (None, the reason)."""
-    if fake_gpu_requested():
-        return _fake_gpu(), ""
+    if mib := fake_gpu_mib():
+        return Device("cuda", FAKE_GPU_NAME, 61, mib * 2**20, mib * 2**20), ""
     try:
         import cupy  # optional: guild[gpu]
     except ImportError:
