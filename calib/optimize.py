@@ -124,6 +124,8 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
     model, _, _ = place_model(lm.model, device, context, placement) if device else (lm.model, None, "")
     if not model.hosts_mtp_head:
         head = None
+    elif head is not None and model is not lm.model:
+        head = find_mtp_head(model)  # the head placed with the model (on its output's device)
     try:
         numba.set_num_threads(cpu.threads)  # pass 4 runs as `run --gexec` will
         sc = p.run(4, "speculative costs", lambda: calibrate_spec(

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.sampling import GREEDY
-from ..engine.state import KVCache
+from ..engine.state import DeviceKVCache, KVCache
 from ..engine.verify import Verifier
 from ..kernels.cpu import moe
 from ..plan import MAX_T, SpecCalibration
@@ -87,13 +87,17 @@ def timed_experts(acc: list[float]):
             setattr(m, fname, orig)
 
 
-def _fill_copies(state: KVCache, filled: int, target: int) -> None:
-    """Rows filled..target-1 of the cache become copies of rows 0..filled-1 (committed)."""
+def _fill_copies(state: KVCache | DeviceKVCache, filled: int, target: int) -> None:
+    """Rows filled..target-1 of the cache become copies of rows 0..filled-1 (committed); a DeviceKVCache's
+    layers are copied where they live (device to device)."""
     pos = filled
+    layers = [(k[None], v[None]) for k, v in zip(state.k, state.v, strict=True)] \
+        if isinstance(state, DeviceKVCache) else [(state.k, state.v)]
     while pos < target:
         n = min(filled, target - pos)
-        state.k[:, :, :, pos : pos + n] = state.k[:, :, :, :n]
-        state.v[:, :, pos : pos + n] = state.v[:, :, :n]
+        for k, v in layers:
+            k[:, :, :, pos : pos + n] = k[:, :, :, :n]
+            v[:, :, pos : pos + n] = v[:, :, :n]
         pos += n
     state.pos = target
 
@@ -147,7 +151,7 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
     """Pass 4 on a loaded model (see the module docstring)."""
     state = model.new_state(context + MAX_T + 1)
     ctx = max(1, min(context, state.n_ctx - MAX_T - 1))
-    copies = isinstance(state, KVCache)
+    copies = isinstance(state, KVCache | DeviceKVCache)
     fill = min(fill_cap, ctx)
     if not copies:  # other states (recurrent layers) cannot be extended by copies: measured at what was filled
         ctx = fill

@@ -210,8 +210,13 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
                       f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens · --plan for every table")
         return
     p = plan.placement
-    t = Table(title=f"placement at --context {p.context}", caption=escape(p.note or ""), title_justify="left",
-              caption_justify="left")
+    title = f"placement at --context {p.context}"
+    if p.gpu:
+        spilled = [g.name for g in p.groups if g.device != "gpu" and g.name != "routed_experts"]
+        title += (f" · VRAM: {size(p.gpu_bytes)} of a {size(p.vram_budget_bytes)} budget on {p.gpu}, "
+                  f"{size(p.cpu_bytes)} on the CPU"
+                  + (f" (spilled: {', '.join(spilled)})" if spilled else ""))
+    t = Table(title=escape(title), caption=escape(p.note or ""), title_justify="left", caption_justify="left")
     for c in ("group", "device", "tensors", "size", "on the GPU"):
         t.add_column(c, justify="left" if c in ("group", "device") else "right")
     for g in p.groups:

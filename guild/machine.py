@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CpuIsaMismatch, GpuArchitectureMismatch, NumaTopologyMismatch, PlanError
+from .errors import BadFlagError, CpuIsaMismatch, GpuArchitectureMismatch, NumaTopologyMismatch, PlanError
 
 
 def _mismatch(cls, where: str, msg: str):
@@ -110,8 +110,28 @@ def numa_nodes(root: str | Path = "/sys/devices/system/node") -> int:
         return 1
 
 
+FAKE_GPU_ENV = "GUILD_FAKE_GPU"
+FAKE_GPU_NAME = f"fake GPU ({FAKE_GPU_ENV}, host backend)"
+
+
+def fake_gpu_mib() -> int:
+    """VRAM in MiB of the stand-in GPU that GUILD_FAKE_GPU asks for (`1`: 8192, a GTX 1070; or a size in MiB),
+    0 when it is unset: tests run --device cuda on the counting host backend (guild.engine.device)."""
+    v = os.environ.get(FAKE_GPU_ENV, "").strip().lower()
+    if v in ("", "0"):
+        return 0
+    if v in ("1", "yes", "true"):
+        return 8192
+    if not v.isdigit():
+        raise BadFlagError(f"{FAKE_GPU_ENV} must be 1 or a VRAM size in MiB, got '{v}'")
+    return int(v)
+
+
 def gpu_info() -> GpuInfo | None:
-    """The first CUDA device CuPy sees, or None (CuPy missing, no driver, no device)."""
+    """The first CUDA device CuPy sees, or None (CuPy missing, no driver, no device); the stand-in under
+    GUILD_FAKE_GPU."""
+    if mib := fake_gpu_mib():
+        return GpuInfo(FAKE_GPU_NAME, "6.1", mib * 2**20)
     try:
         import cupy  # optional: guild[gpu]
     except Exception:  # ImportError, or a broken CUDA install failing at import

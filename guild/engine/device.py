@@ -3,6 +3,10 @@
 `cuda` needs CuPy (`pip install 'guild[gpu]'`), a CUDA driver, a visible device and NVRTC (the compiler CuPy
 uses at run time; the `nvidia-cuda-nvrtc-cu12` wheel). `auto` takes the GPU when all of that is there and
 otherwise the CPU, and says why; `cuda` without it is a one-line error naming what is missing.
+
+For testing without a GPU, `GUILD_FAKE_GPU=1` (or `=VRAM_MIB`, default 8192: a GTX 1070) makes `cuda` and
+`auto` find a fake sm_61 device whose backend is the counting host backend (HostBackend.fake_device): the
+CPU kernels behind the GPU path's placement, layout and transfers, bitwise the CPU engine's tokens.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
+from ..machine import FAKE_GPU_NAME, fake_gpu_mib
 from ..options import DEVICES
-from .cuda import GpuLlama, placement_from_plan
+from . import cuda
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,14 @@ def _first_line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
+def fake_gpu_requested() -> bool:
+    return fake_gpu_mib() > 0
+
+
 def probe_cuda(index: int = 0) -> tuple[Device | None, str]:
     """(the CUDA device, "") when CuPy can use GPU `index`, else (None, the reason)."""
+    if mib := fake_gpu_mib():
+        return Device("cuda", FAKE_GPU_NAME, 61, mib * 2**20, mib * 2**20), ""
     try:
         import cupy  # optional: guild[gpu]
     except ImportError:
@@ -107,8 +118,8 @@ def place_model(model, spec: str | None, context: int, placement=None) -> tuple[
     if not dev.is_cuda:
         return model, dev, dev.note
     try:
-        split = placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
-        return GpuLlama.build(model, dev, context, split), dev, ""
+        split = cuda.placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
+        return cuda.build(model, dev, context, split), dev, ""
     except GuildError as e:
         if (spec or "auto").strip().lower() == "cuda":
             raise

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ContextOverflowError
-from ..kernels.cpu.deltanet import gdn_recurrence
+from ..errors import ContextOverflowError, GpuPathError
 from ..window import MAX_WINDOW
+from .backends import HOST
 
 
 class KVCache:
@@ -123,10 +123,7 @@ class HybridState:
         """Open a window of T rows; `prefill` marks a prompt chunk (a rewind checkpoint once fully committed)."""
         pos0 = self.kv.begin(T)
         if self.rollback == "snapshot" and 1 < T <= self.MAX_SNAPSHOT_ROWS:
-            if self.S.shape[1] < T + 1:
-                grown = np.zeros((self.S.shape[0], T + 1, *self.S.shape[2:]), np.float32)
-                grown[:, : self.S.shape[1]] = self.S
-                self.S = grown
+            self._grow(T + 1)
             self.dst = np.array([b for b in range(T + 1) if b != self.cur][:T], np.int64)
         else:
             self.dst = np.full(T, 1 - self.cur if self.cur < 2 else 0, np.int64)
@@ -140,6 +137,29 @@ class HybridState:
     def kv_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         i = self.attn_slot[layer]
         return self.kv.k[i], self.kv.v[i]
+
+    def _grow(self, n_buf: int) -> None:
+        """Snapshot pools of at least n_buf buffers (the committed one keeps its index)."""
+        if self.S.shape[1] < n_buf:
+            grown = np.zeros((self.S.shape[0], n_buf, *self.S.shape[2:]), np.float32)
+            grown[:, : self.S.shape[1]] = self.S
+            self.S = grown
+
+    def _save(self):
+        return self.S[:, self.cur].copy(), self.conv.copy()
+
+    def _restore(self, saved) -> None:
+        """Committed recurrent state and conv history from _save() (None: zeros)."""
+        if saved is None:
+            self.S[:, self.cur] = 0.0
+            self.conv[...] = 0.0
+        else:
+            self.S[:, self.cur] = saved[0]
+            self.conv[...] = saved[1]
+
+    def rec_args(self, layer: int):
+        """(backend, kmap, per-row destination buffers) for a DeltaNet layer's recurrence kernel."""
+        return HOST, self.kmap, self.dst
 
     def recurrent(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(S pool [n_buf, Hv, dk, dv], conv history [K-1, C]) of a DeltaNet layer (model layer index)."""
@@ -157,21 +177,23 @@ class HybridState:
             raise ValueError(f"commit({keep}) outside the open window of {T} rows")
         self.kv.commit(keep)
         if keep:
-            K1 = self.conv.shape[1]
             snapshots = T > 1 and self.dst[0] != self.dst[1]
-            for i, rows in enumerate(self._rows):
-                xconv, q, k, v, g, beta = rows
+            for li, i in self.rec_slot.items():
+                xconv, q, k, v, g, beta = self._rows[i]
+                hist = self.conv[i]
+                K1 = hist.shape[0]
                 if keep >= K1:
-                    self.conv[i] = xconv[keep - K1 : keep]
-                else:  # shift the history by keep rows (numpy copes with the overlap)
-                    self.conv[i, : K1 - keep] = self.conv[i, keep:]
-                    self.conv[i, K1 - keep :] = xconv[:keep]
+                    hist[...] = xconv[keep - K1 : keep]
+                else:  # shift the history by keep rows (a copy: device arrays do not cope with the overlap)
+                    hist[: K1 - keep] = hist[keep:].copy()
+                    hist[K1 - keep :] = xconv[:keep]
                 if keep < T and not snapshots:
-                    gdn_recurrence(q[:keep], k[:keep], v[:keep], g[:keep], beta[:keep], self.kmap, self.scale,
-                                   self.S[i], self.cur, self.dst[:keep], _NO_OUT)
+                    be, kmap, dst = self.rec_args(li)
+                    be.gdn_recurrence(q[:keep], k[:keep], v[:keep], g[:keep], beta[:keep], kmap, self.scale,
+                                      self.S[i], self.cur, dst[:keep], be.empty((0, 1, 1)))
             self.cur = int(self.dst[keep - 1])
             if self._prefill and keep == T:
-                self._checkpoint = (self.pos, self.S[:, self.cur].copy(), self.conv.copy())
+                self._checkpoint = (self.pos, self._save())
         self._rows = [None] * len(self._rows)
         self.dst = np.zeros(0, np.int64)
         self._prefill = False
@@ -188,12 +210,10 @@ class HybridState:
         ck = self._checkpoint
         if ck is not None and ck[0] <= n:
             self.kv.truncate(ck[0])
-            self.S[:, self.cur] = ck[1]
-            self.conv[...] = ck[2]
+            self._restore(ck[1])
         else:
             self.kv.truncate(0)
-            self.S[:, self.cur] = 0.0
-            self.conv[...] = 0.0
+            self._restore(None)
             self._checkpoint = None
 
     @property
@@ -201,4 +221,114 @@ class HybridState:
         return self.kv.nbytes + self.S.nbytes + self.conv.nbytes
 
 
-_NO_OUT = np.zeros((0, 1, 1), np.float32)  # gdn_recurrence without output (replay)
+
+class DeviceKVCache:
+    """KVCache's contract with each layer's cache on that layer's backend (`bes`, one per cache layer; a
+    placement puts some on a GPU). `commit(keep)` and `truncate(n)` move the position only: attention reads
+    positions <= pos0 + t, all written earlier or in the same window, so rows past the position are never read
+    before being rewritten (no zeroing pass on the device)."""
+
+    def __init__(self, bes, n_kv_heads: int, head_dim: int, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.pos = 0
+        self.pending = 0
+        self.bes = list(bes)
+        self.k, self.v = [], []
+        try:
+            for be in self.bes:
+                with be.activate():
+                    self.k.append(be.zeros((n_kv_heads, head_dim, n_ctx)))
+                    self.v.append(be.zeros((n_kv_heads, n_ctx, head_dim)))
+        except Exception as e:
+            if type(e).__name__ == "OutOfMemoryError":
+                raise GpuPathError(f"GPU out of memory for a KV cache of {n_ctx} tokens") from None
+            raise
+
+    begin = KVCache.begin
+
+    def write(self, layer: int, k, v) -> None:
+        self.bes[layer].kv_write(self.k[layer], self.v[layer], k, v, self.pos)
+
+    def kv_layer(self, layer: int):
+        return self.k[layer], self.v[layer]
+
+    def commit(self, keep: int) -> None:
+        if not 0 <= keep <= self.pending:
+            raise ValueError(f"commit({keep}) outside the open window of {self.pending} rows")
+        self.pos += keep
+        self.pending = 0
+
+    def truncate(self, n: int) -> None:
+        if self.pending:
+            raise RuntimeError("KVCache.truncate: a window is open")
+        self.pos = max(0, min(n, self.pos))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(k.nbytes) + int(v.nbytes) for k, v in zip(self.k, self.v, strict=True))
+
+
+class DeviceHybridState(HybridState):
+    """HybridState with each layer's part on that layer's backend (`bes`, one per model layer): the KV cache of
+    the attention layers (DeviceKVCache), and per DeltaNet layer its snapshot pool [n_buf, Hv, dk, dv] and conv
+    history [K-1, C]. The same begin / commit(keep) / truncate code runs (HybridState), so a rejected row's
+    state is dropped by the same per-row snapshot choice on the device; only the storage is per layer."""
+
+    def __init__(self, bes, attn_layers, rec_layers, n_kv_heads: int, head_dim: int, n_ctx: int, kmap, k_dim: int,
+                 v_dim: int, conv_dim: int, conv_kernel: int, rollback: str = "snapshot"):
+        super().__init__(0, [], [], 1, 1, 1, kmap, k_dim, v_dim, 1, 2, rollback)
+        self.bes = list(bes)
+        self.kv = DeviceKVCache([self.bes[li] for li in attn_layers] or [HOST], n_kv_heads, head_dim, n_ctx)
+        self.attn_slot = {li: i for i, li in enumerate(attn_layers)}
+        self.rec_slot = {li: i for i, li in enumerate(rec_layers)}
+        self._rows = [None] * len(rec_layers)
+        self._rec_be = [self.bes[li] for li in rec_layers]
+        self.S, self.conv, self._kmap = [], [], {}
+        for be in self._rec_be:
+            with be.activate():
+                self.S.append(be.zeros((2, self.kmap.size, k_dim, v_dim)))
+                self.conv.append(be.zeros((conv_kernel - 1, conv_dim)))
+                if be.name not in self._kmap:
+                    self._kmap[be.name] = be.upload(self.kmap)
+        self._dst: dict = {}
+
+    def begin(self, T: int, prefill: bool = False) -> int:
+        pos0 = super().begin(T, prefill)
+        self._dst = {}
+        return pos0
+
+    def _grow(self, n_buf: int) -> None:
+        for i, be in enumerate(self._rec_be):
+            if self.S[i].shape[0] < n_buf:
+                with be.activate():
+                    grown = be.zeros((n_buf, *self.S[i].shape[1:]))
+                    grown[: self.S[i].shape[0]] = self.S[i]
+                self.S[i] = grown
+
+    def _save(self):
+        return [S[self.cur].copy() for S in self.S], [c.copy() for c in self.conv]
+
+    def _restore(self, saved) -> None:
+        for i in range(len(self.S)):
+            if saved is None:
+                self.S[i][self.cur] = 0.0
+                self.conv[i][...] = 0.0
+            else:
+                self.S[i][self.cur] = saved[0][i]
+                self.conv[i][...] = saved[1][i]
+
+    def dst_on(self, backend_name: str, dst) -> None:
+        """The open window's per-row destination buffers on a backend (the forward's window indices bring them
+        to each device in its one H2D: guild.models.llama.Window)."""
+        self._dst[backend_name] = dst
+
+    def rec_args(self, layer: int):
+        be = self._rec_be[self.rec_slot[layer]]
+        return be, self._kmap[be.name], self._dst.get(be.name, self.dst)
+
+    def kv_layer(self, layer: int):
+        return self.kv.kv_layer(self.attn_slot[layer])
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + sum(int(S.nbytes) + int(c.nbytes) for S, c in zip(self.S, self.conv, strict=True))

@@ -92,7 +92,9 @@ class ForwardResult:
     """One window's output: what the session verifies and what its consumers read (MTP head, calibration)."""
 
     logits: np.ndarray  # [T, vocab] ([1, vocab] with last_only)
-    hidden: np.ndarray | None  # [T, dim] final residual rows before the output norm (None: kept on a device)
+    # [T, dim] final residual rows before the output norm: an array, or a guild.engine.backends.DeviceRows when
+    # they end on a device (moved to the host only when a consumer reads them: np.asarray, slicing stays put)
+    hidden: object
     distinct_experts: np.ndarray  # [n_layers] union of routed experts over the forward's rows (zeros: dense)
 
 

@@ -17,13 +17,10 @@ import numpy as np
 from ..engine.state import HybridState
 from ..errors import GuildError, MetadataError
 from ..gguf import GGUFFile, Tensor, f32
-from ..kernels.cpu import deltanet as gdn
-from ..kernels.cpu import ops
-from ..kernels.cpu.moe import moe_ffn
-from ..kernels.cpu.quant import dequantize_rows, pack
+from ..kernels.cpu.quant import pack
 from ..kernels.ref import rope_tables
 from .base import ForwardResult, ModelArgs
-from .llama import Linear, Window, _expert, output_logits
+from .llama import Linear, Llama, Window, _expert, output_logits
 
 
 @dataclass(frozen=True)
@@ -207,103 +204,105 @@ class HybridMoe:
     def forward_batch(self, windows, last_only: bool = False) -> list[ForwardResult]:
         """Windows of several sessions in one pass: rows side by side through every matmul and expert; the
         recurrence, conv and attention run per session over its own state."""
-        a = self.args
-        toks = [np.ascontiguousarray(t, np.int64).reshape(-1) for t, _ in windows]
-        states = [st for _, st in windows]
-        sizes = [t.size for t in toks]
-        pos0s = [st.begin(n, prefill=last_only) for st, n in zip(states, sizes, strict=True)]
-        offs = np.concatenate([[0], np.cumsum(sizes)])
-        R = int(offs[-1])
-        positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(pos0s, sizes, strict=True)])
-        x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream
-        dequantize_rows(self.embed, np.concatenate(toks), x)
-        h = np.empty_like(x)
-        w = Window(states, offs, pos0s, positions, a.n_heads, a.n_layers)
-        for li in range(a.n_layers):
-            self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, h, w)
-        return output_logits(self, x, h, w, last_only)
+        w = Window.open(self, windows, prefill=last_only)
+        x = w.embed(self)
+        for li in range(self.args.n_layers):
+            x = w.enter(li, x)
+            self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, w.be(li).empty(x.shape), w)
+        return output_logits(self, x, w, last_only)
 
-    def block(self, li: int, blk, x: np.ndarray, h: np.ndarray, w: Window) -> None:
-        """One block (norms, mixer, MoE) over the residual rows x in place; `li` is its slot in each state (an
-        MTP head runs its own attention block on its own one-layer KV cache)."""
+    layout = Llama.layout
+
+    def block(self, li: int, blk, x, h, w: Window) -> None:
+        """One block (norms, mixer, MoE) over the residual rows x in place, on the layer's backend; `li` is its
+        slot in each state (an MTP head runs its own attention block on its own one-layer KV cache)."""
         (norm_in, norm_post), mixer, ffn = blk
-        ops.rmsnorm(x, norm_in, self.args.norm_eps, h)
+        be = w.be(li)
+        be.rmsnorm(x, norm_in, self.args.norm_eps, h)
         if isinstance(mixer, DeltaNetLayer):
-            x += self._deltanet(li, mixer, h, w)
+            be.add(x, self._deltanet(li, be, mixer, h, w))
         else:
-            x += self._attention(li, mixer, h, w)
-        ops.rmsnorm(x, norm_post, self.args.norm_eps, h)
-        x += self._moe(li, ffn, h, w)
+            be.add(x, self._attention(li, be, mixer, h, w))
+        hm = w.layout.moe_rows(be, x.shape[0], self.args.dim, self.args.n_experts_used)
+        be.rmsnorm(x, norm_post, self.args.norm_eps, hm)
+        be.add(x, self._moe(li, be, ffn, hm, w))
 
-    def _deltanet(self, li: int, L: DeltaNetLayer, h: np.ndarray, w: Window) -> np.ndarray:
+    def _deltanet(self, li: int, be, L: DeltaNetLayer, h, w: Window):
         d, eps = self.d, self.args.norm_eps
         states, offs = w.states, w.offs
         R = h.shape[0]
         nk, nv, dk = d.k_heads, d.v_heads, d.head_dim
         C = d.conv_dim
-        proj = L.proj(h)  # [R, C + nv dk + 2 nv]: [q k v | z | b | a]
-        xconv = np.ascontiguousarray(proj[:, :C])
-        z = np.ascontiguousarray(proj[:, C : C + nv * dk]).reshape(R, nv, dk)
-        b = np.ascontiguousarray(proj[:, C + nv * dk : C + nv * dk + nv])
-        alpha = np.ascontiguousarray(proj[:, C + nv * dk + nv :])
-        g = np.empty((R, nv), np.float32)
-        beta = np.empty((R, nv), np.float32)
-        gdn.gdn_gates(alpha, b, L.dt_bias, L.a, g, beta)
-        conv = np.empty((R, C), np.float32)
+        proj = be.empty((R, L.proj.n_out))  # [R, C + nv dk + 2 nv]: [q k v | z | b | a]
+        be.matmul(L.proj, h, proj)
+        xconv = be.contiguous(proj[:, :C])
+        z = be.contiguous(proj[:, C : C + nv * dk]).reshape(R, nv, dk)
+        b = be.contiguous(proj[:, C + nv * dk : C + nv * dk + nv])
+        alpha = be.contiguous(proj[:, C + nv * dk + nv :])
+        g = be.empty((R, nv))
+        beta = be.empty((R, nv))
+        be.gdn_gates(alpha, b, L.dt_bias, L.a, g, beta)
+        conv = be.empty((R, C))
         for i, st in enumerate(states):
             r0, r1 = offs[i], offs[i + 1]
-            gdn.conv1d_silu(xconv[r0:r1], st.recurrent(li)[1], L.conv_wt, conv[r0:r1])
-        q = np.ascontiguousarray(conv[:, : nk * dk]).reshape(R, nk, dk)
-        k = np.ascontiguousarray(conv[:, nk * dk : 2 * nk * dk]).reshape(R, nk, dk)
-        v = np.ascontiguousarray(conv[:, 2 * nk * dk :]).reshape(R, nv, dk)
-        gdn.l2norm_heads(q, 1e-6)  # HF l2norm: x / sqrt(sum x^2 + 1e-6)
-        gdn.l2norm_heads(k, 1e-6)
-        core = np.empty((R, nv, dk), np.float32)
+            be.conv1d_silu(xconv[r0:r1], st.recurrent(li)[1], L.conv_wt, conv[r0:r1])
+        q = be.contiguous(conv[:, : nk * dk]).reshape(R, nk, dk)
+        k = be.contiguous(conv[:, nk * dk : 2 * nk * dk]).reshape(R, nk, dk)
+        v = be.contiguous(conv[:, 2 * nk * dk :]).reshape(R, nv, dk)
+        be.l2norm_heads(q, 1e-6)  # HF l2norm: x / sqrt(sum x^2 + 1e-6)
+        be.l2norm_heads(k, 1e-6)
+        core = be.empty((R, nv, dk))
         for i, st in enumerate(states):
             r0, r1 = offs[i], offs[i + 1]
             pool = st.recurrent(li)[0]
-            gdn.gdn_recurrence(q[r0:r1], k[r0:r1], v[r0:r1], g[r0:r1], beta[r0:r1], st.kmap, st.scale, pool,
-                               st.cur, st.dst, core[r0:r1])
+            _, kmap, dst = st.rec_args(li)
+            be.gdn_recurrence(q[r0:r1], k[r0:r1], v[r0:r1], g[r0:r1], beta[r0:r1], kmap, st.scale, pool, st.cur,
+                              dst, core[r0:r1])
             st.keep_rows(li, xconv[r0:r1], q[r0:r1], k[r0:r1], v[r0:r1], g[r0:r1], beta[r0:r1])
-        y = np.empty_like(core)
-        gdn.gated_rmsnorm(core, z, L.norm, eps, y)
-        return L.out(y.reshape(R, nv * dk))
+        y = be.empty((R, nv, dk))
+        be.gated_rmsnorm(core, z, L.norm, eps, y)
+        out = be.empty((R, L.out.n_out))
+        be.matmul(L.out, y.reshape(R, nv * dk), out)
+        return out
 
-    def _attention(self, li: int, L: AttentionLayer, h: np.ndarray, w: Window) -> np.ndarray:
+    def _attention(self, li: int, be, L: AttentionLayer, h, w: Window):
         a = self.args
-        states, offs, pos0s, positions, scores = w.states, w.offs, w.pos0s, w.positions, w.scores
         R = h.shape[0]
         H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
-        qkv = L.qkv(h)  # [R, 2 H hd + 2 Hkv hd]
+        qkv = be.empty((R, L.qkv.n_out))  # [R, 2 H hd + 2 Hkv hd]
+        be.matmul(L.qkv, h, qkv)
         qg = qkv[:, : 2 * H * hd].reshape(R, H, 2 * hd)
-        q = np.ascontiguousarray(qg[:, :, :hd])
-        gate = np.ascontiguousarray(qg[:, :, hd:]).reshape(R, H * hd)
-        k = np.ascontiguousarray(qkv[:, 2 * H * hd : (2 * H + Hkv) * hd]).reshape(R, Hkv, hd)
-        v = np.ascontiguousarray(qkv[:, (2 * H + Hkv) * hd :]).reshape(R, Hkv, hd)
-        ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
-        ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
-        ops.rope(q, positions, self.cos, self.sin, self.n_rot, True)
-        ops.rope(k, positions, self.cos, self.sin, self.n_rot, True)
-        att = np.empty((R, H, hd), np.float32)
-        scale = np.float32(1.0 / np.sqrt(hd))
-        for i, st in enumerate(states):
-            r0, r1 = offs[i], offs[i + 1]
-            st.write(li, k[r0:r1], v[r0:r1])
-            kc, vc = st.kv_layer(li)
-            ops.attention(q[r0:r1], kc, vc, pos0s[i], scale, att[r0:r1], scores)
-        gated = np.empty((R, H * hd), np.float32)
-        gdn.sigmoid_mul(att.reshape(R, H * hd), gate, gated)
-        return L.wo(gated)
+        q = be.contiguous(qg[:, :, :hd])
+        gate = be.contiguous(qg[:, :, hd:]).reshape(R, H * hd)
+        k = be.contiguous(qkv[:, 2 * H * hd : (2 * H + Hkv) * hd]).reshape(R, Hkv, hd)
+        v = be.contiguous(qkv[:, (2 * H + Hkv) * hd :]).reshape(R, Hkv, hd)
+        be.rmsnorm_heads(q, L.q_norm, a.norm_eps)
+        be.rmsnorm_heads(k, L.k_norm, a.norm_eps)
+        pos, (cos, sin) = w.positions_on(be), w.rope[be.name]
+        be.rope(q, pos, cos, sin, self.n_rot, True)
+        be.rope(k, pos, cos, sin, self.n_rot, True)
+        att = be.empty((R, H, hd))
+        w.attend(li, be, q, k, v, att)
+        gated = be.empty((R, H * hd))
+        be.sigmoid_mul(att.reshape(R, H * hd), gate, gated)
+        out = be.empty((R, L.wo.n_out))
+        be.matmul(L.wo, gated, out)
+        return out
 
-    def _moe(self, li: int, L: MoeLayer, h: np.ndarray, w: Window) -> np.ndarray:
+    def _moe(self, li: int, be, L: MoeLayer, h, w: Window):
         a = self.args
-        ffn = np.empty_like(h)
-        w.distinct[li] = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob, ffn)
-        gu = L.shexp_gu(h)
-        act = np.empty((h.shape[0], gu.shape[1] // 2), np.float32)
-        ops.swiglu(gu, act)
-        shared = L.shexp_down(act)
-        gated = np.empty_like(shared)
-        gdn.sigmoid_mul(shared, L.shexp_gate(h), gated)
-        ffn += gated  # llama.cpp: (routed + shared) + residual
+        R = h.shape[0]
+        ffn, w.distinct[li] = w.layout.routed_experts(be, h, L.router, L.experts_gu, L.experts_down,
+                                                      a.n_experts_used, a.norm_topk_prob)
+        gu = be.empty((R, L.shexp_gu.n_out))
+        be.matmul(L.shexp_gu, h, gu)
+        act = be.empty((R, L.shexp_gu.n_out // 2))
+        be.swiglu(gu, act)
+        shared = be.empty((R, L.shexp_down.n_out))
+        be.matmul(L.shexp_down, act, shared)
+        sg = be.empty((R, 1))
+        be.matmul(L.shexp_gate, h, sg)
+        gated = be.empty((R, a.dim))
+        be.sigmoid_mul(shared, sg, gated)
+        be.add(ffn, gated)  # llama.cpp: (routed + shared) + residual
         return ffn

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.backends import HOST, DeviceRows, Layout
 from ..engine.state import KVCache
 from ..errors import UnsupportedQuantTypeError
 from ..gguf import GGUFFile, Tensor, f32
-from ..kernels.cpu import ops
-from ..kernels.cpu.moe import moe_ffn
-from ..kernels.cpu.quant import dequantize_rows, matmul, pack
+from ..kernels.cpu.quant import matmul, pack
 from ..kernels.ref import rope_tables
 from .base import ForwardResult, ModelArgs, check_finite
 
@@ -41,6 +40,7 @@ class Linear:
 
     def __init__(self, tensors):
         self.n_out, self.n_in, self.parts = fuse(tensors, pack)
+        self.tensors = tuple(tensors)  # the GGUF tensors, for a device twin (guild.engine.cuda)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((x.shape[0], self.n_out), np.float32)
@@ -120,98 +120,156 @@ class Llama:
 
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, tokens, state: KVCache, last_only: bool = False) -> np.ndarray:
-        """Run a window of T tokens at the state's committed position; returns logits [T, vocab] ([1, vocab]
-        if last_only). The rows are written to the cache but not committed: call state.commit(keep)."""
+        """Run a window of T tokens at the state's committed position; returns logits [T, vocab] ([1, vocab] if
+        last_only). The rows are written to the cache but not committed: call state.commit(keep)."""
         return self.forward_batch([(tokens, state)], last_only)[0].logits
 
-    def block(self, li: int, L: Layer, x: np.ndarray, h: np.ndarray, w: Window) -> None:
-        """One decoder layer over the residual rows x [R, dim] in place (h: scratch); `li` is the layer's slot in
-        each state's cache (an MTP head runs its own block on its own one-layer cache)."""
-        a = self.args
+    def block(self, li: int, L: Layer, x, h, w: Window) -> None:
+        """One decoder layer over the residual rows x [R, dim] in place (h: scratch), on the layer's backend;
+        `li` is the layer's slot in each state's cache (an MTP head runs its own block on its own cache)."""
+        a, be = self.args, w.be(li)
         R = x.shape[0]
         H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
-        ops.rmsnorm(x, L.attn_norm, a.norm_eps, h)
-        qkv = L.qkv(h)  # [R, (H + 2 Hkv) hd]
-        q = np.ascontiguousarray(qkv[:, : H * hd]).reshape(R, H, hd)
-        k = np.ascontiguousarray(qkv[:, H * hd : (H + Hkv) * hd]).reshape(R, Hkv, hd)
-        v = np.ascontiguousarray(qkv[:, (H + Hkv) * hd :]).reshape(R, Hkv, hd)
+        be.rmsnorm(x, L.attn_norm, a.norm_eps, h)
+        qkv = be.empty((R, (H + 2 * Hkv) * hd))
+        be.matmul(L.qkv, h, qkv)
+        q, k, v = be.split_qkv(qkv, H, Hkv, hd)
         if L.q_norm is not None:
-            ops.rmsnorm_heads(q, L.q_norm, a.norm_eps)
-            ops.rmsnorm_heads(k, L.k_norm, a.norm_eps)
-        ops.rope(q, w.positions, self.cos, self.sin, self.n_rot, a.rope_neox)
-        ops.rope(k, w.positions, self.cos, self.sin, self.n_rot, a.rope_neox)
-        att = np.empty((R, H, hd), np.float32)
-        scale = np.float32(1.0 / np.sqrt(hd))
-        for i, st in enumerate(w.states):
-            r0, r1 = w.offs[i], w.offs[i + 1]
-            st.write(li, k[r0:r1], v[r0:r1])
-            kc, vc = st.kv_layer(li)
-            ops.attention(q[r0:r1], kc, vc, w.pos0s[i], scale, att[r0:r1], w.scores)
-        x += L.wo(att.reshape(R, H * hd))
-        ops.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
+            be.rmsnorm_heads(q, L.q_norm, a.norm_eps)
+            be.rmsnorm_heads(k, L.k_norm, a.norm_eps)
+        pos, (cos, sin) = w.positions_on(be), w.rope[be.name]
+        be.rope(q, pos, cos, sin, self.n_rot, a.rope_neox)
+        be.rope(k, pos, cos, sin, self.n_rot, a.rope_neox)
+        att = be.empty((R, H, hd))
+        w.attend(li, be, q, k, v, att)
+        be.matmul(L.wo, att.reshape(R, H * hd), x, accumulate=True)
         if L.moe:
-            ffn = np.empty_like(h)
+            hm = w.layout.moe_rows(be, R, a.dim, a.n_experts_used)
+            be.rmsnorm(x, L.ffn_norm, a.norm_eps, hm)
             # the union over the batch is what this forward paid for
-            w.distinct[li] = moe_ffn(h, L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.norm_topk_prob,
-                                     ffn)
-            x += ffn
+            ffn, w.distinct[li] = w.layout.routed_experts(be, hm, L.router, L.experts_gu, L.experts_down,
+                                                          a.n_experts_used, a.norm_topk_prob)
+            be.add(x, ffn)
         else:
-            gu = L.gu(h)
-            act = np.empty((R, gu.shape[1] // 2), np.float32)
-            ops.swiglu(gu, act)
-            x += L.down(act)
+            be.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
+            gu = be.empty((R, L.gu.n_out))
+            be.matmul(L.gu, h, gu)
+            act = be.empty((R, L.gu.n_out // 2))
+            be.swiglu(gu, act)
+            be.matmul(L.down, act, x, accumulate=True)
 
     def forward_batch(self, windows, last_only: bool = False) -> list[ForwardResult]:
         """Windows of several sessions [(tokens, state), ...] in one pass: the rows of all windows go through
         every matmul and expert together (weights read once), attention runs per session over its own cache.
         Row invariance makes each session's logits bitwise those of running it alone (while the total stays
         within the kernels' row-invariant batch)."""
-        a = self.args
-        toks = [np.ascontiguousarray(t, np.int64).reshape(-1) for t, _ in windows]
-        states = [st for _, st in windows]
-        sizes = [t.size for t in toks]
-        pos0s = [st.begin(n) for st, n in zip(states, sizes, strict=True)]
-        offs = np.concatenate([[0], np.cumsum(sizes)])
-        R = int(offs[-1])
-        tokens = np.concatenate(toks)
-        positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(pos0s, sizes, strict=True)])
-        x = np.empty((R, a.dim), np.float32)  # [R, dim] residual stream, sessions' rows side by side
-        dequantize_rows(self.embed, tokens, x)
-        h = np.empty_like(x)
-        w = Window(states, offs, pos0s, positions, a.n_heads, a.n_layers)
+        w = Window.open(self, windows)
+        x = w.embed(self)
         for li, L in enumerate(self.layers):
-            self.block(li, L, x, h, w)
-        return output_logits(self, x, h, w, last_only)
+            x = w.enter(li, x)
+            self.block(li, L, x, w.be(li).empty(x.shape), w)
+        return output_logits(self, x, w, last_only)
+
+    @property
+    def layout(self) -> Layout:
+        """Where each part runs: the CPU everywhere unless guild.engine.cuda placed this model."""
+        lay = self.__dict__.get("_layout")
+        if lay is None:
+            lay = self._layout = Layout.host(self.args.n_layers, self.cos, self.sin)
+        return lay
 
 
 class Window:
     """What every layer of a batched forward needs besides the rows: the sessions' states, the row offsets of
-    their windows, their first positions, all rows' positions, one attention-scores scratch [longest window x
-    heads, longest context], and the distinct routed experts per layer it records."""
+    their windows, their first positions, all rows' positions (and on every backend of the layout), one
+    attention-scores scratch [longest window x heads, longest context], the distinct routed experts per layer
+    it records, and the layout: which backend runs each layer."""
 
-    __slots__ = ("states", "offs", "pos0s", "positions", "scores", "distinct")
+    __slots__ = ("states", "offs", "pos0s", "positions", "scores", "distinct", "layout", "rope", "meta", "tokens",
+                 "cur")
 
-    def __init__(self, states, offs, pos0s, positions, n_heads: int, n_layers: int):
+    def __init__(self, states, offs, pos0s, positions, n_heads: int, n_layers: int, layout: Layout | None = None,
+                 tokens: np.ndarray | None = None):
         sizes = np.diff(offs)
         max_len = max(int(p + n) for p, n in zip(pos0s, sizes, strict=True))
         self.states, self.offs, self.pos0s, self.positions = states, offs, pos0s, positions
         self.scores = np.empty((int(sizes.max()) * n_heads, max_len), np.float32)
         self.distinct = np.zeros(n_layers, np.int32)
+        self.layout = layout or Layout([HOST] * n_layers, HOST, HOST, {})
+        self.rope = self.layout.rope
+        self.tokens = tokens if tokens is not None else np.zeros(positions.size, np.int64)
+        idx = [st.dst for st in states if hasattr(st, "dst_on")]  # hybrid states' per-row buffers
+        self.meta = self.layout.meta(self.tokens, positions, np.asarray(offs[1:], np.int64) - 1, idx)
+        if idx:
+            for name, m in self.meta.items():
+                for st, d in zip((st for st in states if hasattr(st, "dst_on")), m[3], strict=True):
+                    st.dst_on(name, d)
+        self.cur = self.layout.embed_be
+
+    @classmethod
+    def open(cls, model, windows, **begin) -> Window:
+        """Begin every session's window (state.begin) and lay the rows side by side."""
+        toks = [np.ascontiguousarray(t, np.int64).reshape(-1) for t, _ in windows]
+        states = [st for _, st in windows]
+        sizes = [t.size for t in toks]
+        pos0s = [st.begin(n, **begin) for st, n in zip(states, sizes, strict=True)]
+        offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(pos0s, sizes, strict=True)])
+        a = model.args
+        return cls(states, offs, pos0s, positions, a.n_heads, a.n_layers, model.layout, np.concatenate(toks))
+
+    def be(self, li: int):
+        return self.layout.layer_be[li]
+
+    def positions_on(self, be):
+        return self.meta[be.name][1]
+
+    def embed(self, model):
+        """The window's token embeddings [R, dim] on the embedding's backend."""
+        be = self.layout.embed_be
+        with be.activate():
+            x = be.empty((self.tokens.size, model.args.dim))
+            be.dequantize_rows(model.embed, self.meta[be.name][0], x)
+        return x
+
+    def enter(self, li: int, x):
+        """x moved to layer li's backend if the placement changes there (one transfer at a boundary)."""
+        be = self.be(li)
+        x = self.layout.move(x, self.cur, be)
+        self.cur = be
+        return x
+
+    def attend(self, li: int, be, q, k, v, att) -> None:
+        """Each session's rows write their keys/values into its cache and attend over it."""
+        scale = np.float32(1.0 / np.sqrt(q.shape[2]))
+        for i, st in enumerate(self.states):
+            r0, r1 = int(self.offs[i]), int(self.offs[i + 1])
+            st.write(li, k[r0:r1], v[r0:r1])
+            kc, vc = st.kv_layer(li)
+            be.attention(q[r0:r1], kc, vc, self.pos0s[i], scale, att[r0:r1], self.scores)
 
 
-def output_logits(model, x: np.ndarray, h: np.ndarray, w: Window, last_only: bool) -> list[ForwardResult]:
-    """Final norm and LM head over the residual rows x [R, dim] (h: scratch), split back per window; with
-    last_only, only each window's last row. Each result keeps its window's final residual rows [T, dim] (before
-    the final norm: the MTP head's input) and the forward's distinct experts."""
-    a, offs = model.args, w.offs
+def output_logits(model, x, w: Window, last_only: bool) -> list[ForwardResult]:
+    """Final norm and LM head over the residual rows x [R, dim] on the output's backend, split back per window;
+    with last_only, only each window's last row. Each result keeps its window's final residual rows [T, dim]
+    (before the final norm: the MTP head's input; a DeviceRows when they stay on a device, moved only when read)
+    and the forward's distinct experts."""
+    a, offs, lay = model.args, w.offs, w.layout
+    be = lay.out_be
+    x = lay.move(x, w.cur, be)
     n = len(offs) - 1
-    hidden = [x[offs[i] : offs[i + 1]] for i in range(n)]
-    if last_only:
-        rows = offs[1:] - 1
-        x, h = x[rows], h[rows]
-    ops.rmsnorm(x, model.out_norm, a.norm_eps, h)
-    logits = np.empty((x.shape[0], a.vocab_size), np.float32)
-    matmul(model.output, h, logits)
+    if be.device:
+        hidden = [DeviceRows(lay, be, x, offs[i], offs[i + 1]) for i in range(n)]
+    else:
+        hidden = [x[offs[i] : offs[i + 1]] for i in range(n)]
+    with be.activate():
+        if last_only:
+            x = be.take_rows(x, offs[1:] - 1, w.meta[be.name][2])
+        h = be.empty(x.shape)
+        be.rmsnorm(x, model.out_norm, a.norm_eps, h)
+        logits = be.empty((x.shape[0], a.vocab_size))
+        be.matmul(model.output, h, logits)
+        logits = lay.download(be, logits)
     check_finite(logits, model.gguf.path)
     split = [logits[i : i + 1] for i in range(n)] if last_only else [logits[offs[i] : offs[i + 1]] for i in range(n)]
     return [ForwardResult(lg, hd, w.distinct) for lg, hd in zip(split, hidden, strict=True)]

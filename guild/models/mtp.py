@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.state import KVCache
+from ..engine.backends import Layout, rows_on
+from ..engine.state import DeviceKVCache, KVCache
 from ..errors import GuildError
 from ..gguf import GGUFFile, f32
-from ..kernels.cpu import ops
-from ..kernels.cpu.quant import dequantize_rows, matmul, pack
+from ..kernels.cpu.quant import pack
 from .base import check_finite
 from .llama import Linear, Window
 from .validate import check_mtp_head
@@ -82,42 +82,61 @@ class MtpHead:
             self.vocab_ids = ids
         acc = g.get("guild.mtp.train.heldout_acceptance", float, None)
         self.info = MtpInfo(str(g.path), kind, ffn, acc, self.output.n_rows)
+        self.w = self  # the weights the forward reads: these, or their device twins where the base placed the head
+        place = getattr(base, "place_head", None)
+        if place is not None:
+            self.w = place(self, g, bid, p)
 
-    def new_cache(self, n_ctx: int) -> KVCache:
-        a = self.args
+    @property
+    def be(self):
+        """The backend the head runs on: where the base's layout puts it (the CPU for a CPU model)."""
+        return self.base.layout.head_be
+
+    def new_cache(self, n_ctx: int):
+        a, be = self.args, self.be
+        if be.device:
+            return DeviceKVCache([be], a.n_kv_heads, a.head_dim, n_ctx)
         return KVCache(1, a.n_kv_heads, a.head_dim, n_ctx)
 
-    def base_hidden(self, x: np.ndarray) -> np.ndarray:
-        """The base's normed hidden [R, dim] from its final residual rows x (ForwardResult.hidden)."""
-        h = np.empty_like(x)
-        ops.rmsnorm(np.ascontiguousarray(x), self.base.out_norm, self.args.norm_eps, h)
+    def base_hidden(self, x):
+        """The base's normed hidden [R, dim] from its final residual rows x (ForwardResult.hidden: an array or
+        DeviceRows), on the head's backend: rows left on that device move nowhere."""
+        be = self.be
+        x = rows_on(x, be)
+        h = be.empty(x.shape)
+        be.rmsnorm(x, self.base.out_norm, self.args.norm_eps, h)
         return h
 
-    def forward(self, tokens, hidden: np.ndarray, cache: KVCache, n_logits: int = 1):
-        """Rows p = cache.pos.. with inputs (hidden_p [normed], tokens_p = x_{p+1}); writes them to the cache
-        (uncommitted: call cache.commit(keep)). Returns (h' normed [R, dim], logits [n_logits, n] of the last
-        n_logits rows over the draft vocabulary; None when n_logits is 0)."""
-        a = self.args
+    def forward(self, tokens, hidden, cache, n_logits: int = 1):
+        """Rows p = cache.pos.. with inputs (hidden_p [normed, on the head's backend], tokens_p = x_{p+1});
+        writes them to the cache (uncommitted: call cache.commit(keep)). Returns (h' normed [R, dim] on the
+        head's backend, logits [n_logits, n] of the last n_logits rows over the draft vocabulary, on the host;
+        None when n_logits is 0)."""
+        a, be, W = self.args, self.be, self.w
         toks = np.ascontiguousarray(tokens, np.int64).reshape(-1)
         R = toks.size
-        if hidden.shape != (R, a.dim):
-            raise ValueError(f"MtpHead.forward: hidden {hidden.shape} for {R} tokens of dim {a.dim}")
+        if tuple(hidden.shape) != (R, a.dim):
+            raise ValueError(f"MtpHead.forward: hidden {tuple(hidden.shape)} for {R} tokens of dim {a.dim}")
         pos0 = cache.begin(R)
-        e = np.empty((R, a.dim), np.float32)
-        dequantize_rows(self.embed, toks, e)
-        cat = np.empty((R, 2 * a.dim), np.float32)  # [R, 2 dim]: [enorm(emb) ; hnorm(h)]
-        ops.rmsnorm(e, self.enorm, a.norm_eps, cat[:, : a.dim])
-        ops.rmsnorm(np.ascontiguousarray(hidden, np.float32), self.hnorm, a.norm_eps, cat[:, a.dim :])
-        x = self.eh_proj(cat)
-        h = np.empty_like(x)
-        offs = np.array([0, R])
-        positions = np.arange(pos0, pos0 + R, dtype=np.int64)
-        self.base.block(0, self.block, x, h, Window([cache], offs, [pos0], positions, a.n_heads, 1))
-        ops.rmsnorm(x, self.head_norm, a.norm_eps, h)
-        if not n_logits:
-            return h, None
-        logits = np.empty((n_logits, self.output.n_rows), np.float32)
-        matmul(self.output, np.ascontiguousarray(h[R - n_logits :]), logits)
+        lay = Layout([be], be, be, self.base.layout.rope, be)
+        lay._stage = self.base.layout._stage  # the base's staging buffers (one window at a time)
+        w = Window([cache], np.array([0, R]), [pos0], np.arange(pos0, pos0 + R, dtype=np.int64), a.n_heads, 1, lay,
+                   toks)
+        with be.activate():
+            e = w.embed(W)
+            cat = be.empty((R, 2 * a.dim))  # [R, 2 dim]: [enorm(emb) ; hnorm(h)]
+            be.rmsnorm(e, W.enorm, a.norm_eps, cat[:, : a.dim])
+            be.rmsnorm(be.contiguous(hidden), W.hnorm, a.norm_eps, cat[:, a.dim :])
+            x = be.empty((R, a.dim))
+            be.matmul(W.eh_proj, cat, x)
+            self.base.block(0, W.block, x, be.empty((R, a.dim)), w)
+            h = be.empty((R, a.dim))
+            be.rmsnorm(x, W.head_norm, a.norm_eps, h)
+            if not n_logits:
+                return h, None
+            logits = be.empty((n_logits, W.output.n_rows))
+            be.matmul(W.output, be.contiguous(h[R - n_logits :]), logits)
+            logits = lay.download(be, logits)
         check_finite(logits, self.info.source)
         return h, logits
 

@@ -21,7 +21,7 @@ import platformdirs
 from ...errors import GuildError
 from ...files import write_bytes
 
-SOURCES = ("quant", "ops", "attention")
+SOURCES = ("quant", "ops", "attention", "deltanet")
 HEADERS = ("common.cuh", "grids.cuh")
 # --fmad=false: no implicit a*b+c contraction; kernels spell out fmaf() where a fused step is meant, so the
 # arithmetic is what the source says on every architecture (see common.cuh)

@@ -192,3 +192,70 @@ def softmax_topk(logits, k, renorm, ids, weights) -> None:
              weights, _ld(weights, "weights")),
             shared_mem=4 * E,
         )
+
+
+# -- Gated DeltaNet (deltanet.cu; twins in kernels/ref.py, CPU kernels in kernels/cpu/deltanet.py) ---------------
+def gdn_gates(alpha, b, dt_bias, a, g, beta) -> None:
+    """g = a * softplus(alpha + dt_bias), beta = sigmoid(b); alpha, b, g, beta [T, H]."""
+    T, H = alpha.shape
+    if T:
+        kernel("deltanet", "gdn_gates")(
+            (-(-H // 128), T), (128,),
+            (alpha, _ld(alpha, "alpha"), b, _ld(b, "b"), dt_bias, a, g, _ld(g, "g"), beta, _ld(beta, "beta"),
+             np.int32(H)),
+        )
+
+
+def conv1d_silu(x, hist, wt, out) -> None:
+    """Causal depthwise conv of x [T, C] after hist [K-1, C] (contiguous) with wt [K, C], then SiLU -> out."""
+    T, C = x.shape
+    if T:
+        kernel("deltanet", "conv1d_silu")(
+            (-(-C // 256), T), (256,),
+            (x, _ld(x, "x"), hist, wt, out, _ld(out, "out"), np.int32(C), np.int32(wt.shape[0])),
+        )
+
+
+def l2norm_heads(x, eps) -> None:
+    """In place, every head vector of x [T, H, d] scaled to unit L2 norm (eps inside the root)."""
+    T, H, d = x.shape
+    if T:
+        kernel("deltanet", "l2norm_heads")((-(-H // 32), T), (32,), (x, _ld(x, "x"), np.int32(H), np.int32(d),
+                                                                      np.float64(eps)))
+
+
+def gdn_recurrence(q, k, v, g, beta, kmap, scale, pool, src, dst, out) -> None:
+    """The gated delta rule (kernels/cpu/deltanet.gdn_recurrence): q, k [T, Hk, dk], v [T, Hv, dv], g, beta
+    [T, Hv], kmap int64 [Hv], pool [n_buf, Hv, dk, dv] (contiguous), dst int64 [T]; out [T, Hv, dv] or 0 rows."""
+    T, Hv, dv = v.shape
+    dk = q.shape[2]
+    if not pool.flags.c_contiguous:
+        raise ValueError("gdn_recurrence: the state pool must be contiguous")
+    if T:
+        want = out.shape[0] > 0
+        kernel("deltanet", "gdn_recurrence")(
+            (Hv,), (min(256, -(-dv // 32) * 32),),
+            (q, _ld(q, "q"), k, _ld(k, "k"), v, _ld(v, "v"), g, _ld(g, "g"), beta, _ld(beta, "beta"), kmap,
+             np.float32(scale), pool, np.int32(src), dst, out if want else v, _ld(out, "out") if want else np.int64(0),
+             np.int32(T), np.int32(Hv), np.int32(dk), np.int32(dv), np.int32(want)),
+        )
+
+
+def gated_rmsnorm(x, z, w, eps, out) -> None:
+    """out[t, h] = rmsnorm(x[t, h]) * w * silu(z[t, h]); x, z, out [T, H, d]."""
+    T, H, d = x.shape
+    if T:
+        kernel("deltanet", "gated_rmsnorm")(
+            (-(-H // 32), T), (32,),
+            (x, _ld(x, "x"), z, _ld(z, "z"), w, np.float64(eps), out, _ld(out, "out"), np.int32(H), np.int32(d)),
+        )
+
+
+def sigmoid_mul(x, gate, out) -> None:
+    """out = x * sigmoid(gate), gate [R, D] or [R, 1] (broadcast)."""
+    R, D = x.shape
+    if R:
+        kernel("deltanet", "sigmoid_mul")(
+            (-(-D // 256), R), (256,),
+            (x, _ld(x, "x"), gate, _ld(gate, "gate"), np.int32(gate.shape[1]), out, _ld(out, "out"), np.int32(D)),
+        )

@@ -58,7 +58,8 @@ class Emulator:
     def fake_cupy(self) -> types.ModuleType:
         """The part of CuPy that kernels/cuda/ops.py and guild.engine.cuda.CudaBackend use, on NumPy."""
         m = types.ModuleType("cupy")
-        for n in ("empty", "zeros", "empty_like", "take", "ascontiguousarray", "float32", "int64", "uint8"):
+        for n in ("empty", "zeros", "empty_like", "take", "ascontiguousarray", "concatenate", "float32", "int64",
+                  "uint8"):
             setattr(m, n, getattr(np, n))
         m.asarray = lambda a, dtype=None: np.array(a, dtype=dtype, copy=True)
         m.asnumpy = np.asarray

@@ -15,6 +15,7 @@
 #include "quant.cu"
 #include "ops.cu"
 #include "attention.cu"
+#include "deltanet.cu"
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -90,6 +91,9 @@ const std::vector<Entry>& table() {
         entry("rmsnorm", rmsnorm), entry("rmsnorm_heads", rmsnorm_heads), entry("rope", rope),
         entry("swiglu", swiglu), entry("add_rows", add_rows), entry("kv_write", kv_write),
         entry("softmax_topk", softmax_topk), entry("attention", attention),
+        entry("gdn_gates", gdn_gates), entry("conv1d_silu", conv1d_silu), entry("l2norm_heads", l2norm_heads),
+        entry("gdn_recurrence", gdn_recurrence), entry("gated_rmsnorm", gated_rmsnorm),
+        entry("sigmoid_mul", sigmoid_mul),
     };
     return t;
 }

@@ -1,0 +1,131 @@
+"""The GPU path's matrix on tiny models: every strategy (normal, lookup, retrieval, mtp, adaptive) x every
+architecture (llama dense, llama MoE, qwen3, qwen3moe, qwen3next, qwen35moe, each with an MTP head) x greedy and
+seeded sampling, on the model placed on the counting host backend (HostBackend.fake_device: the GPU path's
+placement, layout, device state and transfers around the CPU kernels), must emit the tokens of the CPU engine's
+`normal`. A chosen subset runs on the CUDA emulator (tests/cuda_emu: the .cu kernels built as C++) in
+tests/test_cuda.py. Also: the final hidden rows leave the device only when a consumer reads them, and the
+transfers per window."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from guild.engine.backends import DeviceRows
+from guild.engine.cuda import GpuSplit, HostBackend, place
+from guild.engine.sampling import SamplingParams
+from guild.engine.session import GuildSession
+from guild.models import load_model
+from guild.models.mtp import find_mtp_head
+from guild.spec import make_drafter
+from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
+from guild.tools.tiny_hybrid import write_tiny_hybrid
+
+ARCHS = {
+    "llama": dict(arch="llama", qtype="Q8_0"),
+    "llama-moe": dict(arch="llama", n_experts=4, top_k=2, qtype="Q8_0"),
+    "qwen3": dict(arch="qwen3", qtype="F16"),
+    "qwen3moe": dict(arch="qwen3moe", n_experts=4, top_k=2, qtype="Q4_0"),
+    "qwen3next": dict(arch="qwen3next", nextn=True, n_layers=4),
+    "qwen35moe": dict(arch="qwen35moe", nextn=True, n_layers=4, qtype="Q8_0", shared_ffn=64),
+}
+STRATEGIES = ("normal", "lookup", "retrieval", "mtp", "adaptive")
+SAMPLING = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.8, top_k=40, seed=7)}
+PROMPT = [5, 77, 12, 200, 31, 9, 150, 64, 3, 99] * 3
+N = 12
+
+
+def write_arch(root, name: str, seed: int = 3) -> str:
+    """A tiny model of `name` (ARCHS) with an MTP head: a sidecar for the llama family, a nextn block for the
+    hybrids."""
+    kw = dict(ARCHS[name])
+    if kw["arch"] in ("qwen3next", "qwen35moe"):
+        return str(write_tiny_hybrid(root / f"{name}.gguf", seed=seed, **kw))
+    path = write_tiny_model(root / f"{name}.gguf", seed=seed, **kw)
+    write_tiny_mtp_head(path, root / f"{name}.mtp.gguf")
+    return str(path)
+
+
+def generate(model, strategy: str, sampling: SamplingParams, n: int = N, prompt=PROMPT):
+    head = find_mtp_head(model) if strategy in ("mtp", "adaptive") else None
+    d = None if strategy == "normal" else make_drafter(strategy, mtp_head=head, n_ctx=128)
+    if strategy == "retrieval":
+        d.ingest(prompt)
+    return GuildSession(model, n_ctx=128).generate(prompt, n, sampling=sampling, drafter=d, max_draft=4)
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def arch(request, tmp_path_factory):
+    """(name, CPU model, the placed model on a fake device, {sampling: the CPU normal stream})."""
+    path = write_arch(tmp_path_factory.mktemp(request.param), request.param)
+    cpu = load_model(path)
+    ref = {s: generate(cpu, "normal", p)[0] for s, p in SAMPLING.items()}
+    eng = place(cpu, HostBackend.fake_device(), GpuSplit(cpu.args.n_layers))
+    return request.param, cpu, eng, ref
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_strategy_on_the_placed_model_emits_the_cpu_normal_stream(arch, strategy, sampling):
+    name, _, eng, ref = arch
+    got, st = generate(eng, strategy, SAMPLING[sampling])
+    assert got == ref[sampling], f"{name} {strategy} {sampling}"
+    if strategy == "mtp":  # the head drafted on the device
+        assert any(w.k for w in st.windows) and find_mtp_head(eng).be is eng.dev
+
+
+def test_split_placement_with_the_head_on_the_host(tmp_path):
+    """Layers split across the device and the host, output and MTP head on the host: the hidden rows arrive as
+    host arrays, the head runs on the CPU, the stream is the CPU's."""
+    path = write_arch(tmp_path, "qwen35moe")
+    cpu = load_model(path)
+    ref, _ = generate(cpu, "normal", SAMPLING["greedy"])
+    eng = place(cpu, HostBackend.fake_device(), GpuSplit(2, True, False))
+    got, st = generate(eng, "mtp", SAMPLING["greedy"])
+    assert got == ref and any(w.k for w in st.windows)
+    assert find_mtp_head(eng).be is not eng.dev
+
+
+def test_hidden_rows_move_only_when_read(tmp_path):
+    path = write_arch(tmp_path, "llama-moe")
+    cpu = load_model(path)
+    dev = HostBackend.fake_device()
+    eng = place(cpu, dev, GpuSplit(2))
+    st = eng.new_state(64)
+    before = dev.counters()
+    out = eng.forward_batch([(PROMPT[:6], st)])[0]
+    assert isinstance(out.hidden, DeviceRows) and out.hidden.shape == (6, cpu.args.dim)
+    after = dev.counters()
+    part = out.hidden[2:5]  # a view: still nothing moved
+    assert dev.counters() == after and len(part) == 3
+    rows = np.asarray(part)  # read: one D2H of exactly those rows
+    assert dev.d2h == after[2] + 1 and dev.d2h_bytes == after[3] + 3 * cpu.args.dim * 4
+    want = cpu.forward_batch([(PROMPT[:6], cpu.new_state(64))])[0].hidden
+    assert np.array_equal(rows, want[2:5]) and np.array_equal(np.asarray(out.hidden), want)
+    assert after[0] - before[0] == 1 + 2  # indices + one expert output per MoE layer
+    seen = dev.counters()
+    both = np.concatenate([out.hidden[:2], out.hidden[2:6]])  # a consumer on the device: nothing moves
+    assert isinstance(both, DeviceRows) and dev.counters() == seen
+    assert np.array_equal(np.asarray(both), want)
+
+
+@pytest.mark.parametrize("name", ["llama-moe", "qwen35moe"])
+def test_transfers_per_window(tmp_path, name):
+    """A window of T rows on a fully placed model: one H2D of the indices (tokens, positions, last row, and for
+    a hybrid the per-row snapshot buffers), per MoE layer one D2H (ids, weights, rows) and one H2D (expert
+    output), one D2H of the logits; the hidden rows stay on the device."""
+    cpu = load_model(write_arch(tmp_path, name))
+    a = cpu.args
+    dev = HostBackend.fake_device()
+    eng = place(cpu, dev, GpuSplit(a.n_layers))
+    st = eng.new_state(64)
+    eng.forward(PROMPT[:5], st)
+    st.commit(5)
+    for T in (1, 4, 8):
+        h2d, h2d_b, d2h, d2h_b = dev.counters()
+        eng.forward(PROMPT[5 : 5 + T], st)
+        st.commit(1)
+        assert dev.h2d - h2d == 1 + a.n_layers and dev.d2h - d2h == 1 + a.n_layers, f"T={T}"
+        idx = (3 if name == "qwen35moe" else 2) * T + 1  # tokens | positions | last row (| snapshot buffers)
+        assert dev.h2d_bytes - h2d_b == idx * 8 + a.n_layers * T * a.dim * 4
+        assert dev.d2h_bytes - d2h_b >= a.n_layers * T * a.dim * 4 + T * a.vocab_size * 4
