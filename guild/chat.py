@@ -129,16 +129,16 @@ class Conversation:
     def _ids(self, msgs: Sequence[dict]) -> list[int]:
         return self.tok.encode(self.tok.apply_chat_template(msgs, add_generation_prompt=True), add_special=True)
 
-    def prepare(self, text: str, reserve: int = 0) -> list[int]:
+    def prepare(self, text: str, reserve: int = 0, drop_oldest: bool = True) -> list[int]:
         """Add a user turn; returns the prompt ids the session still has to be fed (rewinding any tail that
         the full rendering tokenises differently). While the rendering plus `reserve` reply tokens does not fit
-        the context, the oldest turn (a user message and its replies) is dropped; the system prompt and the new
-        message are always kept (too long alone: the session's ContextOverflowError)."""
+        the context, the oldest turn (a user message and its replies) is dropped (unless not `drop_oldest`); the
+        system prompt and the new message are always kept (too long: ContextOverflowError, nothing changed)."""
         msgs = [*self.messages, {"role": "user", "content": text}]
         full = self._ids(msgs)
         n_ctx, self.dropped = self.session.n_ctx, 0
         reserve = max(1, min(reserve, n_ctx // 2))
-        while len(full) + reserve > n_ctx:
+        while drop_oldest and len(full) + reserve > n_ctx:
             first = 1 if msgs[0]["role"] == "system" else 0
             nxt = next((j for j in range(first + 1, len(msgs)) if msgs[j]["role"] == "user"), None)
             if nxt is None:  # only the new message is left after the system prompt

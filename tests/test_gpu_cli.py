@@ -45,7 +45,7 @@ def test_run_on_the_fake_gpu_equals_the_cpu(tiny, monkeypatch, strategy):
     monkeypatch.setenv("GUILD_FAKE_GPU", "1")
     got = _run(tiny, "cuda", *extra)
     assert got["tokens"] == want["tokens"]
-    assert "fake GPU" in got["device"] and "2/2 layers" in got["device"]
+    assert got["device"] == "cuda" and "fake GPU" in got["device_detail"] and "2/2 layers" in got["device_detail"]
 
 
 def test_optimize_then_run_and_bench_on_the_fake_gpu(tiny, tmp_path, monkeypatch):

@@ -274,9 +274,12 @@ def generate_documents(model, tok, budget: int, seed: int, n_ctx: int, advance: 
                 turns = batch[j][1]
                 if turn >= len(turns):
                     continue
-                ids = convs[j].prepare(turns[turn])
-                if convs[j].session.state.pos + len(ids) + max_new >= n_ctx:
+                try:
+                    ids = convs[j].prepare(turns[turn], drop_oldest=False)  # a training text keeps its turns
+                except ContextOverflowError:
                     continue  # would not fit: the conversation ends here
+                if convs[j].session.state.pos + len(ids) + max_new >= n_ctx:
+                    continue
                 reqs.append((convs[j].session, dict(prompt=ids, max_tokens=max_new)))
                 who.append(j)
             if not reqs:
