@@ -181,12 +181,16 @@ class BatchEngine:
             self.metrics.set("guild_queue_depth", len(self._waiting))
             self._cv.notify()
 
-    def close(self, timeout: float | None = None) -> None:
-        """Finish what is queued and running, then stop the thread."""
+    def run(self) -> None:
+        """The engine loop on the calling thread, until `close()` and everything in flight is done."""
+        self._run()
+
+    def close(self, timeout: float | None = None, wait: bool = True) -> None:
+        """Finish what is queued and running, then stop (the thread `start` began, when `wait`)."""
         with self._cv:
             self._closing = True
             self._cv.notify()
-        if self._thread.is_alive():
+        if wait and self._thread.is_alive():
             self._thread.join(timeout)
 
     @property
