@@ -5,7 +5,6 @@ load test, and the 400 / 429 / disconnect / SIGTERM cases."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from guild.chat import Conversation  # noqa: E402
 from guild.engine.sampling import SamplingParams  # noqa: E402
 from guild.load import load  # noqa: E402
 from guild.options import SpecOptions  # noqa: E402
+from guild.tools.bench_serve import free_port  # noqa: E402
 
 MODEL = "smollm2-135m-moe"
 CONTEXT = 512
@@ -29,14 +29,8 @@ SAMPLED = dict(temperature=0.8, top_p=0.9, seed=1234)
 SAMPLED_PARAMS = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(*flags, timeout=600):
-    port = _port()
+    port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "guild", "serve", MODEL, "--port", str(port), "--device", "cpu",
                           "--context", str(CONTEXT), "--prefill-batch", str(PREFILL), *flags],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -101,3 +101,19 @@ def test_a_failing_forward_fails_its_requests_not_the_server(lm):
         assert not e.pool.entries or all(not x.busy for x in e.pool.entries)
     finally:
         e.close()
+
+
+def test_engine_on_the_fake_gpu_equals_the_cpu(lm, moe_path, monkeypatch):
+    """The serving engine on the GPU engine (GUILD_FAKE_GPU: the counting host backend) gives the CPU's tokens."""
+    monkeypatch.setenv("GUILD_FAKE_GPU", "1")
+    gpu = load(moe_path, device="cuda")
+    assert gpu.device != "cpu"
+    prompt = _ids(lm, "List the first five prime numbers.")
+    want = _run(cpu := _engine(lm), prompt, strategy="adaptive")
+    cpu.close()
+    e = _engine(gpu)
+    try:
+        assert _run(e, prompt, strategy="adaptive").tokens == want.tokens
+        assert _run(e, prompt, strategy="mtp").tokens == want.tokens
+    finally:
+        e.close()

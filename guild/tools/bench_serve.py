@@ -24,7 +24,8 @@ from ..upcycle import resolve_model
 from ..workloads import load_workloads
 
 
-def _port() -> int:
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
     work = {"W2": prompts_of("W2"), "W7": prompts_of("W7")}
     rows = []
 
-    port = _port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "guild", "serve", str(path), "--port", str(port), "-t",
                              str(a.threads), "--parallel", str(max(clients)), "--device", "cpu"],
                             stderr=subprocess.PIPE, text=True)
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
         have_llama = False
         print("llama-cpp-python[server] is not installed: no llama.cpp rows", file=sys.stderr)
     if have_llama:
-        port = _port()
+        port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
                                  str(a.threads), "--n_ctx", "4096", "--port", str(port)],
                                 stderr=subprocess.PIPE, text=True)
