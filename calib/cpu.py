@@ -1,9 +1,10 @@
 """Pass 3 of `guild optimize`: CPU kernel tuning on the model's own weight matrices.
 
 What can be chosen today: the thread count (Numba workers, 1..NUMBA_NUM_THREADS), timed per quant type. Each
-quant type has exactly one GEMV kernel for windows of T <= 64 rows (kernels/cpu/quant.py: the tiled fp32
-dequant-dot, compiled for the host's vector width), so the "variant" recorded per type is that kernel, the only
-candidate; when more variants exist they are timed here the same way. Routed-expert matrices are preferred
+quant type has exactly one GEMV kernel per numeric mode (kernels/cpu/quant.py: int8 activations with integer dot
+products for the types qdot.py covers under "i8", else the tiled fp32 dequant-dot), so the "variant" recorded per
+type is the kernel its matrices run, the only candidate; when more variants exist they are timed here the same
+way. Routed-expert matrices are preferred
 where a type has them (the CPU's share of a verification window); experts see 1-2 rows per window, so each
 matrix is timed at T = 1 and T = 2. Timings are warm (repeated passes over the same matrices), as steady
 decoding sees weights that stay in the last-level cache; for a model far larger than the LLC the G weights/s
@@ -20,14 +21,16 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..kernels.cpu import quant
+from ..kernels.cpu.simd import VNNI512
 from ..plan import CpuTuning, KernelTuning
 
 ROWS = (1, 2)
 
 
-def kernel_variants(qtype: int) -> tuple[str, ...]:
-    """The GEMV kernels that exist for a quant type on this host (one per type today)."""
-    del qtype  # every type has the same single family
+def kernel_variants(qtype: int, numerics: str = "f32") -> tuple[str, ...]:
+    """The GEMV kernel a quant type's matrices run on this host under `numerics` (one per type and mode)."""
+    if quant.numerics_for(qtype, numerics) == "i8":
+        return (f"int8-{'vnni512' if VNNI512 else 'portable'}",)
     return (f"tiled-fp32-{'avx512' if quant._AVX512 else 'avx2'}",)
 
 
@@ -114,7 +117,7 @@ def tune_cpu(model, *, repeats: int = 5, per_type: int = 6, max_threads: int | N
             est[n] += v * scale
         weights = sum(m.n_rows * m.n_cols for _, m, _ in pick)
         t1 = min(times[(qt, best, 1)])
-        variants = kernel_variants(qt)
+        variants = kernel_variants(qt, items[0][1].numerics)
         kernels.append(KernelTuning(GGMLQuantizationType(qt).name, variants[0], variants,
                                     "experts" if has_exp else "dense", len(items), len(pick), cands,
                                     tuple(round(v, 4) for v in ms), best, round(weights / t1 / 1e9, 3)))

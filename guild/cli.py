@@ -102,6 +102,15 @@ def _sampling_kw(**flags) -> dict:
     return {_SAMPLING_FIELDS.get(k, k): v for k, v in flags.items() if v is not None}
 
 
+def _set_numerics(mode: str) -> None:
+    """--numerics: the mode every matrix of this process is packed under (kernels/cpu/quant.py NUMERICS)."""
+    if mode not in ("i8", "f32"):
+        raise BadFlagError(f"--numerics must be i8 or f32, not {mode!r}")
+    from .kernels.cpu import quant  # deferred: see the module docstring
+
+    quant.set_default_numerics(mode)
+
+
 def _model_arg(model: str | None, model_opt: str | None) -> str | None:
     if model is not None and model_opt is not None and model != model_opt:
         raise BadFlagError(f"two models: {model} and -m/--model {model_opt}; give one")
@@ -137,6 +146,8 @@ def _writable(path: Path | None, what: str, error=GuildError) -> None:
 
 
 SPEC = "Speculative decoding (exact: the same tokens as --decode-strategy normal)"
+NUMERICS_HELP = ("i8 (activations quantised to 8 bits per block of 32, integer dot products, as llama.cpp; for "
+                 "Q4_0, Q4_1, Q8_0 weights, the rest fp32) or f32 (fp32 dequant-dot for every type).")
 DEVICE_HELP = ("auto (a CUDA GPU when CuPy sees one, else the CPU), cpu or cuda: where attention and dense layers "
                "run; routed experts always run on the CPU.")
 GEXEC_HELP = ("Plan from `guild optimize`: calibrated costs for the scheduler, tuned threads. A plan for another "
@@ -217,6 +228,7 @@ def run(
     max_tokens: int = typer.Option(128, "-n", "--max-tokens", "--n-predict", help="Tokens to generate at most "
                                    "(per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
+    numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context length in tokens (KV cache "
                                 "size); a full chat drops its oldest turns."),
     prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size",
@@ -275,6 +287,7 @@ def run(
 
     try:
         _writable(trace, "--trace")
+        _set_numerics(numerics)
         model = _model_arg(model, model_opt)
         if interactive and prompt == "-":
             raise BadFlagError("-p - reads the prompt from standard input, which -i reads the chat from")
@@ -372,6 +385,7 @@ def serve(
     drain_timeout: float = typer.Option(300.0, "--drain-timeout", help="Seconds in-flight requests may take to "
                                         "finish after SIGTERM or Ctrl-C.", rich_help_panel=SERVE),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
+    numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context of each session, in tokens."),
     prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size", help="Prompt rows per prefill "
                                       "forward (<= 64: every cached row is reusable by a later request)."),
@@ -399,6 +413,7 @@ def serve(
     from .serve import serve as serve_model
 
     try:
+        _set_numerics(numerics)
         sampling = SamplingParams(**_sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
@@ -434,6 +449,7 @@ def bench(
     context: int = typer.Option(8192, "-c", "--context", "--ctx-size",
                                 help="Context length (W10 sizes above it are skipped)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
+    numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
     sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions per run, batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
@@ -462,6 +478,7 @@ def bench(
     try:
         _writable(out / "bench.json", "--out")
         model = _model_arg(model, model_opt)
+        _set_numerics(numerics)
         set_threads(threads)
         overrides = _sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -497,6 +514,7 @@ def optimize(
     spec: int = typer.Option(0, "--spec", help="MTP draft depth to calibrate (0: none; needs an MTP head). The head's "
                       "step and catch-up costs are measured whenever the model has one."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP + " Costs are measured on it."),
+    numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
 ):
     """Calibrate this machine for a model (probe, placement, CPU kernels, speculative costs) → a .gexec plan."""
     from .calib.optimize import optimize as run_optimize  # deferred: see the module docstring
@@ -504,6 +522,7 @@ def optimize(
 
     try:
         _writable(out, "-o/--out", PlanError)
+        _set_numerics(numerics)
         with err.status("loading the model …", spinner="dots"):
             lm = load(model)
         plan = run_optimize(lm, out, mode=mode, context=context, prefill_batch=prefill_batch, spec=spec,

@@ -15,6 +15,7 @@ from .engine.session import GuildSession
 from .errors import BadFlagError
 from .gguf import GGUFFile
 from .inputs import MAX_CORPUS_BYTES, read_text_file
+from .kernels.cpu import quant
 from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context
@@ -46,6 +47,7 @@ class LoadedModel:
     device_reason: str = ""  # why the CPU runs it when --device auto did not take the GPU
     plan: Plan | None = None
     mtp: MtpOptions = field(default_factory=MtpOptions)
+    numerics: str = "i8"  # the mode the model's matrices were packed under (kernels/cpu/quant.py NUMERICS)
     _heads: dict = field(default_factory=dict, repr=False)  # (head file, draft vocab) -> MtpHead | None
 
     @property
@@ -65,7 +67,8 @@ class LoadedModel:
             return None
         key = (self.mtp.head, self.mtp.vocab)
         if key not in self._heads:
-            self._heads[key] = find_mtp_head(self.model, self.mtp.head, self.mtp.vocab or None)
+            with quant.numerics(self.numerics):  # the head's matrices like the model's
+                self._heads[key] = find_mtp_head(self.model, self.mtp.head, self.mtp.vocab or None)
         if self._heads[key] is None and s.needs_head:
             load_mtp_head(self.model, self.mtp.head)  # raises, saying how to make one
         return self._heads[key]
@@ -95,10 +98,11 @@ def place(lm: LoadedModel, device: str | None, context: int, placement=None) -> 
 
 def load(model: str | None, plan: str | Path | None = None, threads: int | None = None, device: str | None = "cpu",
          mtp: MtpOptions = MtpOptions(), *, context: int = 4096, strict_plan: bool = False,
-         progress: bool = True) -> LoadedModel:
+         progress: bool = True, numerics: str | None = None) -> LoadedModel:
     """Open `model` (a tag or a GGUF path), check `plan` (a `guild optimize` file: regenerated next to it when
     it is for another machine or model, unless strict_plan) and apply its thread count unless `threads` is
-    given, then place the model on `device` (the plan's placement when it has one)."""
+    given, then place the model on `device` (the plan's placement when it has one). `numerics`: "i8" (int8
+    activations where the quant type has such kernels) or "f32"; default: the process's (quant.set_default_numerics)."""
     if strict_plan and plan is None:
         raise BadFlagError("--strict-plan needs --gexec PLAN")
     if (device or "").lower() == "cuda":
@@ -107,8 +111,10 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     t0 = time.perf_counter()
     path = str(resolve_model(model, progress=progress))
     g = GGUFFile(path)
-    model, _ = load_cached(g, load_model, progress=progress)  # repacked weights mapped from guild's cache
-    lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp)
+    with quant.numerics(numerics):
+        model, _ = load_cached(g, load_model, progress=progress)  # repacked weights mapped from guild's cache
+    lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp,
+                     numerics=numerics or quant.current_numerics())
     lm.load_s = time.perf_counter() - t0
     if plan is not None:
         lm.plan = plan_for(plan, lm, strict=strict_plan, progress=progress)

@@ -51,7 +51,7 @@ from .errors import GuildError
 from .files import atomic_path
 from .gguf import GGUFFile
 from .kernels.cpu import quant
-from .kernels.cpu.quant import KINDS, PackedMatrix, layout, pack_hook, repack
+from .kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout, pack_hook, repack
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ ENV_SWITCH = "GUILD_REPACK_CACHE"
 
 # Source files that decide the packed bytes or the order in which a model packs its matrices: a change to any
 # of them retires every cache made before it (a change to this module's file format bumps FORMAT).
-_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/blocks.py", "kernels/cpu/drivers.py",
+_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu/qdot.py", "kernels/blocks.py",
+                   "kernels/cpu/drivers.py",
                    "guild/models/*.py")
 
 
@@ -82,8 +83,9 @@ def cache_root() -> Path:
     return Path(root or platformdirs.user_cache_dir("guild")).expanduser()
 
 
-def cache_path(digest: str) -> Path:
-    return cache_root() / "repack" / f"{digest}.rpk"
+def cache_path(digest: str, numerics: str = "i8") -> Path:
+    """One cache per model file and numeric mode (the modes pack some types differently)."""
+    return cache_root() / "repack" / f"{digest}{'' if numerics == 'i8' else '.' + numerics}.rpk"
 
 
 def enabled() -> bool:
@@ -151,7 +153,8 @@ def build(g: GGUFFile, path: Path, load_model, progress=None) -> None:
             rec = _Recorder(f, g, progress)
             with pack_hook(rec):
                 load_model(g)
-            header = json.dumps({"format": FORMAT, "layout": layout_digest(), "source": key,
+            header = json.dumps({"format": FORMAT, "layout": layout_digest(), "numerics": current_numerics(),
+                                 "source": key,
                                  "finite_checked": bool(g.finite_checked), "data_end": rec.pos,
                                  "matrices": rec.matrices}, separators=(",", ":")).encode()
             f.write(header)
@@ -160,8 +163,8 @@ def build(g: GGUFFile, path: Path, load_model, progress=None) -> None:
 
 # -- reading -------------------------------------------------------------------------------------------
 @lru_cache(maxsize=4096)
-def _sized_layout(q: int, n: int, k: int) -> tuple:
-    return tuple((dt, shape, dt.itemsize * math.prod(shape)) for dt, shape in layout(q, n, k))
+def _sized_layout(q: int, n: int, k: int, numerics: str) -> tuple:
+    return tuple((dt, shape, dt.itemsize * math.prod(shape)) for dt, shape in layout(q, n, k, numerics))
 
 
 def _int(v, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
@@ -205,6 +208,9 @@ class CacheFile:
                 raise StaleCache(f"cache format {hdr.get('format')!r}, this guild writes {FORMAT}")
             if hdr.get("layout") != layout_digest():
                 raise StaleCache("made by another version of guild's packing code")
+            self.numerics = current_numerics()
+            if hdr.get("numerics") != self.numerics:
+                raise StaleCache(f"packed for numerics {hdr.get('numerics')!r}, this load uses {self.numerics!r}")
             src = hdr.get("source")
             if not isinstance(src, dict) or src.get("digest") != key["digest"]:
                 raise StaleCache("foreign: made for another model file")
@@ -214,14 +220,14 @@ class CacheFile:
             if data_end != h_off:
                 raise StaleCache("data section does not end where the header starts")
             self.finite_checked = hdr.get("finite_checked") is True
-            self.matrices = self._check_matrices(hdr.get("matrices"), data_end)
+            self.matrices = self._check_matrices(hdr.get("matrices"), data_end, self.numerics)
             # copy-on-write: views are writeable (the kernels' compiled signatures take writeable arrays) but
             # nothing written would reach the file; pages are the file's until then
             self.buf = np.frombuffer(mmap.mmap(f.fileno(), data_end, access=mmap.ACCESS_COPY), np.uint8)
         self.path, self.size = path, size
 
     @staticmethod
-    def _check_matrices(ms, data_end: int) -> list:
+    def _check_matrices(ms, data_end: int, numerics: str) -> list:
         if not isinstance(ms, list):
             raise StaleCache("matrix table missing")
         out = []
@@ -232,7 +238,7 @@ class CacheFile:
             if q not in KINDS:
                 raise StaleCache(f"matrix #{i}: quant type {q} has no kernel")
             n, k = _int(m[1], f"matrix #{i} rows", 1, 1 << 31), _int(m[2], f"matrix #{i} columns", 1, 1 << 31)
-            lay = _sized_layout(q, n, k)
+            lay = _sized_layout(q, n, k, numerics)
             if len(m[3]) != len(lay):
                 raise StaleCache(f"matrix #{i}: {len(m[3])} arrays, its type packs {len(lay)}")
             arrays = []
@@ -247,7 +253,8 @@ class CacheFile:
     def views(self, i: int) -> PackedMatrix:
         q, n, k, arrays = self.matrices[i]
         b = self.buf
-        return PackedMatrix.from_arrays(q, n, k, [b[o : o + nb].view(dt).reshape(sh) for o, dt, sh, nb in arrays])
+        return PackedMatrix.from_arrays(q, n, k, [b[o : o + nb].view(dt).reshape(sh) for o, dt, sh, nb in arrays],
+                                        numerics=self.numerics)
 
 
 class _Replayer:
@@ -316,7 +323,7 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False):
     if not enabled():
         return _in_memory(g, load_model, progress, weights), "memory"
     key = _source_key(g)
-    path = cache_path(key["digest"])
+    path = cache_path(key["digest"], current_numerics())
     built = False
     while True:
         try:

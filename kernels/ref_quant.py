@@ -264,10 +264,25 @@ _NEW = {
 }
 
 
-def matmul_ref(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """out[t, n] = sum_k w[n, k] * x[t, k], accumulated in float64, returned as float32. w [N, K], x [T, K]."""
+def quantize_act_q8(x: np.ndarray) -> np.ndarray:
+    """The int8-activation path's view of rows x [T, K] (K a multiple of 32), as float64: each block of 32
+    quantised as Q8_0 does it (d = max|x| / 127, q = rint(x * (1 / d)), all in float32), then q * d exactly.
+    Twin of kernels/cpu/qdot.quantize_acts."""
+    x = np.asarray(x, np.float32)
+    T, K = x.shape
+    xb = x.reshape(T, K // QK, QK)
+    d = (np.abs(xb).max(-1) / np.float32(127.0)).astype(np.float32)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1.0), d, out=inv, where=d > 0)
+    q = np.rint(xb * inv[..., None]).astype(np.float32)
+    return (q.astype(np.float64) * d[..., None].astype(np.float64)).reshape(T, K)
+
+
+def matmul_ref(w: np.ndarray, x: np.ndarray, q8act: bool = False) -> np.ndarray:
+    """out[t, n] = sum_k w[n, k] * x[t, k], accumulated in float64, returned as float32. w [N, K], x [T, K].
+    q8act: the activations as the int8 path quantises them (quantize_act_q8)."""
     w64 = np.asarray(w, np.float64)
-    x64 = np.asarray(x, np.float64)
+    x64 = quantize_act_q8(x) if q8act else np.asarray(x, np.float64)
     return (x64 @ w64.T).astype(np.float32)
 
 

@@ -1,6 +1,8 @@
 """A float64 reference forward built from guild.kernels.ref on dequantised weights (gguf.quants).
 
 Independent of guild.models: it reads tensor names and hyper-parameters itself. Slow, for tests only.
+Numerics: under "i8" (the default, kernels/cpu/quant.py) the inputs of products with weights of an int8-path
+type are quantised as the kernels quantise them (ref.quantize_act_q8); under "f32" they are used as they are.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from gguf.quants import dequantize
 
 from guild.gguf import GGUFFile
 from guild.kernels import ref
+from guild.kernels.cpu.quant import numerics_for
 
 
 def _w(g: GGUFFile, name: str) -> np.ndarray:
@@ -17,30 +20,42 @@ def _w(g: GGUFFile, name: str) -> np.ndarray:
     return dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
 
 
+def _act(g: GGUFFile, name: str, h: np.ndarray) -> np.ndarray:
+    """h as the kernels see it when multiplying by tensor `name`."""
+    if numerics_for(g.tensors[name].qtype) == "i8":
+        return ref.quantize_act_q8(np.asarray(h, np.float32))
+    return np.asarray(h, np.float64)
+
+
+def _mm(g: GGUFFile, name: str, h: np.ndarray) -> np.ndarray:
+    return _act(g, name, h) @ _w(g, name).T
+
+
 def _layer(g: GGUFFile, p: str, x: np.ndarray, c: dict, cos, sin) -> np.ndarray:
     """One decoder layer (tensors named p + ...) over rows x [T, dim] at positions 0..T-1, causal."""
     T, H, Hkv, hd, eps = x.shape[0], c["H"], c["Hkv"], c["hd"], c["eps"]
     pos = np.arange(T)
     h = ref.rmsnorm(x, _w(g, p + "attn_norm.weight"), eps).astype(np.float64)
-    q = (h @ _w(g, p + "attn_q.weight").T).reshape(T, H, hd)
-    k = (h @ _w(g, p + "attn_k.weight").T).reshape(T, Hkv, hd)
-    v = (h @ _w(g, p + "attn_v.weight").T).reshape(T, Hkv, hd)
+    q = _mm(g, p + "attn_q.weight", h).reshape(T, H, hd)
+    k = _mm(g, p + "attn_k.weight", h).reshape(T, Hkv, hd)
+    v = _mm(g, p + "attn_v.weight", h).reshape(T, Hkv, hd)
     if p + "attn_q_norm.weight" in g.tensors:
         q = ref.rmsnorm(q, _w(g, p + "attn_q_norm.weight"), eps)
         k = ref.rmsnorm(k, _w(g, p + "attn_k_norm.weight"), eps)
     q = ref.rope(q, pos, cos, sin, c["n_rot"], c["neox"])
     k = ref.rope(k, pos, cos, sin, c["n_rot"], c["neox"])
     att = ref.attention(q, k, v, 0, 1.0 / np.sqrt(hd)).astype(np.float64)
-    x = x + att.reshape(T, H * hd) @ _w(g, p + "attn_output.weight").T
+    x = x + _mm(g, p + "attn_output.weight", att.reshape(T, H * hd))
     h = ref.rmsnorm(x, _w(g, p + "ffn_norm.weight"), eps)
     if p + "ffn_gate_inp.weight" in g.tensors:
+        q8 = numerics_for(g.tensors[p + "ffn_down_exps.weight"].qtype) == "i8"
         ffn = ref.moe_ffn(
             h, _w(g, p + "ffn_gate_inp.weight"), _w(g, p + "ffn_gate_exps.weight"),
-            _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), c["k_used"], True,
+            _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), c["k_used"], True, q8act=q8,
         )
     else:
-        a_ = ref.silu_mul(h @ _w(g, p + "ffn_gate.weight").T, h @ _w(g, p + "ffn_up.weight").T)
-        ffn = a_.astype(np.float64) @ _w(g, p + "ffn_down.weight").T
+        a_ = ref.silu_mul(_mm(g, p + "ffn_gate.weight", h), _mm(g, p + "ffn_up.weight", h))
+        ffn = _mm(g, p + "ffn_down.weight", a_)
     return x + ffn
 
 
@@ -75,16 +90,14 @@ def reference_mtp(base_path: str, head_path: str, tokens, hidden) -> np.ndarray:
     eps, n = c["eps"], "blk.0.nextn."
     e = ref.rmsnorm(_w(g, "token_embd.weight")[tokens], _w(hg, n + "enorm.weight"), eps)
     h = ref.rmsnorm(np.asarray(hidden, np.float64), _w(hg, n + "hnorm.weight"), eps)
-    x = np.concatenate([e, h], axis=1).astype(np.float64) @ _w(hg, n + "eh_proj.weight").T
+    x = _mm(hg, n + "eh_proj.weight", np.concatenate([e, h], axis=1))
     x = _layer(hg, "blk.0.", x, c, cos, sin)
     y = ref.rmsnorm(x, _w(hg, n + "shared_head_norm.weight"), eps).astype(np.float64)
-    out = _w(g, "output.weight") if "output.weight" in g.tensors else _w(g, "token_embd.weight")
-    return y @ out.T
+    return _mm(g, "output.weight" if "output.weight" in g.tensors else "token_embd.weight", y)
 
 
 def reference_forward(path: str, tokens) -> np.ndarray:
     """Logits [T, vocab] (float64) for tokens at positions 0..T-1."""
     g = GGUFFile(path)
     h = reference_hidden(path, tokens)
-    out = _w(g, "output.weight") if "output.weight" in g.tensors else _w(g, "token_embd.weight")
-    return h @ out.T
+    return _mm(g, "output.weight" if "output.weight" in g.tensors else "token_embd.weight", h)

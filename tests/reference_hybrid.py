@@ -8,10 +8,11 @@ value heads) and the hyper-parameters itself. Slow, for tests only.
 from __future__ import annotations
 
 import numpy as np
-from reference import _w  # dequantised float64 weights, shared with the llama reference
+from reference import _act, _mm, _w  # dequantised float64 weights and products, shared with the llama reference
 
 from guild.gguf import GGUFFile
 from guild.kernels import ref
+from guild.kernels.cpu.quant import numerics_for
 
 
 def reference_hybrid_forward(path: str, tokens) -> np.ndarray:
@@ -42,19 +43,19 @@ def reference_hybrid_forward(path: str, tokens) -> np.ndarray:
         h = ref.rmsnorm(x, _w(g, p + "attn_norm.weight"), eps).astype(np.float64)
         if (i + 1) % every:  # Gated DeltaNet
             if p + "ssm_in.weight" in g.tensors:
-                qkvz = (h @ _w(g, p + "ssm_in.weight").T).reshape(T, nk, 2 * dk + 2 * r * dk)
+                qkvz = (_mm(g, p + "ssm_in.weight", h)).reshape(T, nk, 2 * dk + 2 * r * dk)
                 q, k = qkvz[..., :dk].reshape(T, -1), qkvz[..., dk : 2 * dk].reshape(T, -1)
                 v = qkvz[..., 2 * dk : (2 + r) * dk].reshape(T, -1)
                 z = qkvz[..., (2 + r) * dk :].reshape(T, nv, dk)
                 mixed = np.concatenate([q, k, v], axis=1)
             else:
-                mixed = h @ _w(g, p + "attn_qkv.weight").T
-                z = (h @ _w(g, p + "attn_gate.weight").T).reshape(T, nv, dk)
+                mixed = _mm(g, p + "attn_qkv.weight", h)
+                z = (_mm(g, p + "attn_gate.weight", h)).reshape(T, nv, dk)
             if a == "qwen3next":
-                ba = (h @ _w(g, p + "ssm_ba.weight").T).reshape(T, nk, 2 * r)
+                ba = (_mm(g, p + "ssm_ba.weight", h)).reshape(T, nk, 2 * r)
                 b, alpha = ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
             else:
-                b, alpha = h @ _w(g, p + "ssm_beta.weight").T, h @ _w(g, p + "ssm_alpha.weight").T
+                b, alpha = _mm(g, p + "ssm_beta.weight", h), _mm(g, p + "ssm_alpha.weight", h)
             conv_w = _w(g, p + "ssm_conv1d.weight").reshape(-1, K)  # [C, K]
             c = ref.conv1d_silu(mixed, np.zeros((K - 1, mixed.shape[1])), conv_w.T)
             q = ref.l2norm_heads(c[:, : nk * dk].reshape(T, nk, dk), 1e-6)
@@ -63,26 +64,26 @@ def reference_hybrid_forward(path: str, tokens) -> np.ndarray:
             gd, beta = ref.gdn_gates(alpha, b, _w(g, p + "ssm_dt.bias"), _w(g, p + "ssm_a"))
             core, _ = ref.gdn_recurrence(q, k, v, gd, beta, kmap, 1.0 / np.sqrt(dk), np.zeros((nv, dk, dk)))
             y = ref.gated_rmsnorm(core, z, _w(g, p + "ssm_norm.weight"), eps).astype(np.float64)
-            mix = y.reshape(T, nv * dk) @ _w(g, p + "ssm_out.weight").T
+            mix = _mm(g, p + "ssm_out.weight", y.reshape(T, nv * dk))
         else:  # gated full attention
-            qg = (h @ _w(g, p + "attn_q.weight").T).reshape(T, H, 2 * hd)
+            qg = (_mm(g, p + "attn_q.weight", h)).reshape(T, H, 2 * hd)
             q, gate = qg[..., :hd], qg[..., hd:].reshape(T, H * hd)
-            k = (h @ _w(g, p + "attn_k.weight").T).reshape(T, Hkv, hd)
-            v = (h @ _w(g, p + "attn_v.weight").T).reshape(T, Hkv, hd)
+            k = (_mm(g, p + "attn_k.weight", h)).reshape(T, Hkv, hd)
+            v = (_mm(g, p + "attn_v.weight", h)).reshape(T, Hkv, hd)
             q = ref.rmsnorm(q, _w(g, p + "attn_q_norm.weight"), eps)
             k = ref.rmsnorm(k, _w(g, p + "attn_k_norm.weight"), eps)
             q = ref.rope(q, np.arange(T), cos, sin, n_rot, True)
             k = ref.rope(k, np.arange(T), cos, sin, n_rot, True)
             att = ref.attention(q, k, v, 0, 1.0 / np.sqrt(hd)).reshape(T, H * hd)
-            mix = ref.sigmoid_mul(att, gate).astype(np.float64) @ _w(g, p + "attn_output.weight").T
+            mix = _mm(g, p + "attn_output.weight", ref.sigmoid_mul(att, gate))
         x = x + mix
         h = ref.rmsnorm(x, _w(g, p + "post_attention_norm.weight"), eps).astype(np.float64)
+        q8 = numerics_for(g.tensors[p + "ffn_down_exps.weight"].qtype) == "i8"
         moe = ref.moe_ffn(h, _w(g, p + "ffn_gate_inp.weight"), _w(g, p + "ffn_gate_exps.weight"),
-                          _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), k_used, True)
-        act = ref.silu_mul(h @ _w(g, p + "ffn_gate_shexp.weight").T, h @ _w(g, p + "ffn_up_shexp.weight").T)
-        shared = act.astype(np.float64) @ _w(g, p + "ffn_down_shexp.weight").T
-        gate = h @ _w(g, p + "ffn_gate_inp_shexp.weight").reshape(1, dim).T  # [T, 1]
+                          _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), k_used, True, q8act=q8)
+        act = ref.silu_mul(_mm(g, p + "ffn_gate_shexp.weight", h), _mm(g, p + "ffn_up_shexp.weight", h))
+        shared = _mm(g, p + "ffn_down_shexp.weight", act)
+        gate = _act(g, p + "ffn_gate_inp_shexp.weight", h) @ _w(g, p + "ffn_gate_inp_shexp.weight").reshape(1, dim).T
         x = x + moe + ref.sigmoid_mul(shared, gate)
     h = ref.rmsnorm(x, _w(g, "output_norm.weight"), eps).astype(np.float64)
-    out = _w(g, "output.weight") if "output.weight" in g.tensors else _w(g, "token_embd.weight")
-    return h @ out.T
+    return _mm(g, "output.weight" if "output.weight" in g.tensors else "token_embd.weight", h)

@@ -12,7 +12,7 @@ from guild.load import load
 
 
 def test_turns_reuse_the_cache(dense_path):
-    lm = load(dense_path)
+    lm = load(dense_path, numerics="f32")  # the fp32 path answers this prompt right; int8, like llama.cpp, not
     s = GuildSession(lm.model, n_ctx=512, eos_ids=lm.tokenizer.eos_ids)
     conv = Conversation(s, lm.tokenizer)
     t1 = conv.say("What is the capital of France?", 24)
@@ -52,7 +52,7 @@ def test_conversation_file_cli(tmp_path):
     conv = tmp_path / "conv.yaml"
     conv.write_text("- What is the capital of France?\n- role: user\n  content: And of Italy?\n")
     r = subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "--conversation", str(conv), "-n", "16",
-                        "--json"], capture_output=True, text=True, timeout=600)
+                        "--json", "--numerics", "f32"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     turns = [json.loads(ln) for ln in r.stdout.splitlines()]  # one JSON line per turn
     assert [t["turn"] for t in turns] == [1, 2] and "Rome" in turns[1]["text"]

@@ -33,6 +33,18 @@ QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, 
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fp32_numerics():
+    """The CUDA kernels are fp32 dequant-dot: the CPU models they are compared with (and the host's share of
+    a placement) are packed for the same numerics."""
+    from guild.kernels.cpu import quant
+
+    before = quant.current_numerics()
+    quant.set_default_numerics("f32")
+    yield
+    quant.set_default_numerics(before)
+
+
 @pytest.fixture(scope="module", params=["cuda", "emu"])
 def gpu(request, tmp_path_factory):
     """cp (CuPy or NumPy), g (kernels/cuda/ops.py), h (to host), backend() (a CudaBackend), emu (bool)."""

@@ -4,17 +4,24 @@ import numpy as np
 import pytest
 from reference import reference_forward
 
+from guild.kernels.cpu import quant
+from guild.models import load_model
+
 # "The capital of France is Paris. The answer is" in SmolLM2's vocabulary, plus a few more ids
 PROMPT = np.array([504, 3575, 282, 4649, 314, 7042, 30, 378, 3164, 314], np.int64)
 
 
-def test_dense_matches_float64_reference(dense_model, dense_path):
-    st = dense_model.new_state(64)
-    got = dense_model.forward(PROMPT, st)
-    want = reference_forward(dense_path, PROMPT)
+@pytest.mark.parametrize("numerics, bound", [("f32", 2e-3), ("i8", 0.1)])
+def test_dense_matches_float64_reference(dense_model, dense_path, numerics, bound):
+    """Stated bounds vs float64 on the same dequantised weights: fp32 dequant-dot 2e-3 x max|logit|; int8
+    activations (the reference quantises them alike, but 30 layers of rounding decisions diverge at the level
+    of the quantisation noise itself) 0.1 x max|logit|, measured 0.058."""
+    with quant.numerics(numerics):
+        model = load_model(dense_path) if numerics != "i8" else dense_model
+        want = reference_forward(dense_path, PROMPT)
+    got = model.forward(PROMPT, model.new_state(64))
     assert np.array_equal(got.argmax(1), want.argmax(1))
-    # stated bound: fp32 dequant-dot kernels vs float64 on the same dequantised weights
-    assert np.abs(got - want).max() < 2e-3 * np.abs(want).max()
+    assert np.abs(got - want).max() < bound * np.abs(want).max()
 
 
 def test_dense_greedy_says_paris(dense_model):

@@ -35,7 +35,7 @@ def test_moe_matches_twin(experts, k, renorm):
     h = np.random.default_rng(1).standard_normal((8, D)).astype(np.float32)
     out = np.empty_like(h)
     n = moe_ffn(h, r, gu, dn, k, renorm, out)
-    want = ref.moe_ffn(h, *dense, k, renorm)
+    want = ref.moe_ffn(h, *dense, k, renorm, q8act=gu[0].numerics == "i8")
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     ids, _ = ref.softmax_topk(h @ dense[0].T, k, renorm)
     assert n == np.unique(ids).size

@@ -2,7 +2,8 @@
 
 Contracts (DESIGN.md "Quantized CPU kernels", "Contracts: Row invariance"):
 1. dequantisation is bit-exact with gguf.quants.dequantize, for the twin and for the packed kernels;
-2. matmul is within |Δ| <= 1e-4 * (|W| @ |x|) (+1e-30) of matmul_ref (float64 accumulation), elementwise,
+2. matmul is within |Δ| <= 1e-4 * (|W| @ |x|) (+1e-30) of matmul_ref (float64 accumulation; for matrices on
+   the int8 path, of the activations as that path quantises them: tests/test_qdot.py), elementwise,
    for T = 1..8 and 37 (GEMV kernels, used up to 64 rows) and T = 100, 600 (prefill path: dequantise + BLAS);
 3. row invariance, bitwise: for T <= GEMV_MAX_ROWS row t of the output does not depend on T, on the other
    rows of the window, or on the number of Numba threads;
@@ -54,6 +55,15 @@ def _packed(qt, n=N_TEST, k=K_TEST, seed=0):
         raw = _raw(qt, n, k, seed)
         _PACKED[key] = (raw, kq.pack(qt, raw, n, k))
     return _PACKED[key]
+
+
+def _ref(w, W, x):
+    """The twin of matmul(w, x) for dequantised W: the activations quantised as w's numerics do."""
+    return ref_quant.matmul_ref(W, x, q8act=w.numerics == "i8")
+
+
+def _absx(w, x):
+    return np.abs(ref_quant.quantize_act_q8(x) if w.numerics == "i8" else x.astype(np.float64))
 
 
 def _mm(w, x):
@@ -124,8 +134,8 @@ def test_embedded_model_tensors():
         assert np.array_equal(_bits(kq.dequantize(w)), _bits(want))
         x = np.random.default_rng(2).standard_normal((3, k)).astype(np.float32)
         got = _mm(w, x)
-        ref = ref_quant.matmul_ref(want, x)
-        bound = RTOL * (np.abs(x).astype(np.float64) @ np.abs(want).T.astype(np.float64)) + 1e-30
+        ref = _ref(w, want, x)
+        bound = RTOL * (_absx(w, x) @ np.abs(want).T.astype(np.float64)) + 1e-30
         assert np.all(np.abs(got.astype(np.float64) - ref) <= bound)
 
 
@@ -140,8 +150,8 @@ def test_matmul_matches_reference(qt):
     for T in (1, 2, 3, 4, 5, 6, 7, 8, 37, 100, 600):
         x = rng.standard_normal((T, K_TEST)).astype(np.float32)
         got = _mm(w, x)
-        ref = ref_quant.matmul_ref(W, x)
-        bound = RTOL * (np.abs(x).astype(np.float64) @ absW.T) + 1e-30
+        ref = _ref(w, W, x)
+        bound = RTOL * (_absx(w, x) @ absW.T) + 1e-30
         err = np.abs(got.astype(np.float64) - ref)
         assert np.all(err <= bound), f"T={T}: worst {np.max(err / bound):.3g} x tolerance"
 
@@ -161,8 +171,8 @@ def test_matmul_shapes(qt):
         for T in (1, 4, 9, 65):
             x = rng.standard_normal((T, k)).astype(np.float32)
             got = _mm(w, x)
-            bound = RTOL * (np.abs(x).astype(np.float64) @ np.abs(W).T.astype(np.float64)) + 1e-30
-            assert np.all(np.abs(got.astype(np.float64) - ref_quant.matmul_ref(W, x)) <= bound), (n, k, T)
+            bound = RTOL * (_absx(w, x) @ np.abs(W).T.astype(np.float64)) + 1e-30
+            assert np.all(np.abs(got.astype(np.float64) - _ref(w, W, x)) <= bound), (n, k, T)
 
 
 def test_matmul_strided_arguments():

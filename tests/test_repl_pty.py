@@ -7,7 +7,7 @@ import sys
 
 import pexpect
 
-MODEL = ["smollm2-135m", "-t", "1", "--device", "cpu"]
+MODEL = ["smollm2-135m", "-t", "1", "--device", "cpu", "--numerics", "f32"]  # f32: the answers checked below
 PROMPT = ">>> "
 
 

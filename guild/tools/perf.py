@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from numba import njit, prange
 
 from ..chat import Conversation
 from ..engine.sampling import SamplingParams
@@ -24,10 +25,11 @@ from ..engine.session import GuildSession
 from ..engine.verify import Verifier
 from ..kernels.cpu import moe as moe_mod
 from ..kernels.cpu import ops as ops_mod
+from ..kernels.cpu import quant, simd
 from ..load import load, set_threads
 from ..models import llama as llama_mod
 from ..spec import make_drafter
-from ..upcycle import embedded_dense_path, ensure_embedded_moe
+from ..upcycle import TAG_MOE128, embedded_dense_path, ensure_embedded_moe
 
 SHORT = "Write a short story about a robot who learns to paint."
 
@@ -115,6 +117,110 @@ def window_costs(model, ids, repeats=7, max_T=8):
             s.state.commit(0)
         ms[T], distinct[T] = _median(times), float(np.mean(d))
     return ms, distinct
+
+
+# -- the bound: what a window of T rows cannot beat on this machine ------------------------------------------
+@njit(cache=True, parallel=True)
+def _peak_fma(n, lanes):
+    """n x 12 independent 16-lane fma per thread (registers only)."""
+    tot = np.zeros(lanes.size, np.float32)
+    for c in prange(lanes.size):
+        m = simd.splat_f(np.float32(0.999999))
+        k = simd.splat_f(np.float32(1e-7))
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = simd.splat_f(lanes[c])
+        for _ in range(n):
+            a0 = simd.fma_f(a0, m, k)
+            a1 = simd.fma_f(a1, m, k)
+            a2 = simd.fma_f(a2, m, k)
+            a3 = simd.fma_f(a3, m, k)
+            a4 = simd.fma_f(a4, m, k)
+            a5 = simd.fma_f(a5, m, k)
+            a6 = simd.fma_f(a6, m, k)
+            a7 = simd.fma_f(a7, m, k)
+            a8 = simd.fma_f(a8, m, k)
+            a9 = simd.fma_f(a9, m, k)
+            a10 = simd.fma_f(a10, m, k)
+            a11 = simd.fma_f(a11, m, k)
+        s = simd.add_f(simd.add_f(simd.add_f(a0, a1), simd.add_f(a2, a3)), simd.add_f(a4, a5))
+        s = simd.add_f(simd.add_f(s, simd.add_f(a6, a7)), simd.add_f(simd.add_f(a8, a9), simd.add_f(a10, a11)))
+        tot[c] = simd.lane(s, 0)
+    return tot
+
+
+@njit(cache=True, parallel=True)
+def _peak_dpbusd(n, lanes):
+    """n x 8 independent dpbusd (64 u8 x s8 products each) per thread."""
+    tot = np.zeros(lanes.size, np.float32)
+    for c in prange(lanes.size):
+        u = simd.splat_i(0x01010101)
+        v = simd.splat_i(np.int64(lanes[c]))
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = simd.zero_i()
+        for _ in range(n):
+            a0 = simd.dpbusd(a0, u, v)
+            a1 = simd.dpbusd(a1, u, v)
+            a2 = simd.dpbusd(a2, u, v)
+            a3 = simd.dpbusd(a3, u, v)
+            a4 = simd.dpbusd(a4, u, v)
+            a5 = simd.dpbusd(a5, u, v)
+            a6 = simd.dpbusd(a6, u, v)
+            a7 = simd.dpbusd(a7, u, v)
+        s = simd.add_i(simd.add_i(simd.add_i(a0, a1), simd.add_i(a2, a3)), simd.add_i(simd.add_i(a4, a5),
+                                                                                  simd.add_i(a6, a7)))
+        tot[c] = simd.lane(simd.cvt(s), 0)
+    return tot
+
+
+def machine_peaks(threads: int, repeats: int = 5) -> dict:
+    """This machine with `threads` threads: copy bandwidth (STREAM's count: bytes read + written, GB/s, 256 MiB
+    arrays), fp32 fma and int8 dot-product rates (G multiply-adds/s); best of `repeats`."""
+    a = np.ones(64 << 20, np.float32)
+    b = np.empty_like(a)
+    lanes = np.ones(threads, np.float32)
+    _peak_fma(10, lanes)
+    _peak_dpbusd(10, lanes)
+    bw, f, i = [], [], []
+    n = 2_000_000
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        t1 = time.perf_counter()
+        _peak_fma(n, lanes)
+        t2 = time.perf_counter()
+        _peak_dpbusd(n, lanes)
+        t3 = time.perf_counter()
+        bw.append(2 * a.nbytes / (t1 - t0) / 1e9)
+        f.append(threads * n * 12 * 16 / (t2 - t1) / 1e9)
+        i.append(threads * n * 8 * 64 / (t3 - t2) / 1e9)
+    return {"copy_gbs": max(bw), "fp32_gmacs": max(f), "int8_gmacs": max(i), "threads": threads}
+
+
+def window_bound(model, ctx: int, distinct: dict, peaks: dict) -> dict:
+    """Lower bound (ms) on a window of T rows at context ctx: max(the window's distinct weight and KV bytes at
+    the copy bandwidth, its multiply-adds at the peak rate of each matrix's numerics). `distinct`: mean distinct
+    experts per MoE layer for each T (window_costs)."""
+    from ..calib.cpu import model_matrices
+
+    a = model.args
+    mats = model_matrices(model)
+    shared = [m for _, m, e in mats if not e]
+    experts = [m for _, m, e in mats if e]
+    n_moe = max(1, a.n_layers)
+    n_exp = max(1, a.n_experts) if experts else 1
+    exp_bytes = sum(m.nbytes for m in experts) / (n_moe * n_exp) if experts else 0.0  # one expert of one layer
+    exp_macs = sum(m.n_rows * m.n_cols for m in experts) / (n_moe * n_exp) if experts else 0.0
+    exp_i8 = bool(experts) and experts[0].numerics == "i8"
+    kv = 2 * a.n_layers * a.n_kv_heads * a.head_dim * ctx * 4  # fp32 K and V, read once per window
+    att_macs = 2 * a.n_layers * a.n_heads * a.head_dim * ctx  # per row
+    rate = {"i8": peaks["int8_gmacs"] * 1e9, "f32": peaks["fp32_gmacs"] * 1e9}
+    out = {}
+    for T, d in distinct.items():
+        byts = sum(m.nbytes for m in shared) + (d * exp_bytes * n_moe if experts else 0) + kv
+        t_mac = T * (sum(m.n_rows * m.n_cols / rate[m.numerics] for m in shared)
+                     + a.n_experts_used * n_moe * exp_macs / rate["i8" if exp_i8 else "f32"]
+                     + att_macs / rate["f32"])
+        t_mem = byts / (peaks["copy_gbs"] * 1e9)
+        out[T] = {"mem_ms": t_mem * 1e3, "mac_ms": t_mac * 1e3, "bound_ms": max(t_mem, t_mac) * 1e3}
+    return out
 
 
 def verifier_share(model, ids, T=5, repeats=9):
@@ -260,9 +366,12 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="more repeats")
     ap.add_argument("--out", default="results", help="folder for perf.json and perf.md")
     ap.add_argument("--spec", action="store_true", help="only the lookup/retrieval vs normal table (MoE model)")
+    ap.add_argument("--moe128", action="store_true", help="also the 128-expert top-8 upcycle (built on first use)")
+    ap.add_argument("--numerics", choices=("i8", "f32"), default="i8", help="numeric mode of the CPU kernels")
     a = ap.parse_args(argv)
 
     threads = set_threads(a.threads)
+    quant.set_default_numerics(a.numerics)
     if a.spec:
         md = (f"guild {threads} threads, {a.tokens} greedy tokens, median of {a.repeats}, parity checked\n\n"
               + "\n".join(spec_table(n=a.tokens, repeats=a.repeats)))
@@ -272,7 +381,11 @@ def main(argv=None) -> int:
         return 0
     repeats = a.repeats * (3 if a.full else 1)
     paths = {"dense": embedded_dense_path(), "moe 8x top-2": ensure_embedded_moe()}
-    rows, report = [], {"machine": platform.processor() or platform.machine(), "threads": threads, "runs": []}
+    if a.moe128:
+        paths["moe 128x top-8"] = ensure_embedded_moe(tag=TAG_MOE128)
+    peaks = machine_peaks(threads)
+    rows, report = [], {"machine": platform.processor() or platform.machine(), "threads": threads, "runs": [],
+                        "peaks": peaks}
     lines = []
     for label, path in paths.items():
         lm = load(str(path))
@@ -290,11 +403,13 @@ def main(argv=None) -> int:
                          ratio=g_dec / ll[0], same_tokens=int(np.sum(np.array(g_toks) == np.array(ll[2]))))
             rows.append(r)
             print(json.dumps(r), file=sys.stderr)
-        ms, distinct = window_costs(lm.model, lm.tokenizer.encode(long_prompt_text()))
+        long_ids = lm.tokenizer.encode(long_prompt_text())
+        ms, distinct = window_costs(lm.model, long_ids)
+        bound = window_bound(lm.model, len(long_ids), distinct, peaks)
         share = python_share(lm.model, ids[:64])
         vshare = verifier_share(lm.model, ids[:64])
-        report["runs"].append({"model": label, "window_ms": ms, "distinct_experts": distinct, "python_share": share,
-                               "verifier_share_T5": vshare})
+        report["runs"].append({"model": label, "numerics": lm.numerics, "window_ms": ms, "distinct_experts": distinct,
+                               "bound": bound, "python_share": share, "verifier_share_T5": vshare})
         lines.append(f"\n**{label}** window cost at a ~600-token context (median ms, ratio to T=1)"
                      + (", mean distinct experts per layer" if lm.model.args.is_moe else "") + ":\n")
         lines.append("| T | " + " | ".join(str(t) for t in ms) + " |")
@@ -303,6 +418,9 @@ def main(argv=None) -> int:
         lines.append("| V(T)/V(1) | " + " | ".join(f"{v / ms[1]:.2f}" for v in ms.values()) + " |")
         if lm.model.args.is_moe:
             lines.append("| experts | " + " | ".join(f"{v:.2f}" for v in distinct.values()) + " |")
+        lines.append("| bound ms (bytes / mult-adds) | " + " | ".join(
+            f"{b['bound_ms']:.1f} ({b['mem_ms']:.1f}/{b['mac_ms']:.1f})" for b in bound.values()) + " |")
+        lines.append("| V(T)/bound | " + " | ".join(f"{ms[T] / bound[T]['bound_ms']:.1f}" for T in ms) + " |")
         lines.append(f"\nPython outside kernels: {share * 100:.1f}% of a decode step. Verifier (sampling with "
                      f"penalties, every row): {vshare * 100:.1f}% of a T=5 window.")
     report["decode"] = rows
@@ -320,7 +438,9 @@ def main(argv=None) -> int:
             + f"{r['guild_prefill_tok_s']:.0f} | "
             + (f"{r['llama_prefill_tok_s']:.0f} | {r['same_tokens']}/{a.tokens} |" if ll else "– | – |")
         )
-    md = f"guild {threads} threads, {a.tokens} greedy tokens, median of {repeats}\n\n" + "\n".join(head + lines)
+    md = (f"guild {threads} threads, numerics {a.numerics}, {a.tokens} greedy tokens, median of {repeats}; machine: "
+          f"copy {peaks['copy_gbs']:.1f} GB/s, fp32 fma {peaks['fp32_gmacs']:.0f} G/s, int8 dot "
+          f"{peaks['int8_gmacs']:.0f} G multiply-adds/s\n\n" + "\n".join(head + lines))
     write_results(a.out, "perf", report, md)
     return 0
 

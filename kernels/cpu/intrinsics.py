@@ -87,6 +87,36 @@ def h2f(typingctx, a):
 
 
 @intrinsic
+def floorf(typingctx, x):
+    """floor(x) for float32 (llvm.floor.f32: vroundps in vector loops, where np.floor is a library call)."""
+    if x != types.float32:
+        return None
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f, [f]), "llvm.floor.f32")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def pow2f(typingctx, n):
+    """2^n as float32 for an integral float32 n in -126..127 (built from the exponent bits; vectorises)."""
+    if n != types.float32:
+        return None
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        e = builder.add(builder.fptosi(args[0], i32), ir.Constant(i32, 127))
+        return builder.bitcast(builder.shl(e, ir.Constant(i32, 23)), ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
 def bf2f(typingctx, a):
     """bfloat16 bits (uint16) → float32 (exact)."""
     if a != types.uint16:
@@ -169,6 +199,7 @@ _pu8 = _ptr_intrinsic(types.uint8)
 _pi8 = _ptr_intrinsic(types.int8)
 _pu16 = _ptr_intrinsic(types.uint16)
 _pu32 = _ptr_intrinsic(types.uint32)
+_pi32 = _ptr_intrinsic(types.int32)
 _pf32 = _ptr_intrinsic(types.float32)
 _pi64 = _ptr_intrinsic(types.int64)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .quant import PackedMatrix, matmul
+from .quant import PackedMatrix, matmul, matmul_batch
 
 
 def moe_ffn(
@@ -50,17 +50,21 @@ def experts_ffn(
     flat = ids.ravel()  # (row, rank) pairs, row-major
     order = np.argsort(flat, kind="stable")  # grouped by expert, rows ascending within a group
     bounds = [0, *(np.flatnonzero(flat[order[1:]] != flat[order[:-1]]) + 1).tolist(), order.size]
+    groups = []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         pairs = order[a:b]
-        e = flat[pairs[0]]
-        rows, ranks = pairs // k, pairs % k
-        xe = h[rows]  # the rows that chose e, in row order
-        gu = np.empty((rows.size, experts_gu[e].n_rows), np.float32)
-        matmul(experts_gu[e], xe, gu)
-        act = np.empty((rows.size, gu.shape[1] // 2), np.float32)
+        groups.append((int(flat[pairs[0]]), pairs // k, pairs % k))
+    # the window's experts in one parallel region per matrix kind: gate|up, then down
+    gus = [np.empty((rows.size, experts_gu[e].n_rows), np.float32) for e, rows, _ in groups]
+    matmul_batch([experts_gu[e] for e, _, _ in groups], [h[rows] for _, rows, _ in groups], gus)
+    acts = []
+    for gu in gus:
+        act = np.empty((gu.shape[0], gu.shape[1] // 2), np.float32)
         ops.swiglu(gu, act)
-        ye = np.empty((rows.size, D), np.float32)
-        matmul(experts_down[e], act, ye)
+        acts.append(act)
+    yes = [np.empty((rows.size, D), np.float32) for _, rows, _ in groups]
+    matmul_batch([experts_down[e] for e, _, _ in groups], acts, yes)
+    for (_, rows, ranks), ye in zip(groups, yes, strict=True):
         y[rows, ranks] = ye
     ops.combine_experts(y, w, out)
-    return len(bounds) - 1
+    return len(groups)

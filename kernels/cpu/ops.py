@@ -13,6 +13,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .intrinsics import floorf, fma32, pow2f
+from .simd import fma_f, lane, ld_f32, max_f, splat_f, st_f32, zero_f
+
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def rmsnorm(x, w, eps, out):
@@ -116,48 +119,241 @@ def attention(q, kt, vc, pos0, scale, out, scores):
 
     q: [T, H, hd] (rows at positions pos0..pos0+T-1); kt: [Hkv, hd, ctx] (keys transposed, so the score loop
     runs stride-1 over positions); vc: [Hkv, ctx, hd]; out: [T, H, hd]; scores: [T*H, >= pos0+T] scratch.
-    Row t reads positions 0..pos0+t; every score, sum and output element is computed in a fixed order.
+    Row t reads positions 0..pos0+t; every score, sum and output element is computed in a fixed order: a score
+    is one fma chain over i, an output element one fma chain over positions. One task per (KV head, row): the
+    query heads sharing that KV head run together block by block, so each block of K and V is read from memory
+    once and reused from L1. 16-lane vector code (kernels/cpu/simd.py) where hd is a multiple of 16 and the
+    rows are stride-1, else scalar.
     """
     T, H, hd = q.shape
     Hkv = kt.shape[0]
     group = H // Hkv
-    for th in prange(T * H):
-        t = th // H
-        h = th - t * H
-        g = h // group
-        L = pos0 + t + 1
-        sc = scores[th, :L]
-        e2 = np.empty(L, np.int32)
-        for j in range(L):
-            sc[j] = 0.0
-        for i in range(hd):  # s[j] += q[i] * k[j, i], vectorised over j
-            qi = q[t, h, i] * scale
-            kr = kt[g, i]
-            for j in range(L):
-                sc[j] += qi * kr[j]
-        m = sc[0]
-        for j in range(1, L):
-            m = max(m, sc[j])
-        exp_shifted(sc, m, sc, e2)
-        inv = np.float32(1.0) / sum_fixed(sc)
-        o = out[t, h]
-        for i in range(hd):
-            o[i] = 0.0
-        for j in range(L):  # out[i] += p[j] * v[j, i], vectorised over i
-            p = sc[j] * inv
-            vr = vc[g, j]
+    vec = (hd % 16 == 0 and kt.strides[2] == 4 and vc.strides[2] == 4 and scores.strides[1] == 4
+           and out.strides[2] == 4 and q.strides[2] == 4)
+    for u in prange(Hkv * T):
+        g = u // T
+        t = u - g * T
+        _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec)
+
+
+@njit(cache=True, error_model="numpy")
+def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
+    """Row t of the query heads g*group .. (g+1)*group - 1 (a function of its own: compiled outside the
+    parallel region, where LLVM keeps the vector accumulators in registers)."""
+    L = pos0 + t + 1
+    H = q.shape[1]
+    h0 = g * group
+    if vec:
+        _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0)
+    else:
+        for h in range(h0, h0 + group):
+            _scores_scalar(q, kt, g, t, h, hd, L, scale, scores[t * H + h, :L])
+    e2 = np.empty(L, np.int32)
+    invs = np.empty(group, np.float32)
+    pb = np.empty((group, L), np.float32)  # exp(s - max): a separate buffer (in place, LLVM's alias check fails)
+    for r in range(group):
+        sc = scores[t * H + h0 + r][:L]
+        m = _vmax(sc, L) if vec else np.max(sc)
+        exp_shifted(sc, m, pb[r], e2)
+        invs[r] = np.float32(1.0) / sum_fixed(pb[r])
+    if vec:
+        _pv_vec(pb, invs, vc, g, t, h0, group, L, out, hd, 0)
+    else:
+        for r in range(group):
+            sc = pb[r]
+            o = out[t, h0 + r]
             for i in range(hd):
-                o[i] += p * vr[i]
+                o[i] = 0.0
+            for j in range(L):  # out[i] += p[j] * v[j, i], vectorised over i
+                p = sc[j] * invs[r]
+                vr = vc[g, j]
+                for i in range(hd):
+                    o[i] += p * vr[i]
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")  # numpy: a zero divisor gives inf/NaN, never raises
+@njit(cache=True, inline="always")
+def _scores_scalar(q, kt, g, t, h, hd, L, scale, sc):
+    for j in range(L):
+        sc[j] = 0.0
+    for i in range(hd):  # s[j] += q[i] * k[j, i], vectorised over j
+        qi = q[t, h, i] * scale
+        kr = kt[g, i]
+        for j in range(L):
+            sc[j] += qi * kr[j]
+
+
+@njit(cache=True, inline="always")
+def _fma4(p, k0, k1, k2, k3, a0, a1, a2, a3):
+    """a_i + p * k_i for four vectors (one chain step of four accumulators)."""
+    return fma_f(p, k0, a0), fma_f(p, k1, a1), fma_f(p, k2, a2), fma_f(p, k3, a3)
+
+
+@njit(cache=True, inline="always")
+def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0):
+    """scores[th0 + r, j] = fma chain over i of (q[t, h0 + r, i] * scale) * k[g, i, j] for r < group, j < L:
+    up to three heads x 64 positions at a time in registers (each K vector loaded once for the three), then
+    16 positions, then lane by lane where a whole vector would pass the end of the cache or scratch row."""
+    pk = kt.ctypes.data + g * kt.strides[0]
+    sk = kt.strides[1]
+    ss = scores.strides[0]
+    W = min(sk // 4, scores.shape[1])  # whole vectors may be loaded and stored below this position
+    for r in range(0, group, 3):
+        b1 = r + 1 < group
+        b2 = r + 2 < group
+        h = h0 + r
+        ps = scores.ctypes.data + (th0 + r) * ss
+        j = 0
+        while j + 64 <= L:
+            a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = zero_f()
+            for i in range(hd):
+                p = pk + i * sk + 4 * j
+                k0 = ld_f32(p)
+                k1 = ld_f32(p + 64)
+                k2 = ld_f32(p + 128)
+                k3 = ld_f32(p + 192)
+                a0, a1, a2, a3 = _fma4(splat_f(q[t, h, i] * scale), k0, k1, k2, k3, a0, a1, a2, a3)
+                if b1:
+                    c0, c1, c2, c3 = _fma4(splat_f(q[t, h + 1, i] * scale), k0, k1, k2, k3, c0, c1, c2, c3)
+                if b2:
+                    e0, e1, e2, e3 = _fma4(splat_f(q[t, h + 2, i] * scale), k0, k1, k2, k3, e0, e1, e2, e3)
+            o = ps + 4 * j
+            st_f32(o, a0)
+            st_f32(o + 64, a1)
+            st_f32(o + 128, a2)
+            st_f32(o + 192, a3)
+            if b1:
+                st_f32(o + ss, c0)
+                st_f32(o + ss + 64, c1)
+                st_f32(o + ss + 128, c2)
+                st_f32(o + ss + 192, c3)
+            if b2:
+                st_f32(o + 2 * ss, e0)
+                st_f32(o + 2 * ss + 64, e1)
+                st_f32(o + 2 * ss + 128, e2)
+                st_f32(o + 2 * ss + 192, e3)
+            j += 64
+        while j < L and j + 16 <= W:
+            a0 = zero_f()
+            c0 = zero_f()
+            e0 = zero_f()
+            for i in range(hd):
+                k0 = ld_f32(pk + i * sk + 4 * j)
+                a0 = fma_f(splat_f(q[t, h, i] * scale), k0, a0)
+                if b1:
+                    c0 = fma_f(splat_f(q[t, h + 1, i] * scale), k0, c0)
+                if b2:
+                    e0 = fma_f(splat_f(q[t, h + 2, i] * scale), k0, e0)
+            st_f32(ps + 4 * j, a0)
+            if b1:
+                st_f32(ps + ss + 4 * j, c0)
+            if b2:
+                st_f32(ps + 2 * ss + 4 * j, e0)
+            j += 16
+        for rr in range(r, min(r + 3, group)):
+            for jj in range(j, L):  # the same chain, one lane
+                a = np.float32(0.0)
+                for i in range(hd):
+                    a = fma32(q[t, h0 + rr, i] * scale, kt[g, i, jj], a)
+                scores[th0 + rr, jj] = a
+
+
+@njit(cache=True, inline="always")
+def _vmax(sc, L):
+    """max(sc[:L]) (exact in any order): 16 lanes at a time."""
+    p = sc.ctypes.data
+    m = sc[0]
+    if L >= 16:
+        v = ld_f32(p)
+        j = 16
+        while j + 16 <= L:
+            v = max_f(v, ld_f32(p + 4 * j))
+            j += 16
+        for i in range(16):
+            m = max(m, lane(v, i))
+    else:
+        j = 1
+    for jj in range(j, L):
+        m = max(m, sc[jj])
+    return m
+
+
+@njit(cache=True, inline="always")
+def _pv_vec(scores, invs, vc, g, t, h0, group, L, out, hd, th0):
+    """out[t, h0 + r, i] = fma chain over j < L of (scores[th0 + r, j] * invs[r]) * v[g, j, i]: up to three
+    heads x 64 features at a time in registers, each V vector loaded once for the three (hd a multiple of
+    16)."""
+    pv = vc.ctypes.data + g * vc.strides[0]
+    sj = vc.strides[1]
+    for r in range(0, group, 3):
+        b1 = r + 1 < group
+        b2 = r + 2 < group
+        sa = scores[th0 + r]
+        sb = scores[th0 + r + 1] if b1 else sa
+        sc_ = scores[th0 + r + 2] if b2 else sa
+        ia = invs[r]
+        ib = invs[r + 1] if b1 else ia
+        ic = invs[r + 2] if b2 else ia
+        for c in range(0, hd, 64):
+            n = min(64, hd - c) // 16
+            a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = zero_f()
+            for j in range(L):
+                v = pv + j * sj + 4 * c
+                v0 = ld_f32(v)
+                v1 = ld_f32(v + 64) if n > 1 else v0
+                v2 = ld_f32(v + 128) if n > 2 else v0
+                v3 = ld_f32(v + 192) if n > 3 else v0
+                a0, a1, a2, a3 = _fma4(splat_f(sa[j] * ia), v0, v1, v2, v3, a0, a1, a2, a3)
+                if b1:
+                    c0, c1, c2, c3 = _fma4(splat_f(sb[j] * ib), v0, v1, v2, v3, c0, c1, c2, c3)
+                if b2:
+                    e0, e1, e2, e3 = _fma4(splat_f(sc_[j] * ic), v0, v1, v2, v3, e0, e1, e2, e3)
+            _store_heads(out, t, h0 + r, c, n, a0, a1, a2, a3)
+            if b1:
+                _store_heads(out, t, h0 + r + 1, c, n, c0, c1, c2, c3)
+            if b2:
+                _store_heads(out, t, h0 + r + 2, c, n, e0, e1, e2, e3)
+
+
+@njit(cache=True, inline="always")
+def _store_heads(out, t, h, c, n, a0, a1, a2, a3):
+    po = out.ctypes.data + t * out.strides[0] + h * out.strides[1] + 4 * c
+    st_f32(po, a0)
+    if n > 1:
+        st_f32(po + 64, a1)
+    if n > 2:
+        st_f32(po + 128, a2)
+    if n > 3:
+        st_f32(po + 192, a3)
+
+
+@njit(cache=True, inline="always")
+def expf(x):
+    """exp(x) in float32 for any x (clamped to [-87, 88]): Cephes expf (exp_shifted's polynomial, with fmas),
+    written without library calls so that loops over it vectorise; each result depends on x alone."""
+    v = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    n = floorf(fma32(v, np.float32(1.44269504), np.float32(0.5)))
+    r = fma32(n, np.float32(2.12194440e-4), fma32(n, np.float32(-0.693359375), v))
+    p = fma32(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))
+    p = fma32(p, r, np.float32(8.3334519073e-3))
+    p = fma32(p, r, np.float32(4.1665795894e-2))
+    p = fma32(p, r, np.float32(1.6666665459e-1))
+    p = fma32(p, r, np.float32(5.0000001201e-1))
+    y = fma32(p, r * r, r) + np.float32(1.0)
+    # 2^n in two factors: n reaches 127 only at the clamp (88 * log2 e = 126.96 rounds to 127)
+    h = floorf(n * np.float32(0.5))
+    return y * pow2f(h) * pow2f(n - h)
+
+
+@njit(cache=True, error_model="numpy")  # numpy: a zero divisor gives inf/NaN, never raises
 def swiglu(gu, out):
     """out = silu(gate) * up with gate = gu[:, :F], up = gu[:, F:] (fused gate|up matmul output [R, 2F])."""
     R, F = out.shape
     for r in range(R):
+        g = gu[r]
+        o = out[r]
         for i in range(F):
-            a = gu[r, i]
-            out[r, i] = a / (np.float32(1.0) + np.exp(-a)) * gu[r, F + i]
+            a = g[i]
+            o[i] = a / (np.float32(1.0) + expf(-a)) * g[F + i]
 
 
 @njit(cache=True)

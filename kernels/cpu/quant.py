@@ -1,8 +1,14 @@
 """Quantized matrix kernels for the CPU (Numba): GEMV over windows of T <= 8 rows, prefill GEMM, get_rows.
 
-Numeric mode: fp32 dequant-dot. Weights are dequantised to float32 in registers (or a per-thread scratch) and
-multiplied with float32 activations; every product is accumulated with a fused multiply-add (llvm.fma).
-Accuracy vs a float64 reference: |err| <= 1e-4 * (|W| @ |x|) elementwise (tests/test_quant.py).
+Numeric modes (`NUMERICS`, chosen when a matrix is packed: `numerics()` context, `set_default_numerics`, the
+CLI's --numerics):
+- "i8" (default): for Q4_0, Q4_1 and Q8_0 weights, activations quantised per row in blocks of 32 and integer dot
+  products (kernels/cpu/qdot.py; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with
+  the activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/test_qdot.py). Other types: as "f32".
+- "f32": fp32 dequant-dot. Weights are dequantised to float32 in registers (or a per-thread scratch) and
+  multiplied with float32 activations; every product is accumulated with a fused multiply-add (llvm.fma).
+  Accuracy vs a float64 reference: |err| <= 1e-4 * (|W| @ |x|) elementwise (tests/test_quant.py).
+The rest of this docstring describes the f32 kernels; qdot.py describes its own layout and arithmetic.
 
 Layout ("feature tiles"). `pack` regroups the N output features into tiles of NT = 64 (N padded with zero
 rows) and stores each tile feature-minor: quant byte j of block b of the tile's 64 features is contiguous,
@@ -53,7 +59,7 @@ from numba import cfunc, njit, prange
 from threadpoolctl import threadpool_limits
 
 from ..blocks import BLOCK, row_bytes
-from . import quant_gen
+from . import qdot, quant_gen
 from .codecs import BY_QTYPE, CODECS, CTYPES, Codec, canonical_order
 from .drivers import NT, _permute_x
 from .intrinsics import _AVX512, _KSIG, _call_kernel, kvf, mxf  # noqa: F401  (calib reads _AVX512; tests kvf, mxf)
@@ -99,13 +105,15 @@ class PackedMatrix:
     flat uint8 arrays (unused slots empty) handed to the drivers, `dims` = (tiles, blocks per row), `perm`: the
     canonical activation order (int64 [Kp], -1 = zero padding)."""
 
-    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "kind", "nbytes")
+    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "kind", "nbytes", "numerics")
 
-    def __init__(self, qtype: int, n_rows: int, n_cols: int, arrays: tuple, perm: np.ndarray, n_blocks: int):
+    def __init__(self, qtype: int, n_rows: int, n_cols: int, arrays: tuple, perm: np.ndarray, n_blocks: int,
+                 numerics: str = "f32"):
         self.qtype = int(qtype)
         self.n_rows = int(n_rows)
         self.n_cols = int(n_cols)
-        self.kind = _KIND[self.qtype]
+        self.numerics = numerics_for(self.qtype, numerics)  # "i8": int8 activations (kernels/cpu/qdot.py)
+        self.kind = qdot.I8_TYPES[self.qtype][0] if self.numerics == "i8" else _KIND[self.qtype]
         self.arrays = arrays
         flat = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
         self.flat = tuple(flat + [_EMPTY] * (6 - len(flat)))
@@ -114,28 +122,33 @@ class PackedMatrix:
         self.nbytes = int(sum(a.nbytes for a in arrays))
 
     def __repr__(self) -> str:
-        return f"PackedMatrix({Q(self.qtype).name}, {self.n_rows}x{self.n_cols}, {self.nbytes} bytes)"
+        return (f"PackedMatrix({Q(self.qtype).name}, {self.n_rows}x{self.n_cols}, {self.nbytes} bytes, "
+                f"{self.numerics})")
 
     @classmethod
-    def from_arrays(cls, qtype: int, n_rows: int, n_cols: int, arrays) -> PackedMatrix:
+    def from_arrays(cls, qtype: int, n_rows: int, n_cols: int, arrays, numerics: str = "f32") -> PackedMatrix:
         """A matrix over packed arrays made elsewhere (a cache file): each must have the dtype and shape that
         `layout` gives; the activation order is derived here, never taken from the arrays' source."""
-        want = layout(qtype, n_rows, n_cols)
+        want = layout(qtype, n_rows, n_cols, numerics)
         arrays = tuple(arrays)
         if len(arrays) != len(want) or any(a.dtype != dt or a.shape != sh for a, (dt, sh) in zip(arrays, want,
                                                                                                     strict=False)):
             raise ValueError(f"packed arrays of a {Q(int(qtype)).name} {n_rows}x{n_cols} matrix: want "
                              f"{[(str(d), s) for d, s in want]}, got {[(str(a.dtype), a.shape) for a in arrays]}")
         c = BY_QTYPE[int(qtype)]
-        return cls(qtype, n_rows, n_cols, arrays, _perm(int(qtype), int(n_cols)), -(-int(n_cols) // c.block))
+        return cls(qtype, n_rows, n_cols, arrays, _perm(int(qtype), int(n_cols)), -(-int(n_cols) // c.block),
+                   numerics=numerics)
 
 
 @lru_cache(maxsize=4096)
-def layout(qtype: int, n_rows: int, n_cols: int) -> tuple:
-    """(dtype, shape) of each packed array of an [n_rows, n_cols] matrix of `qtype`, as `pack` makes them."""
+def layout(qtype: int, n_rows: int, n_cols: int, numerics: str = "f32") -> tuple:
+    """(dtype, shape) of each packed array of an [n_rows, n_cols] matrix of `qtype`, as `pack` makes them
+    under `numerics` (the mode the matrix gets: see `numerics_for`)."""
     c = BY_QTYPE.get(int(qtype))
     if c is None or n_rows < 1 or n_cols < 1:
         raise ValueError(f"no packed layout for quant type {qtype} and shape {n_rows}x{n_cols}")
+    if numerics_for(qtype, numerics) == "i8":
+        return qdot.layout(qtype, n_rows, n_cols)
     nt, nb = -(-int(n_rows) // NT), -(-int(n_cols) // c.block)
     return tuple((np.dtype(CTYPES[ct]), (nt, nb) + tuple(dims) + (NT,)) for _, ct, dims, _ in c.fields)
 
@@ -149,6 +162,44 @@ def _perm(qtype: int, n_cols: int) -> np.ndarray:
     perm = (np.arange(0, Kp, bs)[:, None] + canonical_order(c)[None, :]).reshape(-1)
     perm[perm >= n_cols] = -1
     return perm  # left writeable, as the kernels' compiled signatures expect (nothing writes it)
+
+
+# Numeric mode of the matrices packed in this context: "i8" (default: int8 activations and integer dot products
+# for the types kernels/cpu/qdot.py covers, fp32 dequant-dot for the rest) or "f32" (fp32 dequant-dot for all).
+NUMERICS = ("i8", "f32")
+_NUMERICS: ContextVar = ContextVar("guild_numerics", default=None)
+_DEFAULT_NUMERICS = ["i8"]  # the process default (the CLI's --numerics), under any `numerics` context
+
+
+def _check_numerics(mode: str) -> str:
+    if mode not in NUMERICS:
+        raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, not {mode!r}")
+    return mode
+
+
+def numerics_for(qtype: int, numerics: str | None = None) -> str:
+    """The mode a matrix of qtype gets under `numerics` (default: this context's, else the process default)."""
+    mode = numerics or current_numerics()
+    return "i8" if mode == "i8" and int(qtype) in qdot.I8_TYPES else "f32"
+
+
+def current_numerics() -> str:
+    return _NUMERICS.get() or _DEFAULT_NUMERICS[0]
+
+
+def set_default_numerics(mode: str) -> None:
+    """The mode of every matrix packed from now on outside a `numerics` context."""
+    _DEFAULT_NUMERICS[0] = _check_numerics(mode)
+
+
+@contextmanager
+def numerics(mode: str | None) -> Iterator[None]:
+    """Pack the matrices of this context under `mode` (one of NUMERICS; None: the current mode)."""
+    token = _NUMERICS.set(_check_numerics(mode) if mode is not None else current_numerics())
+    try:
+        yield
+    finally:
+        _NUMERICS.reset(token)
 
 
 # While a loader runs (guild.repack_cache), `pack` hands each matrix to its hook instead: the hook may return a
@@ -194,6 +245,8 @@ def repack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
     if c.padded:  # float types: zero-pad each row to whole blocks of 32
         b = np.concatenate([b, np.zeros((N, (Kp - K) * BLOCK[qt][1]), np.uint8)], axis=1)
     blk = b.reshape(N, Kp // bs, -1)
+    if numerics_for(qt) == "i8":
+        return PackedMatrix(qt, N, K, qdot.pack(qt, blk, N), _perm(int(qt), K), Kp // bs, numerics="i8")
     arrays = tuple(_tiles(_field(blk, ct, dims, src), N) for _, ct, dims, src in c.fields)
     return PackedMatrix(qt, N, K, arrays, _perm(int(qt), K), Kp // bs)
 
@@ -213,12 +266,13 @@ _KPY = tuple(_gen(c, "_k") for c in CODECS)
 _ROWS = tuple(_gen(c, "_r") for c in CODECS)
 _KFUNC: dict[int, object] = {}  # kind → compiled cfunc (kept alive: the launcher only sees its address)
 _KADDR: dict[int, int] = {}
+_I8 = 1000  # kinds of the int8 kernels are offset by this in the two dicts above
 
 
 def _kernel(kind: int):
     cf = _KFUNC.get(kind)
     if cf is None:
-        cf = cfunc(_KSIG, cache=True)(_KPY[kind])
+        cf = cfunc(_KSIG, cache=True)(qdot.KERNELS[kind - _I8] if kind >= _I8 else _KPY[kind])
         _KFUNC[kind] = cf
         _KADDR[kind] = cf.address
     return cf
@@ -260,8 +314,62 @@ def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out, nchunks):
         _call_kernel(fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout, N)
 
 
+@njit(parallel=True, cache=True)
+def _launch_i8(fn, a0, a1, a2, dims, T, buf, out, nchunks):
+    """out [T, N] = W x on the int8 path, x already quantised into buf (qdot.quantize_acts): as _launch."""
+    N = out.shape[1]
+    nt, nb = dims[0], dims[1]
+    Kp = nb * qdot.QB
+    nc = min(nchunks, nt)
+    p0 = a0.ctypes.data
+    p1 = a1.ctypes.data
+    p2 = a2.ctypes.data
+    pxp = buf.ctypes.data
+    pout = out.ctypes.data
+    for c in prange(nc):
+        _call_kernel(fn, p0, p1, p2, 0, 0, 0, nt, nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout, N)
+
+
+@njit(parallel=True, cache=True)
+def _launch_jobs(jobs):
+    """One parallel region over a table of kernel calls (rows of 16 int64: the address of the kernel, then its
+    15 arguments); thread c takes a contiguous share of the rows."""
+    for r in prange(jobs.shape[0]):
+        j = jobs[r]
+        _call_kernel(j[0], j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10], j[11], j[12], j[13],
+                     j[14], j[15])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # public API
+def matmul_batch(ws, xs, outs) -> None:
+    """outs[i] = xs[i] W_i^T for several independent products (a MoE layer's experts) in one parallel region:
+    each int8-path matrix is split into as many tile ranges as there are threads, and thread c runs range c of
+    every product. Each output is bitwise what `matmul` gives. Matrices on the f32 path go through `matmul`."""
+    rows, keep = [], []
+    for w, x, out in zip(ws, xs, outs, strict=True):
+        T = x.shape[0]
+        if w.numerics != "i8" or T == 0 or not (out.flags.c_contiguous and out.dtype == np.float32) \
+                or x.ndim != 2 or x.shape[1] != w.n_cols or out.shape != (T, w.n_rows):
+            matmul(w, x, out)
+            continue
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        buf = np.empty(qdot.act_bytes(T, w.n_cols), np.uint8)
+        qdot.quantize_acts(x, buf)
+        keep.append(buf)
+        fn = _KADDR.get(w.kind + _I8) or _kernel_address(w.kind + _I8)
+        nt, nb = int(w.dims[0]), int(w.dims[1])
+        p = [a.ctypes.data for a in w.flat[:3]]
+        nc = min(_N_CHUNKS, nt)
+        rows.append([(fn, *p, 0, 0, 0, nt, nb, buf.ctypes.data, T, nb * qdot.QB, c * nt // nc, (c + 1) * nt // nc,
+                      out.ctypes.data, w.n_rows) for c in range(nc)])
+    if rows:
+        width = max(len(r) for r in rows)  # chunk-major: thread c's share holds chunk c of every product
+        table = [r[c] for c in range(width) for r in rows if c < len(r)]
+        _launch_jobs(np.array(table, np.int64))
+
+
 def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
     """out[t, n] = sum_k W[n, k] * x[t, k]. x float32 [T, K] (C-contiguous), out float32 [T, N]."""
     T = x.shape[0]
@@ -274,6 +382,15 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         return
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         x = np.ascontiguousarray(x, dtype=np.float32)
+    if w.numerics == "i8":  # every T: the integer kernels share each decoded weight group among the rows
+        fn = _KADDR.get(w.kind + _I8) or _kernel_address(w.kind + _I8)
+        buf = np.empty(qdot.act_bytes(T, w.n_cols), np.uint8)
+        qdot.quantize_acts(x, buf)  # called from here: a kernel compiled into _launch_i8 would cache with it
+        dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
+        _launch_i8(fn, w.flat[0], w.flat[1], w.flat[2], w.dims, T, buf, dst, _N_CHUNKS)
+        if dst is not out:
+            out[...] = dst
+        return
     if T <= _GEMV_PATH_ROWS:
         fn = _KADDR.get(w.kind) or _kernel_address(w.kind)
         xp = np.empty((T, w.perm.shape[0]), np.float32)
@@ -348,16 +465,21 @@ def dequantize_rows(w: PackedMatrix, rows: np.ndarray, out: np.ndarray) -> None:
         raise ValueError(f"dequantize_rows: out is {tuple(out.shape)}, want ({rows.size}, {w.n_cols})")
     if rows.size and (rows.min() < 0 or rows.max() >= w.n_rows):
         raise IndexError(f"row index out of range for a matrix of {w.n_rows} rows")
-    if out.flags.c_contiguous and out.dtype == np.float32:
-        _ROWS[w.kind](*w.arrays, rows, out)
+    dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((rows.size, w.n_cols), np.float32)
+    _get_rows(w, rows, dst)
+    if dst is not out:
+        out[...] = dst
+
+
+def _get_rows(w: PackedMatrix, rows: np.ndarray, out: np.ndarray) -> None:
+    if w.numerics == "i8":
+        qdot.get_rows(w.kind, w.arrays, rows, out)
     else:
-        tmp = np.empty((rows.size, w.n_cols), np.float32)
-        _ROWS[w.kind](*w.arrays, rows, tmp)
-        out[...] = tmp
+        _ROWS[w.kind](*w.arrays, rows, out)
 
 
 def dequantize(w: PackedMatrix) -> np.ndarray:
     """The whole matrix as float32 [N, K] (tests / reference)."""
     out = np.empty((w.n_rows, w.n_cols), np.float32)
-    _ROWS[w.kind](*w.arrays, np.arange(w.n_rows, dtype=np.int64), out)
+    _get_rows(w, np.arange(w.n_rows, dtype=np.int64), out)
     return out

@@ -1,0 +1,154 @@
+"""The int8-activation path (kernels/cpu/qdot.py, numerics "i8") against its twins.
+
+1. packing keeps the GGUF bits: get_rows is bit-exact with gguf.quants.dequantize;
+2. matmul is within 1e-6 * (|W| @ |x̂|) of the float64 product with the activations quantised by the twin
+   (ref_quant.quantize_act_q8): the integer sums are exact, only the float32 block scaling rounds;
+3. row invariance, bitwise: row t does not depend on T (1..8, 9, 37), on its neighbours, or on the threads;
+4. matmul_batch (a MoE layer's experts in one parallel region) gives matmul's bits;
+5. the portable dpbusd equals the VNNI instruction, and the VNNI build emits vpdpbusd;
+6. numerics "f32" keeps the fp32 dequant-dot kernels (and its own packed layout).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+from numba import njit
+
+from guild.kernels import ref_quant
+from guild.kernels.cpu import qdot, simd
+from guild.kernels.cpu import quant as kq
+
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+TOL = 1e-6
+
+
+def _pack(qt, n, k, seed=0, mode="i8"):
+    raw = ref_quant.random_raw(qt, n, k, np.random.default_rng(seed))
+    with kq.numerics(mode):
+        return raw, kq.pack(qt, raw, n, k)
+
+
+def _mm(w, x):
+    out = np.empty((x.shape[0], w.n_rows), np.float32)
+    kq.matmul(w, x, out)
+    return out
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
+def test_get_rows_bit_exact(qt):
+    raw, w = _pack(qt, 80, 96)
+    assert w.numerics == "i8"
+    want = np.asarray(quants.dequantize(raw, qt), np.float32).reshape(80, 96)
+    assert np.array_equal(kq.dequantize(w).view(np.uint32), want.view(np.uint32))
+    rows = np.array([79, 0, 64, 5], np.int64)
+    out = np.empty((4, 96), np.float32)
+    kq.dequantize_rows(w, rows, out)
+    assert np.array_equal(out, want[rows])
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("n, k", [(80, 512), (64, 32), (200, 96), (1100, 64)])
+def test_matmul_matches_twin(qt, n, k):
+    raw, w = _pack(qt, n, k, seed=n + k)
+    W = ref_quant.dequantize(qt, raw, (n, k)).astype(np.float64)
+    rng = np.random.default_rng(1)
+    for T in (1, 2, 3, 4, 5, 6, 7, 8, 9, 37, 100):
+        x = rng.standard_normal((T, k)).astype(np.float32)
+        x[0, :3] = (40.0, 0.0, -1e-3)  # an outlier, an exact zero and a tiny value in one block
+        if T > 1:
+            x[1, :32] = 0.0  # a block of zeros: scale 0
+        got = _mm(w, x).astype(np.float64)
+        ref = ref_quant.matmul_ref(W, x, q8act=True).astype(np.float64)
+        bound = TOL * (np.abs(ref_quant.quantize_act_q8(x)) @ np.abs(W).T) + 1e-30
+        err = np.abs(got - ref)
+        assert np.all(err <= bound), f"T={T}: worst {np.max(err / bound):.3g} x tolerance"
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
+def test_row_invariance(qt):
+    _, w = _pack(qt, 200, 256, seed=7)
+    rng = np.random.default_rng(2)
+    rows = rng.standard_normal((37, 256)).astype(np.float32)
+    solo = np.concatenate([_mm(w, rows[i : i + 1]) for i in range(37)])
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(threads)
+            for T in (1, 2, 3, 4, 5, 6, 7, 8, 9, 37):
+                for start in (0, 37 - T):
+                    got = _mm(w, rows[start : start + T])
+                    assert np.array_equal(got, solo[start : start + T]), (threads, T, start)
+            noisy = rows[:8].copy()
+            noisy[1:] = rng.standard_normal((7, 256)).astype(np.float32) * 100  # other neighbours
+            assert np.array_equal(_mm(w, noisy)[0], solo[0])
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_matmul_batch_equals_matmul():
+    rng = np.random.default_rng(3)
+    ws = [_pack(qt, n, 128, seed=i)[1] for i, (qt, n) in enumerate([(Q.Q4_1, 192), (Q.Q8_0, 64), (Q.Q4_0, 80)])]
+    ws.append(_pack(Q.Q4_K, 64, 256, mode="i8")[1])  # no int8 kernel: the f32 path inside the batch
+    assert ws[-1].numerics == "f32"
+    xs = [rng.standard_normal((T, w.n_cols)).astype(np.float32) for T, w in zip((1, 3, 2, 2), ws, strict=True)]
+    outs = [np.empty((x.shape[0], w.n_rows), np.float32) for x, w in zip(xs, ws, strict=True)]
+    kq.matmul_batch(ws, xs, outs)
+    for w, x, o in zip(ws, xs, outs, strict=True):
+        assert np.array_equal(o, _mm(w, x))
+
+
+@njit(cache=True)
+def _both_dpbusd(a, u, s, out):
+    pa, pu, ps = a.ctypes.data, u.ctypes.data, s.ctypes.data
+    fast = simd.dpbusd(simd.ld_i32(pa), simd.ld_i32(pu), simd.ld_i32(ps))
+    slow = simd.dpbusd_portable(simd.ld_i32(pa), simd.ld_i32(pu), simd.ld_i32(ps))
+    for i in range(16):
+        out[0, i] = simd.lane(simd.cvt(fast), i)
+        out[1, i] = simd.lane(simd.cvt(slow), i)
+
+
+def test_dpbusd_forms_agree():
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        a = rng.integers(-(1 << 20), 1 << 20, 16).astype(np.int32)
+        u = rng.integers(0, 256, 64).astype(np.uint8)
+        s = rng.integers(-128, 128, 64).astype(np.int8)
+        out = np.empty((2, 16), np.float32)
+        _both_dpbusd(a, u, s, out)
+        want = a.astype(np.int64) + (u.reshape(16, 4).astype(np.int64) * s.reshape(16, 4)).sum(1)
+        assert np.array_equal(out[0], want.astype(np.float32))
+        assert np.array_equal(out[1], want.astype(np.float32))
+
+
+def test_vnni_instruction_emitted():
+    """On an AVX-512 VNNI host the kernels use vpdpbusd; elsewhere the portable form (no such instruction)."""
+    from numba import cfunc
+
+    from guild.kernels.cpu.intrinsics import _KSIG
+
+    asm = cfunc(_KSIG)(qdot._k_q4_1)._library.get_asm_str()  # a fresh compile (cached code has no assembly)
+    n = len(re.findall(r"\bvpdpbusd\b", asm))
+    assert (n > 0) == simd.VNNI512, f"{n} vpdpbusd instructions, VNNI512={simd.VNNI512}"
+
+
+def test_f32_numerics_keeps_fp32_kernels():
+    raw, wi = _pack(Q.Q4_1, 64, 64)
+    _, wf = _pack(Q.Q4_1, 64, 64, mode="f32")
+    assert (wi.numerics, wf.numerics) == ("i8", "f32")
+    assert [a.shape for a in wf.arrays] != [a.shape for a in wi.arrays]
+    x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    W = ref_quant.dequantize(Q.Q4_1, raw, (64, 64))
+    bound = 1e-4 * (np.abs(x).astype(np.float64) @ np.abs(W).T.astype(np.float64)) + 1e-30
+    assert np.all(np.abs(_mm(wf, x).astype(np.float64) - ref_quant.matmul_ref(W, x)) <= bound)
+    with pytest.raises(ValueError, match="numerics"):
+        with kq.numerics("int4"):
+            pass
+    assert kq.layout(Q.Q4_1, 64, 64, "i8") == tuple((a.dtype, a.shape) for a in wi.arrays)
+    assert kq.layout(Q.Q4_1, 64, 64, "f32") == tuple((a.dtype, a.shape) for a in wf.arrays)
+    assert qdot.act_bytes(3, 64) == 3 * (64 + 12 * 2)
