@@ -4,7 +4,7 @@
 2. matmul is within 1e-6 * (|W| @ |x̂|) of the float64 product with the activations quantised by the twin
    (ref_quant.quantize_act_q8): the integer sums are exact, only the float32 block scaling rounds;
 3. row invariance, bitwise: row t does not depend on T (1..8, 9, 37), on its neighbours, or on the threads;
-4. matmul_batch (a MoE layer's experts in one parallel region) gives matmul's bits;
+4. experts_matmul (a MoE layer's experts in one parallel region) gives matmul's bits;
 5. the portable dpbusd equals the VNNI instruction, and the VNNI build emits vpdpbusd;
 6. numerics "f32" keeps the fp32 dequant-dot kernels (and its own packed layout).
 """
@@ -91,16 +91,18 @@ def test_row_invariance(qt):
         numba.set_num_threads(before)
 
 
-def test_matmul_batch_equals_matmul():
+@pytest.mark.parametrize("mode", ["i8", "f32"])
+def test_experts_matmul_equals_matmul(mode):
     rng = np.random.default_rng(3)
-    ws = [_pack(qt, n, 128, seed=i)[1] for i, (qt, n) in enumerate([(Q.Q4_1, 192), (Q.Q8_0, 64), (Q.Q4_0, 80)])]
-    ws.append(_pack(Q.Q4_K, 64, 256, mode="i8")[1])  # no int8 kernel: the f32 path inside the batch
-    assert ws[-1].numerics == "f32"
-    xs = [rng.standard_normal((T, w.n_cols)).astype(np.float32) for T, w in zip((1, 3, 2, 2), ws, strict=True)]
-    outs = [np.empty((x.shape[0], w.n_rows), np.float32) for x, w in zip(xs, ws, strict=True)]
-    kq.matmul_batch(ws, xs, outs)
-    for w, x, o in zip(ws, xs, outs, strict=True):
-        assert np.array_equal(o, _mm(w, x))
+    ws = [_pack(Q.Q4_1, 192, 128, seed=i, mode=mode)[1] for i in range(5)]
+    eids = np.array([0, 3, 4], np.int64)
+    offs = np.array([0, 1, 4, 6], np.int64)
+    x = rng.standard_normal((6, 128)).astype(np.float32)
+    out = np.empty((6, 192), np.float32)
+    kq.experts_matmul(ws, eids, offs, x, out)
+    for g, e in enumerate(eids):
+        assert np.array_equal(out[offs[g] : offs[g + 1]], _mm(ws[e], x[offs[g] : offs[g + 1]]))
+    assert kq.ExpertTable.of(ws).ok == (mode == "i8") and kq.ExpertTable.of(ws) is kq.ExpertTable.of(ws)
 
 
 @njit(cache=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .quant import PackedMatrix, matmul, matmul_batch
+from .quant import PackedMatrix, experts_matmul, matmul
 
 
 def moe_ffn(
@@ -46,25 +46,20 @@ def experts_ffn(
     Returns the number of distinct experts the window used."""
     T, D = h.shape
     k = ids.shape[1]
-    y = np.empty((T, k, D), np.float32)  # each (row, rank) expert output
     flat = ids.ravel()  # (row, rank) pairs, row-major
     order = np.argsort(flat, kind="stable")  # grouped by expert, rows ascending within a group
-    bounds = [0, *(np.flatnonzero(flat[order[1:]] != flat[order[:-1]]) + 1).tolist(), order.size]
-    groups = []
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        pairs = order[a:b]
-        groups.append((int(flat[pairs[0]]), pairs // k, pairs % k))
-    # the window's experts in one parallel region per matrix kind: gate|up, then down
-    gus = [np.empty((rows.size, experts_gu[e].n_rows), np.float32) for e, rows, _ in groups]
-    matmul_batch([experts_gu[e] for e, _, _ in groups], [h[rows] for _, rows, _ in groups], gus)
-    acts = []
-    for gu in gus:
-        act = np.empty((gu.shape[0], gu.shape[1] // 2), np.float32)
-        ops.swiglu(gu, act)
-        acts.append(act)
-    yes = [np.empty((rows.size, D), np.float32) for _, rows, _ in groups]
-    matmul_batch([experts_down[e] for e, _, _ in groups], acts, yes)
-    for (_, rows, ranks), ye in zip(groups, yes, strict=True):
-        y[rows, ranks] = ye
+    starts = np.flatnonzero(np.r_[True, flat[order[1:]] != flat[order[:-1]]])
+    offs = np.append(starts, order.size)  # group g: pairs order[offs[g]:offs[g+1]]
+    eids = flat[order[starts]]
+    rows, ranks = order // k, order % k
+    # every expert of the window in one parallel region per matrix kind: gate|up, then down
+    gu = np.empty((order.size, experts_gu[0].n_rows), np.float32)
+    experts_matmul(experts_gu, eids, offs, h[rows], gu)
+    act = np.empty((order.size, gu.shape[1] // 2), np.float32)
+    ops.swiglu(gu, act)
+    ye = np.empty((order.size, D), np.float32)
+    experts_matmul(experts_down, eids, offs, act, ye)
+    y = np.empty((T, k, D), np.float32)  # each (row, rank) expert output
+    y[rows, ranks] = ye
     ops.combine_experts(y, w, out)
-    return len(groups)
+    return int(eids.size)

@@ -30,20 +30,27 @@ from numba import carray, njit
 from .drivers import NT
 from .intrinsics import _pf32, _pi32, h2f, i2f
 from .simd import (
+    abs_f,
     add_i,
     bc_i32,
     cvt,
     dpbusd,
     fma_f,
     hi4,
+    hmax_f,
+    hsum_i,
     lane,
+    ld_f32,
     ld_h2f,
     ld_i32,
     lo4,
+    max_f,
     mul_f,
+    rint_i,
     splat_f,
     splat_i,
     st_f32,
+    st_i8,
     sub_i,
     zero_f,
     zero_i,
@@ -104,7 +111,8 @@ def act_bytes(T: int, n_cols: int) -> int:
 
 @njit(cache=True)
 def quantize_acts(x, buf):
-    """Quantise the rows of x [T, K] into buf (layout above); the twin is ref.quantize_act_q8."""
+    """Quantise the rows of x [T, K] into buf (layout above); the twin is ref.quantize_act_q8. Whole blocks of
+    32 in two 16-lane vectors where the row is stride-1 and K a multiple of 32, else element by element."""
     T, K = x.shape
     nb = -(-K // QB)
     Kp = nb * QB
@@ -113,23 +121,48 @@ def quantize_acts(x, buf):
     xd = buf[o : o + 4 * T * nb].view(np.float32).reshape(T, nb)
     sx = buf[o + 4 * T * nb : o + 8 * T * nb].view(np.int32).reshape(T, nb)
     xs = buf[o + 8 * T * nb : o + 12 * T * nb].view(np.float32).reshape(T, nb)
+    vec = K % QB == 0 and x.strides[1] == 4
+    pq = buf.ctypes.data
     for t in range(T):
         for b in range(nb):
             k0 = b * QB
-            k1 = min(k0 + QB, K)
-            amax = np.float32(0.0)
-            for k in range(k0, k1):
-                amax = max(amax, abs(x[t, k]))
+            if vec:
+                px = x.ctypes.data + t * x.strides[0] + 4 * k0
+                v0 = ld_f32(px)
+                v1 = ld_f32(px + 64)
+                amax = hmax_f(max_f(abs_f(v0), abs_f(v1)))
+            else:
+                amax = np.float32(0.0)
+                for k in range(k0, min(k0 + QB, K)):
+                    amax = max(amax, abs(x[t, k]))
             d = amax / np.float32(127.0)
             inv = np.float32(1.0) / d if d > np.float32(0.0) else np.float32(0.0)
-            s = 0
-            for k in range(k0, k0 + QB):
-                v = np.int32(np.rint(x[t, k] * inv)) if k < k1 else np.int32(0)
-                xq[t, k] = v
-                s += v
+            if vec:
+                q0 = rint_i(mul_f(v0, splat_f(inv)))
+                q1 = rint_i(mul_f(v1, splat_f(inv)))
+                st_i8(pq + t * Kp + k0, q0)
+                st_i8(pq + t * Kp + k0 + 16, q1)
+                s = hsum_i(add_i(q0, q1))
+            else:
+                s = 0
+                for k in range(k0, k0 + QB):
+                    v = np.int32(np.rint(x[t, k] * inv)) if k < K else np.int32(0)
+                    xq[t, k] = v
+                    s += v
             xd[t, b] = d
             sx[t, b] = s
             xs[t, b] = d * np.float32(s)
+
+
+@njit(cache=True)
+def quantize_groups(x, offs, buf):
+    """quantize_acts of each row group x[offs[g]:offs[g+1]] into its own region of buf, group after group (the
+    region of group g starts at act_bytes(offs[g], K))."""
+    K = x.shape[1]
+    per_row = -(-K // QB) * (QB + 12)
+    for g in range(offs.shape[0] - 1):
+        a, b = offs[g], offs[g + 1]
+        quantize_acts(x[a:b], buf[a * per_row : b * per_row])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -331,43 +331,68 @@ def _launch_i8(fn, a0, a1, a2, dims, T, buf, out, nchunks):
 
 
 @njit(parallel=True, cache=True)
-def _launch_jobs(jobs):
-    """One parallel region over a table of kernel calls (rows of 16 int64: the address of the kernel, then its
-    15 arguments); thread c takes a contiguous share of the rows."""
-    for r in prange(jobs.shape[0]):
-        j = jobs[r]
-        _call_kernel(j[0], j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10], j[11], j[12], j[13],
-                     j[14], j[15])
-
-
-# ---------------------------------------------------------------------------------------------------------
-# public API
-def matmul_batch(ws, xs, outs) -> None:
-    """outs[i] = xs[i] W_i^T for several independent products (a MoE layer's experts) in one parallel region:
-    each int8-path matrix is split into as many tile ranges as there are threads, and thread c runs range c of
-    every product. Each output is bitwise what `matmul` gives. Matrices on the f32 path go through `matmul`."""
-    rows, keep = [], []
-    for w, x, out in zip(ws, xs, outs, strict=True):
-        T = x.shape[0]
-        if w.numerics != "i8" or T == 0 or not (out.flags.c_contiguous and out.dtype == np.float32) \
-                or x.ndim != 2 or x.shape[1] != w.n_cols or out.shape != (T, w.n_rows):
-            matmul(w, x, out)
+def _launch_experts(addr, dims, eids, offs, buf, out, nchunks):
+    """Every (expert, row group) product of a MoE layer in one parallel region: group g multiplies the rows
+    offs[g]..offs[g+1] of the activations (already quantised into buf, group after group) by expert eids[g]
+    (addr[e] = kernel, three packed arrays; dims[e] = tiles, blocks). Each expert's tiles are cut into
+    nchunks ranges and task c*G + g is range c of group g, so prange's contiguous shares stay balanced."""
+    G = eids.shape[0]
+    N = out.shape[1]
+    pout0 = out.ctypes.data
+    pbuf0 = buf.ctypes.data
+    for task in prange(nchunks * G):
+        c = task // G
+        g = task - c * G
+        e = eids[g]
+        nt, nb = dims[e, 0], dims[e, 1]
+        nc = min(nchunks, nt)
+        if c >= nc:
             continue
-        if x.dtype != np.float32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        buf = np.empty(qdot.act_bytes(T, w.n_cols), np.uint8)
-        qdot.quantize_acts(x, buf)
-        keep.append(buf)
-        fn = _KADDR.get(w.kind + _I8) or _kernel_address(w.kind + _I8)
-        nt, nb = int(w.dims[0]), int(w.dims[1])
-        p = [a.ctypes.data for a in w.flat[:3]]
-        nc = min(_N_CHUNKS, nt)
-        rows.append([(fn, *p, 0, 0, 0, nt, nb, buf.ctypes.data, T, nb * qdot.QB, c * nt // nc, (c + 1) * nt // nc,
-                      out.ctypes.data, w.n_rows) for c in range(nc)])
-    if rows:
-        width = max(len(r) for r in rows)  # chunk-major: thread c's share holds chunk c of every product
-        table = [r[c] for c in range(width) for r in rows if c < len(r)]
-        _launch_jobs(np.array(table, np.int64))
+        T = offs[g + 1] - offs[g]
+        Kp = nb * qdot.QB
+        pxp = pbuf0 + offs[g] * (Kp + 12 * nb)  # qdot.act_bytes of the groups before
+        _call_kernel(addr[e, 0], addr[e, 1], addr[e, 2], addr[e, 3], 0, 0, 0, nt, nb, pxp, T, Kp,
+                     c * nt // nc, (c + 1) * nt // nc, pout0 + 4 * offs[g] * N, N)
+
+
+class ExpertTable:
+    """The experts of one MoE matrix kind (a list of PackedMatrix of one shape) as arrays for _launch_experts:
+    `ok` when all of them run on the int8 path."""
+
+    _CACHE: dict = {}
+
+    def __init__(self, ws: list):
+        self.ws = ws  # kept: the table holds their addresses
+        w0 = ws[0]
+        self.ok = all(w.numerics == "i8" and (w.n_rows, w.n_cols) == (w0.n_rows, w0.n_cols) for w in ws)
+        if self.ok:
+            self.addr = np.array([[_kernel_address(w.kind + _I8)] + [a.ctypes.data for a in w.flat[:3]]
+                                  for w in ws], np.int64)
+            self.dims = np.array([w.dims for w in ws], np.int64)
+            self.n_rows, self.n_cols = w0.n_rows, w0.n_cols
+
+    @classmethod
+    def of(cls, ws: list) -> ExpertTable:
+        t = cls._CACHE.get(id(ws))
+        if t is None or t.ws is not ws:
+            t = cls._CACHE[id(ws)] = cls(ws)
+        return t
+
+
+def experts_matmul(ws: list, eids: np.ndarray, offs: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[offs[g]:offs[g+1]] = x[offs[g]:offs[g+1]] W_{eids[g]}^T for every group g (a MoE layer's experts, rows
+    grouped by expert), bitwise what `matmul` gives each group. One parallel region on the int8 path."""
+    t = ExpertTable.of(ws)
+    if not t.ok:
+        for g, e in enumerate(eids):
+            matmul(ws[e], x[offs[g] : offs[g + 1]], out[offs[g] : offs[g + 1]])
+        return
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    buf = np.empty(qdot.act_bytes(x.shape[0], t.n_cols), np.uint8)
+    offs = np.ascontiguousarray(offs, np.int64)
+    qdot.quantize_groups(x, offs, buf)
+    _launch_experts(t.addr, t.dims, np.ascontiguousarray(eids, np.int64), offs, buf, out, _N_CHUNKS)
 
 
 def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:

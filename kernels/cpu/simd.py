@@ -217,6 +217,63 @@ def add_f(typingctx, x, y):
 
 
 @intrinsic
+def abs_f(typingctx, x):
+    def body(b, a):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_VF, [_VF]), "llvm.fabs.v16f32")
+        return b.call(fn, a)
+
+    return _simple(F32(F32), body)(typingctx, x)
+
+
+@intrinsic
+def rint_i(typingctx, x):
+    """Round to nearest, ties to even (the default rounding mode, as np.rint), then to i32 lanes."""
+
+    def body(b, a):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_VF, [_VF]), "llvm.rint.v16f32")
+        return b.fptosi(b.call(fn, a), _VI)
+
+    return _simple(I32(F32), body)(typingctx, x)
+
+
+@intrinsic
+def st_i8(typingctx, addr, v):
+    """Store the 16 lanes truncated to bytes at addr."""
+
+    def body(b, a):
+        vb = ir.VectorType(ir.IntType(8), 16)
+        b.store(b.trunc(a[1], vb), _at(b, a[0], vb), align=1)
+        return ir.Constant(ir.IntType(8), 0)
+
+    return _simple(types.uint8(types.int64, I32), body)(typingctx, addr, v)
+
+
+@intrinsic
+def hsum_i(typingctx, v):
+    """Sum of the 16 lanes (exact)."""
+
+    def body(b, a):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_i32, [_VI]), "llvm.vector.reduce.add.v16i32")
+        return b.sext(b.call(fn, a), ir.IntType(64))
+
+    return _simple(types.int64(I32), body)(typingctx, v)
+
+
+@intrinsic
+def hmax_f(typingctx, v):
+    """Max of the 16 lanes (exact in any order; for data without NaN)."""
+
+    def body(b, a):
+        out = b.extract_element(a[0], ir.Constant(_i32, 0))
+        for i in range(1, 16):
+            e = b.extract_element(a[0], ir.Constant(_i32, i))
+            out = b.select(b.fcmp_ordered(">", e, out), e, out)
+        return out
+
+    return _simple(types.float32(F32), body)(typingctx, v)
+
+
+@intrinsic
 def max_f(typingctx, x, y):
     """Lane-wise max (for data without NaN)."""
     return _simple(F32(F32, F32), lambda b, a: b.select(b.fcmp_ordered(">", a[0], a[1]), a[0], a[1]))(typingctx, x, y)
