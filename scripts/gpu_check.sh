@@ -104,11 +104,12 @@ row "GPU tests (test_cuda.py on the GPU, test_gpu_host.py)" "$([ $rc -eq 0 ] && 
     "$(grep -E "[0-9]+ (passed|failed)" "$OUT/pytest.txt" | tail -1)"
 
 # guild run with each strategy on the embedded MoE: the tokens of --device cuda must be those of --device cpu
+# (--numerics f32 on both: the CUDA kernels are fp32 dequant-dot, the CPU's default int8 path is another mode)
 PROMPT=$'def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\ndef factorial(n):'
 for strategy in normal lookup retrieval mtp adaptive; do
     for dev in cpu cuda; do
         timeout $(cap 35) $PY -m guild run smollm2-135m-moe -p "$PROMPT" -n 32 --decode-strategy "$strategy" --device "$dev" \
-            --json > "$OUT/run-$strategy-$dev.json" 2> "$OUT/run-$strategy-$dev.err"
+            --numerics f32 --json > "$OUT/run-$strategy-$dev.json" 2> "$OUT/run-$strategy-$dev.err"
         [ $? -eq 124 ] && echo "timed out" >> "$OUT/run-$strategy-$dev.err"
     done
     verdict=$($PY - "$OUT/run-$strategy-cpu.json" "$OUT/run-$strategy-cuda.json" <<'PYEOF'

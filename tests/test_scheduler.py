@@ -165,7 +165,7 @@ def test_muted_strategy_returns():
 
 # ------------------------------------------------------------------ MTP: lazy asking, four-way arbitration
 def test_mtp_is_asked_only_when_it_could_pay():
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4, mtp_cap_k=1, probe_every=8))
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4, mtp_cap_k=1, probe_every=8, default_slope=0.5))
     s.observe_window("normal", 0, 0.0, 10.0, 1)  # seeds V(1)
     s.observe_mtp_prob(0.9)
     strong = Proposal("lookup", tuple(range(7)), {"match_len": 12, "freq": 3})

@@ -60,7 +60,7 @@ class SchedulerConfig:
     depth_penalty: float = 0.55  # pseudo-failures 0.55 i(i-1), fading with trials (docs/adaptive.md "Acceptance")
     decay: float = 0.98  # per-update decay of acceptance counts: tracks a changing text
     cost_decay: float = 0.9  # decay of the empirical cost sums and window-time averages
-    default_slope: float = 0.5  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan)
+    default_slope: float = 0.25  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan; int8 kernels: 0.15-0.23)
     prob_ema: float = 0.2  # weight of the newest MTP top-1 probability in mtp_prob_ema
     probe_every: int = 16  # a lazy drafter (MTP) not asked for this many windows is asked anyway
 

@@ -87,7 +87,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", default="1,2", help="comma-separated Numba thread counts")
     ap.add_argument("--rows", default="1,2,4,8", help="comma-separated window sizes T")
     ap.add_argument("--seconds", type=float, default=0.3, help="time budget per figure")
+    ap.add_argument("--numerics", choices=kq.NUMERICS, default="i8", help="numeric mode the matrices are packed for")
     a = ap.parse_args(argv)
+    kq.set_default_numerics(a.numerics)
     run(
         [t.strip().upper() for t in a.types.split(",") if t.strip()],
         [int(t) for t in a.threads.split(",")],

@@ -27,7 +27,6 @@ from ..kernels.cpu import moe as moe_mod
 from ..kernels.cpu import ops as ops_mod
 from ..kernels.cpu import quant, simd
 from ..load import load, set_threads
-from ..models import llama as llama_mod
 from ..spec import make_drafter
 from ..upcycle import TAG_MOE128, embedded_dense_path, ensure_embedded_moe
 
@@ -261,9 +260,9 @@ def python_share(model, ids, steps=24):
 
     names = [n for n in dir(ops_mod) if not n.startswith("_") and hasattr(getattr(ops_mod, n), "py_func")]
     saved_ops = {n: getattr(ops_mod, n) for n in names}
-    # kernel entry points as each caller module imported them
-    saved_q = {(mod, n): getattr(mod, n) for mod, n in ((llama_mod, "matmul"), (llama_mod, "dequantize_rows"),
-                                                        (moe_mod, "matmul"))}
+    # kernel entry points as each caller module reaches them (the host backend through the quant module)
+    saved_q = {(mod, n): getattr(mod, n) for mod, n in ((quant, "matmul"), (quant, "dequantize_rows"),
+                                                        (moe_mod, "matmul"), (moe_mod, "experts_matmul"))}
     try:
         for n, f in saved_ops.items():
             setattr(ops_mod, n, timed(f))
