@@ -154,3 +154,13 @@ def test_f32_numerics_keeps_fp32_kernels():
     assert kq.layout(Q.Q4_1, 64, 64, "i8") == tuple((a.dtype, a.shape) for a in wi.arrays)
     assert kq.layout(Q.Q4_1, 64, 64, "f32") == tuple((a.dtype, a.shape) for a in wf.arrays)
     assert qdot.act_bytes(3, 64) == 3 * (64 + 12 * 2)
+
+
+def test_expert_tables_are_bounded(monkeypatch):
+    monkeypatch.setattr(kq.ExpertTable, "_MAX", 3)
+    monkeypatch.setattr(kq.ExpertTable, "_CACHE", type(kq.ExpertTable._CACHE)())
+    lists = [[_pack(Q.Q4_0, 64, 32, seed=i)[1]] for i in range(5)]
+    for ws in lists:
+        kq.ExpertTable.of(ws)
+    assert len(kq.ExpertTable._CACHE) == 3 and id(lists[0]) not in kq.ExpertTable._CACHE
+    assert kq.ExpertTable.of(lists[4]).ws is lists[4]

@@ -46,6 +46,7 @@ bit-exact with gguf.quants.dequantize.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -359,7 +360,9 @@ class ExpertTable:
     """The experts of one MoE matrix kind (a list of PackedMatrix of one shape) as arrays for _launch_experts:
     `ok` when all of them run on the int8 path."""
 
-    _CACHE: dict = {}
+    _CACHE: OrderedDict = OrderedDict()  # id(list) -> table, least recently used first
+    _MAX = 1024  # tables kept (two per MoE layer); each holds its list, so a dropped model's experts stay
+    # mapped until its tables are evicted
 
     def __init__(self, ws: list):
         self.ws = ws  # kept: the table holds their addresses
@@ -376,6 +379,10 @@ class ExpertTable:
         t = cls._CACHE.get(id(ws))
         if t is None or t.ws is not ws:
             t = cls._CACHE[id(ws)] = cls(ws)
+            while len(cls._CACHE) > cls._MAX:
+                cls._CACHE.popitem(last=False)
+        else:
+            cls._CACHE.move_to_end(id(ws))
         return t
 
 
