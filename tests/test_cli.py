@@ -63,6 +63,13 @@ def test_run_sampling_flags_are_reproducible(dense_path):
     assert a["tokens"] == b["tokens"] and a["seed"] == 7
 
 
+def test_bad_numerics_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "x", "--numerics", "int4"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == "error: --numerics must be i8 or f32, not 'int4'"
+
+
 def test_bad_sampling_flag_is_one_line():
     r = subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "x", "--top-p", "2"],
                        capture_output=True, text=True, timeout=300)
