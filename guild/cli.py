@@ -104,10 +104,10 @@ def _sampling_kw(**flags) -> dict:
 
 def _set_numerics(mode: str) -> None:
     """--numerics: the mode every matrix of this process is packed under (kernels/cpu/quant.py NUMERICS)."""
-    if mode not in ("i8", "f32"):
-        raise BadFlagError(f"--numerics must be i8 or f32, not {mode!r}")
     from .kernels.cpu import quant  # deferred: see the module docstring
 
+    if mode not in quant.NUMERICS:
+        raise BadFlagError(f"--numerics must be {' or '.join(quant.NUMERICS)}, not {mode!r}")
     quant.set_default_numerics(mode)
 
 

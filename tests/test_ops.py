@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from numba import njit
 
 from guild.kernels import ref
 from guild.kernels.cpu import ops
@@ -85,12 +86,22 @@ def test_swiglu_combine_topk():
     np.testing.assert_allclose(o, ref.combine_experts(y, w), **TOL)
 
 
-def test_exp_shifted_and_fixed_sum():
+@njit(cache=True)
+def _expf_all(x, y):
+    for j in range(x.size):
+        y[j] = ops.expf(x[j])
+
+
+def test_expf_and_fixed_sum():
     x = (rng.random(1000).astype(np.float32) - 1) * 80
     y = np.empty_like(x)
-    ops.exp_shifted(x, np.float32(0.5), y, np.empty(x.size, np.int32))
-    # Cephes expf: ~1.3 ulp of exp(v), v = x - m rounded to float32 as in the kernel
-    np.testing.assert_allclose(y, ref.exp_shifted(x - np.float32(0.5), 0.0), rtol=2e-7, atol=0)
+    _expf_all(x, y)
+    # Cephes expf with fmas: within 2 ulp of exp(x) (x already float32, as in the kernels)
+    np.testing.assert_allclose(y, ref.exp_shifted(x, 0.0), rtol=2.4e-7, atol=0)
+    ends = np.array([-200.0, -87.0, 88.0, 200.0], np.float32)  # clamped to [-87, 88], never inf or 0
+    out = np.empty_like(ends)
+    _expf_all(ends, out)
+    np.testing.assert_allclose(out, np.exp(np.array([-87.0, -87.0, 88.0, 88.0])), rtol=3e-7)
     for n in (1, 15, 16, 17, 600):
         assert abs(ops.sum_fixed(y[:n]) - y[:n].astype(np.float64).sum()) <= 1e-6 * y[:n].sum()
         assert ops.sum_fixed(y[:n]) == ops.sum_fixed(y[:n].copy())  # no dependence on where the data lives

@@ -20,7 +20,7 @@ from guild.chat import Conversation  # noqa: E402
 from guild.engine.sampling import SamplingParams  # noqa: E402
 from guild.load import load  # noqa: E402
 from guild.options import SpecOptions  # noqa: E402
-from guild.tools.bench_serve import free_port  # noqa: E402
+from guild.tools.bench_serve import free_port, wait_ready  # noqa: E402
 
 MODEL = "smollm2-135m-moe"
 CONTEXT = 512
@@ -34,17 +34,8 @@ def _start(*flags, timeout=600):
     p = subprocess.Popen([sys.executable, "-m", "guild", "serve", MODEL, "--port", str(port), "--device", "cpu",
                           "--context", str(CONTEXT), "--prefill-batch", str(PREFILL), *flags],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if p.poll() is not None:
-            raise RuntimeError(f"server exited: {p.stderr.read()}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return p, port
-        except OSError:
-            time.sleep(0.5)
-    p.kill()
-    raise RuntimeError("server did not start")
+    wait_ready(port, p, "/health", timeout)
+    return p, port
 
 
 def _stop(p):

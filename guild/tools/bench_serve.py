@@ -31,18 +31,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(port: int, proc: subprocess.Popen, path: str, timeout: float = 900) -> None:
+def wait_ready(port: int, proc: subprocess.Popen, path: str, timeout: float = 900) -> None:
+    """Poll http://127.0.0.1:PORT/PATH until it answers; RuntimeError if the server exits or the time runs out."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+            raise RuntimeError(f"server exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).read()
             return
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    raise SystemExit("server did not start")
+    raise RuntimeError("server did not start")
 
 
 def stream_chat(port: int, prompt: str, max_tokens: int, extra: dict) -> dict:
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
                              str(a.threads), "--parallel", str(max(clients)), "--device", "cpu"],
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait(port, proc, "/health")
+        wait_ready(port, proc, "/health")
         for wid, ps in work.items():
             for c in clients:
                 for strategy in ("normal", "adaptive"):  # interleaved, one process
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
                                  str(a.threads), "--n_ctx", "4096", "--port", str(port)],
                                 stderr=subprocess.PIPE, text=True)
         try:
-            _wait(port, proc, "/v1/models")
+            wait_ready(port, proc, "/v1/models")
             for wid, ps in work.items():
                 for c in clients:
                     r = measure(port, ps, c, a.max_tokens, {})
@@ -158,4 +159,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except RuntimeError as e:  # a server that did not start: one line, no traceback
+        raise SystemExit(f"error: {e}") from None

@@ -74,29 +74,6 @@ def rope(x, positions, cos, sin, n_rot, neox):
 
 
 @njit(cache=True)
-def exp_shifted(x, m, y, e2):
-    """y[j] = exp(x[j] - m) for x[j] <= m, in float32 (Cephes expf: exp(r) polynomial times 2^n), j < y.size.
-
-    Written as stride-1 loops without library calls so that it vectorises; the result of each element does
-    not depend on its neighbours or on the length. e2: int32 scratch of the same length (the 2^n bits).
-    """
-    for j in range(y.size):
-        v = max(x[j] - m, np.float32(-87.0))
-        n = np.floor(v * np.float32(1.44269504) + np.float32(0.5))
-        r = v - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
-        p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        y[j] = p * (r * r) + r + np.float32(1.0)
-        e2[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
-    f = e2.view(np.float32)
-    for j in range(y.size):
-        y[j] *= f[j]
-
-
-@njit(cache=True)
 def sum_fixed(y):
     """Sum in a fixed 16-lane order (lane j % 16, then lanes 0..15): vectorisable and independent of where
     the array lives; the same length always gives the same bits."""
@@ -329,7 +306,7 @@ def _store_heads(out, t, h, c, n, a0, a1, a2, a3):
 
 @njit(cache=True, inline="always")
 def expf(x):
-    """exp(x) in float32 for any x (clamped to [-87, 88]): Cephes expf (exp_shifted's polynomial, with fmas),
+    """exp(x) in float32 for any x (clamped to [-87, 88]): Cephes expf (exp(r) polynomial times 2^n, with fmas),
     written without library calls so that loops over it vectorise; each result depends on x alone."""
     v = min(max(x, np.float32(-87.0)), np.float32(88.0))
     n = floorf(fma32(v, np.float32(1.44269504), np.float32(0.5)))

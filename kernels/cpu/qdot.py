@@ -218,10 +218,7 @@ def _drive(kind, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N):
             if n0 >= N:
                 break
             for t in range(0, T4, 4):
-                y0 = zero_f()
-                y1 = zero_f()
-                y2 = zero_f()
-                y3 = zero_f()
+                y0 = y1 = y2 = y3 = zero_f()
                 for b in range(nb):
                     bq = ((g * nb + b) * nq * NT + f) * 4
                     off = (g * nb + b) * NT + f
@@ -237,47 +234,35 @@ def _drive(kind, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                 _put(pout, out, t + 1, N, n0, y1)
                 _put(pout, out, t + 2, N, n0, y2)
                 _put(pout, out, t + 3, N, n0, y3)
-        for t in range(T4, T - 1, 2):  # pairs of rows over the tile's 64 features
-            y0 = zero_f()
-            y1 = zero_f()
-            y2 = zero_f()
-            y3 = zero_f()
-            z0 = zero_f()
-            z1 = zero_f()
-            z2 = zero_f()
-            z3 = zero_f()
+        for t in range(T4, T - 1, 2):  # pairs of rows over the tile's 64 features (one weight load for both)
+            y0 = y1 = y2 = y3 = z0 = z1 = z2 = z3 = zero_f()
             for b in range(nb):
                 bq = (g * nb + b) * nq * NT * 4
                 off = (g * nb + b) * NT
                 xa = pxp + t * Kp + b * QB
-                y0 = _blk(kind, p0, p1, p2, bq, off, xa, xd[t, b], sx[t, b], xs[t, b], y0)
-                z0 = _blk(kind, p0, p1, p2, bq, off, xa + Kp, xd[t + 1, b], sx[t + 1, b], xs[t + 1, b], z0)
-                y1 = _blk(kind, p0, p1, p2, bq + 64, off + 16, xa, xd[t, b], sx[t, b], xs[t, b], y1)
-                z1 = _blk(kind, p0, p1, p2, bq + 64, off + 16, xa + Kp, xd[t + 1, b], sx[t + 1, b],
-                          xs[t + 1, b], z1)
-                y2 = _blk(kind, p0, p1, p2, bq + 128, off + 32, xa, xd[t, b], sx[t, b], xs[t, b], y2)
-                z2 = _blk(kind, p0, p1, p2, bq + 128, off + 32, xa + Kp, xd[t + 1, b], sx[t + 1, b],
-                          xs[t + 1, b], z2)
-                y3 = _blk(kind, p0, p1, p2, bq + 192, off + 48, xa, xd[t, b], sx[t, b], xs[t, b], y3)
-                z3 = _blk(kind, p0, p1, p2, bq + 192, off + 48, xa + Kp, xd[t + 1, b], sx[t + 1, b],
-                          xs[t + 1, b], z3)
+                y0, y1, y2, y3 = _blk4(kind, p0, p1, p2, bq, off, xa, xd[t, b], sx[t, b], xs[t, b], y0, y1, y2, y3)
+                z0, z1, z2, z3 = _blk4(kind, p0, p1, p2, bq, off, xa + Kp, xd[t + 1, b], sx[t + 1, b], xs[t + 1, b],
+                                       z0, z1, z2, z3)
             _put4(pout, out, t, N, g * NT, y0, y1, y2, y3)
             _put4(pout, out, t + 1, N, g * NT, z0, z1, z2, z3)
         if (T - T4) % 2 == 1:  # the last row alone
             t = T - 1
-            y0 = zero_f()
-            y1 = zero_f()
-            y2 = zero_f()
-            y3 = zero_f()
+            y0 = y1 = y2 = y3 = zero_f()
             for b in range(nb):
                 bq = (g * nb + b) * nq * NT * 4
                 off = (g * nb + b) * NT
-                xa = pxp + t * Kp + b * QB
-                y0 = _blk(kind, p0, p1, p2, bq, off, xa, xd[t, b], sx[t, b], xs[t, b], y0)
-                y1 = _blk(kind, p0, p1, p2, bq + 64, off + 16, xa, xd[t, b], sx[t, b], xs[t, b], y1)
-                y2 = _blk(kind, p0, p1, p2, bq + 128, off + 32, xa, xd[t, b], sx[t, b], xs[t, b], y2)
-                y3 = _blk(kind, p0, p1, p2, bq + 192, off + 48, xa, xd[t, b], sx[t, b], xs[t, b], y3)
+                y0, y1, y2, y3 = _blk4(kind, p0, p1, p2, bq, off, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
+                                       xs[t, b], y0, y1, y2, y3)
             _put4(pout, out, t, N, g * NT, y0, y1, y2, y3)
+
+
+@njit(cache=True, inline="always")
+def _blk4(kind, p0, p1, p2, bq, off, xa, xd, sx, xs, y0, y1, y2, y3):
+    """_blk for the four 16-feature groups of a tile (one row)."""
+    return (_blk(kind, p0, p1, p2, bq, off, xa, xd, sx, xs, y0),
+            _blk(kind, p0, p1, p2, bq + 64, off + 16, xa, xd, sx, xs, y1),
+            _blk(kind, p0, p1, p2, bq + 128, off + 32, xa, xd, sx, xs, y2),
+            _blk(kind, p0, p1, p2, bq + 192, off + 48, xa, xd, sx, xs, y3))
 
 
 @njit(cache=True, inline="always")
