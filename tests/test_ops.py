@@ -1,5 +1,6 @@
 """Numba transformer ops held to their NumPy twins (guild.kernels.ref), and row invariance of attention."""
 
+import numba
 import numpy as np
 import pytest
 from numba import njit
@@ -55,13 +56,23 @@ def test_attention_matches_ref():
     np.testing.assert_allclose(_attn(q, kc, vc, 11), ref.attention(q, k, v, 11, 16**-0.5), rtol=1e-4, atol=1e-5)
 
 
-def test_attention_row_invariance():
-    q, _, _, kc, vc = _attn_inputs(8, 9)
-    full = _attn(q, kc, vc, 9)
-    for T in range(1, 8):
-        for start in range(0, 8 - T + 1):
-            part = _attn(np.ascontiguousarray(q[start : start + T]), kc, vc, 9 + start)
-            assert np.array_equal(part, full[start : start + T])
+@pytest.mark.parametrize("pos0,H,Hkv,hd,ctx", [(9, 6, 2, 16, 40), (33, 9, 3, 32, 90), (70, 8, 2, 16, 90)])
+def test_attention_row_invariance(pos0, H, Hkv, hd, ctx):
+    # contexts past 32 and 64 positions reach the shared two-row score blocks (T >= 4) and the 64-wide ones
+    q, _, _, kc, vc = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            full = _attn(q, kc, vc, pos0)
+            for T in range(1, 8):
+                for start in range(0, 8 - T + 1):
+                    part = _attn(np.ascontiguousarray(q[start : start + T]), kc, vc, pos0 + start)
+                    assert np.array_equal(part, full[start : start + T]), (threads, T, start)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_allclose(full, ref.attention(q, kc.transpose(2, 0, 1), vc.transpose(1, 0, 2), pos0, hd**-0.5),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_swiglu_combine_topk():

@@ -99,18 +99,24 @@ def attention(q, kt, vc, pos0, scale, out, scores):
     Row t reads positions 0..pos0+t; every score, sum and output element is computed in a fixed order: a score
     is one fma chain over i, an output element one fma chain over positions. One task per (KV head, row): the
     query heads sharing that KV head run together block by block, so each block of K and V is read from memory
-    once and reused from L1. 16-lane vector code (kernels/cpu/simd.py) where hd is a multiple of 16 and the
-    rows are stride-1, else scalar.
+    once and reused from L1; on the vector path with T >= 4 a task takes two rows, whose scores share the K loads
+    too (each score's chain is the same whichever rows share its loads: row invariance holds). 16-lane vector
+    code (kernels/cpu/simd.py) where hd is a multiple of 16 and the rows are stride-1, else scalar.
     """
     T, H, hd = q.shape
     Hkv = kt.shape[0]
     group = H // Hkv
     vec = (hd % 16 == 0 and kt.strides[2] == 4 and vc.strides[2] == 4 and scores.strides[1] == 4
            and out.strides[2] == 4 and q.strides[2] == 4)
-    for u in prange(Hkv * T):
-        g = u // T
-        t = u - g * T
-        _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec)
+    pair = vec and T >= 4  # rows in pairs sharing each K load (T = 2, 3: as many tasks as threads need)
+    P = (T + 1) // 2 if pair else T
+    for u in prange(Hkv * P):
+        g = u // P
+        t = (u - g * P) * (2 if pair else 1)
+        if pair and t + 1 < T:
+            _attend_pair(q, kt, vc, pos0, scale, out, scores, g, t, group, hd)
+        else:
+            _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec)
 
 
 @njit(cache=True, error_model="numpy")
@@ -121,10 +127,31 @@ def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
     H = q.shape[1]
     h0 = g * group
     if vec:
-        _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0)
+        _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, 0)
     else:
         for h in range(h0, h0 + group):
             _scores_scalar(q, kt, g, t, h, hd, L, scale, scores[t * H + h, :L])
+    _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec)
+
+
+@njit(cache=True, error_model="numpy")
+def _attend_pair(q, kt, vc, pos0, scale, out, scores, g, t, group, hd):
+    """Rows t and t + 1 of _attend (vector path): their scores over the positions both see in 32-position
+    blocks sharing each K load, the rest row by row; then each row's softmax and output."""
+    L = pos0 + t + 1
+    H = q.shape[1]
+    h0 = g * group
+    j0 = _scores_pair(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, (t + 1) * H + h0)
+    _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, j0)
+    _scores_vec(q, kt, g, t + 1, h0, group, hd, L + 1, scale, scores, (t + 1) * H + h0, j0)
+    _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, True)
+    _softmax_pv(vc, scores, out, g, t + 1, h0, group, hd, L + 1, True)
+
+
+@njit(cache=True, inline="always")
+def _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec):
+    """out[t, h0 .. h0 + group - 1] from the row's scores[t * H + h, :L]: softmax, then the weighted values."""
+    H = out.shape[1]
     invs = np.empty(group, np.float32)
     pb = np.empty((group, L), np.float32)  # exp(s - max): a separate buffer (in place, LLVM's alias check fails)
     for r in range(group):
@@ -150,6 +177,66 @@ def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
 
 
 @njit(cache=True, inline="always")
+def _scores_pair(q, kt, g, t, h0, group, hd, L, scale, scores, ta, tb):
+    """_scores_vec of rows t (scores rows ta + r) and t + 1 (tb + r) over positions [0, J), J the largest multiple
+    of 32 <= L: up to three heads x two rows x 32 positions in registers, each K vector loaded once for the six.
+    Returns J."""
+    pk = kt.ctypes.data + g * kt.strides[0]
+    sk = kt.strides[1]
+    ss = scores.strides[0]
+    J = L // 32 * 32
+    for r in range(0, group, 3):
+        b1 = r + 1 < group
+        b2 = r + 2 < group
+        h = h0 + r
+        pa = scores.ctypes.data + (ta + r) * ss
+        pb = scores.ctypes.data + (tb + r) * ss
+        for j in range(0, J, 32):
+            a0 = a1 = c0 = c1 = e0 = e1 = zero_f()
+            f0 = f1 = m0 = m1 = n0 = n1 = zero_f()
+            for i in range(hd):
+                p = pk + i * sk + 4 * j
+                k0 = ld_f32(p)
+                k1 = ld_f32(p + 64)
+                qa = splat_f(q[t, h, i] * scale)
+                qb = splat_f(q[t + 1, h, i] * scale)
+                a0 = fma_f(qa, k0, a0)
+                a1 = fma_f(qa, k1, a1)
+                f0 = fma_f(qb, k0, f0)
+                f1 = fma_f(qb, k1, f1)
+                if b1:
+                    qa = splat_f(q[t, h + 1, i] * scale)
+                    qb = splat_f(q[t + 1, h + 1, i] * scale)
+                    c0 = fma_f(qa, k0, c0)
+                    c1 = fma_f(qa, k1, c1)
+                    m0 = fma_f(qb, k0, m0)
+                    m1 = fma_f(qb, k1, m1)
+                if b2:
+                    qa = splat_f(q[t, h + 2, i] * scale)
+                    qb = splat_f(q[t + 1, h + 2, i] * scale)
+                    e0 = fma_f(qa, k0, e0)
+                    e1 = fma_f(qa, k1, e1)
+                    n0 = fma_f(qb, k0, n0)
+                    n1 = fma_f(qb, k1, n1)
+            o = 4 * j
+            st_f32(pa + o, a0)
+            st_f32(pa + o + 64, a1)
+            st_f32(pb + o, f0)
+            st_f32(pb + o + 64, f1)
+            if b1:
+                st_f32(pa + ss + o, c0)
+                st_f32(pa + ss + o + 64, c1)
+                st_f32(pb + ss + o, m0)
+                st_f32(pb + ss + o + 64, m1)
+            if b2:
+                st_f32(pa + 2 * ss + o, e0)
+                st_f32(pa + 2 * ss + o + 64, e1)
+                st_f32(pb + 2 * ss + o, n0)
+                st_f32(pb + 2 * ss + o + 64, n1)
+    return J
+
+
+@njit(cache=True, inline="always")
 def _scores_scalar(q, kt, g, t, h, hd, L, scale, sc):
     for j in range(L):
         sc[j] = 0.0
@@ -167,8 +254,8 @@ def _fma4(p, k0, k1, k2, k3, a0, a1, a2, a3):
 
 
 @njit(cache=True, inline="always")
-def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0):
-    """scores[th0 + r, j] = fma chain over i of (q[t, h0 + r, i] * scale) * k[g, i, j] for r < group, j < L:
+def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0, j0):
+    """scores[th0 + r, j] = fma chain over i of (q[t, h0 + r, i] * scale) * k[g, i, j] for r < group, j0 <= j < L:
     up to three heads x 64 positions at a time in registers (each K vector loaded once for the three), then
     16 positions, then lane by lane where a whole vector would pass the end of the cache or scratch row."""
     pk = kt.ctypes.data + g * kt.strides[0]
@@ -180,7 +267,7 @@ def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0):
         b2 = r + 2 < group
         h = h0 + r
         ps = scores.ctypes.data + (th0 + r) * ss
-        j = 0
+        j = j0
         while j + 64 <= L:
             a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = zero_f()
             for i in range(hd):
