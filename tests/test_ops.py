@@ -18,6 +18,9 @@ def test_rmsnorm():
     out = np.empty_like(x)
     ops.rmsnorm(x, w, 1e-6, out)
     np.testing.assert_allclose(out, ref.rmsnorm(x, w, 1e-6), **TOL)
+    par = np.empty_like(x)
+    ops.rmsnorm_parallel(x, w, 1e-6, par)  # prefill chunks: the same bits, rows over the threads
+    assert np.array_equal(par, out)
     xh = x.reshape(5, 3, 32).copy()
     ops.rmsnorm_heads(xh, w[:32], 1e-6)
     np.testing.assert_allclose(xh, ref.rmsnorm(x.reshape(5, 3, 32), w[:32], 1e-6), **TOL)

@@ -22,6 +22,7 @@ from ..kernels.cpu.moe import experts_ffn, moe_ffn
 from ..kernels.cuda import ops as kops
 
 _ALIGN = 256  # staging buffer sections start on this many bytes
+PARALLEL_ROWS = 16  # row-wise host ops (rmsnorm) run on one thread below this many rows: waking the others costs more
 
 
 def _align(n: int) -> int:
@@ -116,7 +117,7 @@ class HostBackend:
         cpu_quant.dequantize_rows(w, rows, out)
 
     def rmsnorm(self, x, w, eps, out) -> None:
-        cpu_ops.rmsnorm(x, w, eps, out)
+        (cpu_ops.rmsnorm_parallel if x.shape[0] >= PARALLEL_ROWS else cpu_ops.rmsnorm)(x, w, eps, out)
 
     def rmsnorm_heads(self, x, w, eps) -> None:
         cpu_ops.rmsnorm_heads(x, w, eps)
