@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 from guild.kernels import ref
-from guild.kernels.cpu.moe import moe_ffn
+from guild.kernels.cpu.moe import moe_ffn, route_groups
 from guild.kernels.cpu.quant import dequantize, pack
 
 E, D, F = 6, 64, 96
@@ -53,3 +53,20 @@ def test_moe_rows_do_not_depend_on_neighbours(experts):
         part = np.empty_like(other)
         moe_ffn(other, r, gu, dn, 2, True, part)
         assert np.array_equal(part[0], full[3])
+
+
+def test_route_groups_is_a_stable_sort_by_expert():
+    rng = np.random.default_rng(3)
+    ids = np.stack([rng.choice(8, 3, replace=False) for _ in range(7)]).astype(np.int64)  # [T=7, k=3]
+    h = rng.standard_normal((7, 5)).astype(np.float32)
+    order, offs, eids, x = np.empty(21, np.int64), np.empty(9, np.int64), np.empty(8, np.int64), np.empty((21, 5),
+                                                                                                           np.float32)
+    n = route_groups(ids, h, order, offs, eids, x)
+    want = np.argsort(ids.ravel(), kind="stable")
+    assert np.array_equal(order, want)
+    assert np.array_equal(eids[:n], np.unique(ids)) and offs[n] == 21
+    for g in range(n):
+        assert (ids.ravel()[order[offs[g] : offs[g + 1]]] == eids[g]).all()
+    assert np.array_equal(x, h[order // 3])
+    with pytest.raises(ValueError):  # an id outside the layer's experts (a corrupt router) never indexes memory
+        route_groups(np.array([[8]], np.int64), h[:1], order[:1], offs, eids, x[:1])

@@ -9,6 +9,7 @@ Twin: guild.kernels.ref.moe_ffn.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from . import ops
 from .quant import PackedMatrix, experts_matmul, matmul
@@ -46,20 +47,72 @@ def experts_ffn(
     Returns the number of distinct experts the window used."""
     T, D = h.shape
     k = ids.shape[1]
-    flat = ids.ravel()  # (row, rank) pairs, row-major
-    order = np.argsort(flat, kind="stable")  # grouped by expert, rows ascending within a group
-    starts = np.flatnonzero(np.r_[True, flat[order[1:]] != flat[order[:-1]]])
-    offs = np.append(starts, order.size)  # group g: pairs order[offs[g]:offs[g+1]]
-    eids = flat[order[starts]]
-    rows, ranks = order // k, order % k
+    order = np.empty(T * k, np.int64)
+    offs = np.empty(len(experts_gu) + 1, np.int64)
+    eids = np.empty(len(experts_gu), np.int64)
+    x = np.empty((T * k, D), np.float32)
+    n = route_groups(np.ascontiguousarray(ids, np.int64), h, order, offs, eids, x)
+    offs, eids = offs[: n + 1], eids[:n]
     # every expert of the window in one parallel region per matrix kind: gate|up, then down
     gu = np.empty((order.size, experts_gu[0].n_rows), np.float32)
-    experts_matmul(experts_gu, eids, offs, h[rows], gu)
+    experts_matmul(experts_gu, eids, offs, x, gu)
     act = np.empty((order.size, gu.shape[1] // 2), np.float32)
     ops.swiglu(gu, act)
     ye = np.empty((order.size, D), np.float32)
     experts_matmul(experts_down, eids, offs, act, ye)
-    y = np.empty((T, k, D), np.float32)  # each (row, rank) expert output
-    y[rows, ranks] = ye
-    ops.combine_experts(y, w, out)
-    return int(eids.size)
+    combine_groups(ye, order, w, out)
+    return n
+
+
+@njit(cache=True)
+def route_groups(ids, h, order, offs, eids, x):
+    """Group the (row, rank) pairs of ids [T, k] by expert: ascending expert id, pairs in row-major order within
+    a group (a stable counting sort). Fills order (pair index t*k + r per slot), offs/eids (group g: slots
+    offs[g]:offs[g+1] of expert eids[g]) and x (the pairs' rows of h, slot by slot); returns the group count."""
+    T, k = ids.shape
+    E = eids.shape[0]
+    cnt = np.zeros(E, np.int64)
+    for t in range(T):
+        for r in range(k):
+            e = ids[t, r]
+            if e < 0 or e >= E:
+                raise ValueError("route_groups: expert id out of range")
+            cnt[e] += 1
+    n = 0
+    start = np.empty(E, np.int64)
+    pos = 0
+    for e in range(E):
+        start[e] = pos
+        if cnt[e]:
+            offs[n] = pos
+            eids[n] = e
+            n += 1
+        pos += cnt[e]
+    offs[n] = pos
+    for t in range(T):
+        for r in range(k):
+            e = ids[t, r]
+            j = start[e]
+            start[e] = j + 1
+            order[j] = t * k + r
+            x[j] = h[t]
+    return n
+
+
+@njit(cache=True)
+def combine_groups(ye, order, w, out):
+    """out[t] = sum_r w[t, r] * (row t's rank-r expert output), in rank order: ops.combine_experts over the
+    grouped outputs ye (slot j holds pair order[j]) without scattering them back first."""
+    T, k = w.shape
+    D = out.shape[1]
+    slot = np.empty(T * k, np.int64)
+    for j in range(order.shape[0]):
+        slot[order[j]] = j
+    for t in range(T):
+        y0 = ye[slot[t * k]]
+        for i in range(D):
+            out[t, i] = w[t, 0] * y0[i]
+        for r in range(1, k):
+            yr = ye[slot[t * k + r]]
+            for i in range(D):
+                out[t, i] += w[t, r] * yr[i]
