@@ -315,6 +315,15 @@ def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out, nchunks):
         _call_kernel(fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout, N)
 
 
+@njit(cache=True)
+def _launch_one(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out):
+    """_launch for a matrix of one tile (a router) on the calling thread: waking the others costs more."""
+    _permute_x(x, perm, xp)
+    _call_kernel(fn, a0.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data,
+                 a5.ctypes.data, dims[0], dims[1], xp.ctypes.data, x.shape[0], perm.shape[0], 0, dims[0],
+                 out.ctypes.data, out.shape[1])
+
+
 @njit(parallel=True, cache=True)
 def _launch_i8(fn, a0, a1, a2, dims, T, buf, out, nchunks):
     """out [T, N] = W x on the int8 path, x already quantised into buf (qdot.quantize_acts): as _launch."""
@@ -426,12 +435,13 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
     if T <= _GEMV_PATH_ROWS:
         fn = _KADDR.get(w.kind) or _kernel_address(w.kind)
         xp = np.empty((T, w.perm.shape[0]), np.float32)
-        if out.flags.c_contiguous and out.dtype == np.float32:
-            _launch(fn, *w.flat, w.dims, w.perm, x, xp, out, _N_CHUNKS)
+        dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
+        if w.dims[0] == 1:
+            _launch_one(fn, *w.flat, w.dims, w.perm, x, xp, dst)
         else:
-            tmp = np.empty((T, w.n_rows), np.float32)
-            _launch(fn, *w.flat, w.dims, w.perm, x, xp, tmp, _N_CHUNKS)
-            out[...] = tmp
+            _launch(fn, *w.flat, w.dims, w.perm, x, xp, dst, _N_CHUNKS)
+        if dst is not out:
+            out[...] = dst
         return
     # prefill: the same kernels dequantise chunks of tiles to float32 [K, cols] (mode T = 0), BLAS multiplies;
     # each worker thread takes a contiguous share of the tiles with its own scratch and single-threaded BLAS
