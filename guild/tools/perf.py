@@ -99,23 +99,24 @@ def llama_cpp_decode(path, ids, n, threads, repeats):
 
 
 def window_costs(model, ids, repeats=7, max_T=8):
-    """Median ms of one verification window of T rows at the prompt's context, T = 1..max_T."""
+    """Median ms of one verification window of T rows at the prompt's context, T = 1..max_T. Each repeat runs
+    every T in turn (after one unmeasured round), so that a slow spell of a shared machine hits all T alike."""
 
     s = GuildSession(model, n_ctx=len(ids) + 16)
     s.prefill(ids)
     rng = np.random.default_rng(0)
-    ms, distinct = {}, {}
-    for T in range(1, max_T + 1):
-        times, d = [], []
-        for _ in range(repeats):
+    times = {T: [] for T in range(1, max_T + 1)}
+    d = {T: [] for T in times}
+    for r in range(repeats + 1):
+        for T in times:
             win = rng.integers(min(100, model.args.vocab_size // 2), min(20000, model.args.vocab_size), T)
             t0 = time.perf_counter()
             out = model.forward_batch([(win, s.state)])[0]
-            times.append((time.perf_counter() - t0) * 1e3)
-            d.append(out.distinct_experts.mean())
+            if r:
+                times[T].append((time.perf_counter() - t0) * 1e3)
+                d[T].append(out.distinct_experts.mean())
             s.state.commit(0)
-        ms[T], distinct[T] = _median(times), float(np.mean(d))
-    return ms, distinct
+    return {T: _median(v) for T, v in times.items()}, {T: float(np.mean(v)) for T, v in d.items()}
 
 
 # -- the bound: what a window of T rows cannot beat on this machine ------------------------------------------
