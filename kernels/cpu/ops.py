@@ -136,29 +136,36 @@ def attention(q, kt, vc, pos0, scale, out, scores):
 def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
     """Row t of the query heads g*group .. (g+1)*group - 1 (a function of its own: compiled outside the
     parallel region, where LLVM keeps the vector accumulators in registers)."""
+    if vec:
+        _attend_from(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, 0)
+        return
     L = pos0 + t + 1
     H = q.shape[1]
     h0 = g * group
-    if vec:
-        _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, 0)
-    else:
-        for h in range(h0, h0 + group):
-            _scores_scalar(q, kt, g, t, h, hd, L, scale, scores[t * H + h, :L])
-    _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec)
+    for h in range(h0, h0 + group):
+        _scores_scalar(q, kt, g, t, h, hd, L, scale, scores[t * H + h, :L])
+    _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, False)
+
+
+@njit(cache=True, error_model="numpy")
+def _attend_from(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, j0):
+    """_attend of row t on the vector path, its scores before position j0 already computed."""
+    L = pos0 + t + 1
+    H = q.shape[1]
+    h0 = g * group
+    _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, j0)
+    _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, True)
 
 
 @njit(cache=True, error_model="numpy")
 def _attend_pair(q, kt, vc, pos0, scale, out, scores, g, t, group, hd):
     """Rows t and t + 1 of _attend (vector path): their scores over the positions both see in 32-position
-    blocks sharing each K load, the rest row by row; then each row's softmax and output."""
-    L = pos0 + t + 1
+    blocks sharing each K load, then the rest of each row as _attend."""
     H = q.shape[1]
     h0 = g * group
-    j0 = _scores_pair(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, (t + 1) * H + h0)
-    _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, j0)
-    _scores_vec(q, kt, g, t + 1, h0, group, hd, L + 1, scale, scores, (t + 1) * H + h0, j0)
-    _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, True)
-    _softmax_pv(vc, scores, out, g, t + 1, h0, group, hd, L + 1, True)
+    j0 = _scores_pair(q, kt, g, t, h0, group, hd, pos0 + t + 1, scale, scores, t * H + h0, (t + 1) * H + h0)
+    _attend_from(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, j0)
+    _attend_from(q, kt, vc, pos0, scale, out, scores, g, t + 1, group, hd, j0)
 
 
 @njit(cache=True, inline="always")

@@ -17,7 +17,7 @@ Arithmetic per output feature n of row t, block b (x̂ = the row's quantised blo
   Q4_1: y = fma(float(Σ q·x̂), d·dx, y); y = fma(m, dx·s, y)
   Q8_0: y = fma(float(Σ (q+128)·x̂ − 128 s), d·dx, y)
 The integer sums are exact; the float chain over b is fixed per (row, feature), the same whichever path (one row
-× 64 features, four rows × 16 features) computes it and however many rows or threads there are: row
+× 64 features, two rows × 64 features) computes it and however many rows or threads there are: row
 invariance holds for any T. Twin: kernels/ref.py `quantize_act_q8`, `matmul_q8act`.
 """
 
@@ -57,7 +57,6 @@ from .simd import (
 )
 
 QB = 32  # activation block (elements)
-R4_MIN = 4  # windows of at least this many rows take the four-row path
 Q4_0, Q4_1, Q8_0 = 0, 1, 2  # kernel kinds
 
 
@@ -203,35 +202,17 @@ def _put(pout, out, t, N, n0, y):
 
 @njit(cache=True, inline="always")
 def _drive(kind, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    """Tiles g0..g1 of out [T, N]: rows four at a time, the rest two at a time, then one, each over the tile's
-    64 features with the blocks in memory order (a sequential stream the prefetchers follow)."""
+    """Tiles g0..g1 of out [T, N]: rows two at a time, then a last one alone, each over the tile's 64 features
+    with the blocks in memory order (a sequential stream the prefetchers follow; a second pair re-reads the tile
+    from L2). Wider row groups measured no faster in the model and compiled two to three times slower."""
     nq = 8 if kind == Q8_0 else 4
     o = pxp + T * Kp
     xd = carray(_pf32(o), (T, nb))
     sx = carray(_pi32(o + 4 * T * nb), (T, nb))
     xs = carray(_pf32(o + 8 * T * nb), (T, nb))
     out = carray(_pf32(pout), (T, N))
-    T4 = (T - T % 4) if T >= R4_MIN else 0
     for g in range(g0, g1):
-        for t in range(0, T4, 4):  # four rows over the tile's 64 features, blocks in memory order
-            y00 = y01 = y02 = y03 = y10 = y11 = y12 = y13 = zero_f()
-            y20 = y21 = y22 = y23 = y30 = y31 = y32 = y33 = zero_f()
-            for b in range(nb):
-                bq = (g * nb + b) * nq * NT * 4
-                off = (g * nb + b) * NT
-                xa = pxp + t * Kp + b * QB
-                y00, y10, y20, y30 = _rows4(kind, p0, p1, p2, bq, off, xa, Kp, xd, sx, xs, t, b, y00, y10, y20, y30)
-                y01, y11, y21, y31 = _rows4(kind, p0, p1, p2, bq + 64, off + 16, xa, Kp, xd, sx, xs, t, b,
-                                            y01, y11, y21, y31)
-                y02, y12, y22, y32 = _rows4(kind, p0, p1, p2, bq + 128, off + 32, xa, Kp, xd, sx, xs, t, b,
-                                            y02, y12, y22, y32)
-                y03, y13, y23, y33 = _rows4(kind, p0, p1, p2, bq + 192, off + 48, xa, Kp, xd, sx, xs, t, b,
-                                            y03, y13, y23, y33)
-            _put4(pout, out, t, N, g * NT, y00, y01, y02, y03)
-            _put4(pout, out, t + 1, N, g * NT, y10, y11, y12, y13)
-            _put4(pout, out, t + 2, N, g * NT, y20, y21, y22, y23)
-            _put4(pout, out, t + 3, N, g * NT, y30, y31, y32, y33)
-        for t in range(T4, T - 1, 2):  # pairs of rows over the tile's 64 features (one weight load for both)
+        for t in range(0, T - 1, 2):  # pairs of rows over the tile's 64 features (one weight load for both)
             y0 = y1 = y2 = y3 = z0 = z1 = z2 = z3 = zero_f()
             for b in range(nb):
                 bq = (g * nb + b) * nq * NT * 4
@@ -242,7 +223,7 @@ def _drive(kind, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                                        z0, z1, z2, z3)
             _put4(pout, out, t, N, g * NT, y0, y1, y2, y3)
             _put4(pout, out, t + 1, N, g * NT, z0, z1, z2, z3)
-        if (T - T4) % 2 == 1:  # the last row alone
+        if T % 2 == 1:  # the last row alone
             t = T - 1
             y0 = y1 = y2 = y3 = zero_f()
             for b in range(nb):
@@ -251,15 +232,6 @@ def _drive(kind, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                 y0, y1, y2, y3 = _blk4(kind, p0, p1, p2, bq, off, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
                                        xs[t, b], y0, y1, y2, y3)
             _put4(pout, out, t, N, g * NT, y0, y1, y2, y3)
-
-
-@njit(cache=True, inline="always")
-def _rows4(kind, p0, p1, p2, bq, off, xa, Kp, xd, sx, xs, t, b, y0, y1, y2, y3):
-    """_blk for one 16-feature group and four rows t..t+3 (the group's weights loaded once for the four)."""
-    return (_blk(kind, p0, p1, p2, bq, off, xa, xd[t, b], sx[t, b], xs[t, b], y0),
-            _blk(kind, p0, p1, p2, bq, off, xa + Kp, xd[t + 1, b], sx[t + 1, b], xs[t + 1, b], y1),
-            _blk(kind, p0, p1, p2, bq, off, xa + 2 * Kp, xd[t + 2, b], sx[t + 2, b], xs[t + 2, b], y2),
-            _blk(kind, p0, p1, p2, bq, off, xa + 3 * Kp, xd[t + 3, b], sx[t + 3, b], xs[t + 3, b], y3))
 
 
 @njit(cache=True, inline="always")
