@@ -7,6 +7,7 @@ from numba import njit
 
 from guild.kernels import ref
 from guild.kernels.cpu import ops
+from guild.kernels.cpu.moe import combine_groups
 
 rng = np.random.default_rng(0)
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -96,7 +97,8 @@ def test_swiglu_combine_topk():
 
     y = rng.standard_normal((6, 2, 10)).astype(np.float32)
     o = np.empty((6, 10), np.float32)
-    ops.combine_experts(y, w, o)
+    perm = rng.permutation(12)  # grouped slots in any order: slot j holds (row, rank) pair perm[j]
+    combine_groups(np.ascontiguousarray(y.reshape(12, 10)[perm]), perm.astype(np.int64), w, o)
     np.testing.assert_allclose(o, ref.combine_experts(y, w), **TOL)
 
 

@@ -101,8 +101,8 @@ def route_groups(ids, h, order, offs, eids, x):
 
 @njit(cache=True)
 def combine_groups(ye, order, w, out):
-    """out[t] = sum_r w[t, r] * (row t's rank-r expert output), in rank order: ops.combine_experts over the
-    grouped outputs ye (slot j holds pair order[j]) without scattering them back first."""
+    """out[t] = sum_r w[t, r] * (row t's rank-r expert output), summed in the row's own rank order, from the
+    grouped outputs ye (slot j holds pair order[j]). Twin: ref.combine_experts."""
     T, k = w.shape
     D = out.shape[1]
     slot = np.empty(T * k, np.int64)

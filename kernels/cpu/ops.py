@@ -441,18 +441,6 @@ def swiglu(gu, out):
             o[i] = a / (np.float32(1.0) + expf(-a)) * g[F + i]
 
 
-@njit(cache=True)
-def combine_experts(y, w, out):
-    """out[t] = sum_r w[t, r] * y[t, r], summed in the row's own top-k rank order. y [T, k, D]; w [T, k]."""
-    T, k, D = y.shape
-    for t in range(T):
-        for i in range(D):
-            out[t, i] = w[t, 0] * y[t, 0, i]
-        for r in range(1, k):
-            for i in range(D):
-                out[t, i] += w[t, r] * y[t, r, i]
-
-
 @njit(cache=True, error_model="numpy")
 def softmax_topk(logits, k, renorm, ids, weights):
     """Router: softmax over experts → top-k (ties to the lower id) → optional renormalise.
