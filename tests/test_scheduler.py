@@ -165,21 +165,41 @@ def test_muted_strategy_returns():
 
 # ------------------------------------------------------------------ MTP: lazy asking, four-way arbitration
 def test_mtp_is_asked_only_when_it_could_pay():
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4, mtp_cap_k=1, probe_every=8, default_slope=0.5))
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4, mtp_cap_k=1, probe_every=8, probe_max=32, default_slope=0.3))
     s.observe_window("normal", 0, 0.0, 10.0, 1)  # seeds V(1)
-    s.observe_mtp_prob(0.9)
+    s.observe_draft_ms("mtp", 1.0)
     strong = Proposal("lookup", tuple(range(7)), {"match_len": 12, "freq": 3})
-    # deep lookup at its 0.95 prior beats one MTP draft: the head is not run, but for the periodic probe
-    asked = [s.ask("mtp", [strong], 7) for _ in range(16)]
-    assert asked.count(True) == 2 and asked[7] and asked[15]
-    assert s.ask("mtp", [], 7)  # nothing else on the table: a confident head is worth its forward
-    s.observe_mtp_prob(0.0)
-    for _ in range(30):
-        s.observe_mtp_prob(0.05)  # mtp_prob_ema falls: an unsure head does not pay a T=2 window
+    # deep lookup at its 0.95 prior beats one MTP draft in every bucket: the head runs only as a probe, and each
+    # probe that finds nothing worth drafting doubles the gap to the next (8, 16, 32, then 32)
+    asked = [s.ask("mtp", [strong], 7) for _ in range(100)]
+    assert [i for i, a in enumerate(asked) if a] == [7, 23, 55, 87]
+    assert s.ask("mtp", [], 7)  # nothing else on the table: at its prior shares the head is worth its forward
+    for _ in range(60):
+        s.observe_mtp_prob(0.05)  # the head has been unsure for a while: its T=2 window would not pay
+    assert s.ask_value("mtp", s.costs.verify(1), 7) < 0
     assert not s.ask("mtp", [], 7)
     s.muted["mtp"] = 3
     assert not any(s.ask("mtp", [], 7) for _ in range(20))  # never while muted
     assert not s.ask("mtp", [], 0)  # no room
+
+
+def test_mtp_confident_part_of_the_time_is_asked_every_window():
+    """A head that is sure (and right) on half the tokens and unsure (and wrong) on the rest: its mean
+    confidence says a draft would not pay, but drafting only when it is sure does, so asking is worth its
+    forward (the option value, docs/adaptive.md "MTP confidence"). Accepted drafts reset the probe gap."""
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4, mtp_cap_k=1, default_slope=0.5))
+    s.observe_window("normal", 0, 0.0, 10.0, 1)
+    s.observe_draft_ms("mtp", 1.0)
+    for i in range(40):
+        p = 0.95 if i % 2 else 0.1
+        s.observe_mtp_prob(p)
+        s.observe_proposal(Proposal("mtp", (1,), {"prob": p}), int(p > 0.5))
+    assert (1.0 + s.costs.verify(2)) / (1 + 0.5) > s.costs.verify(1)  # at the mean, one draft costs more
+    assert s.ask_value("mtp", s.costs.verify(1), 7) > 0
+    assert all(s.ask("mtp", [], 7) for _ in range(10))
+    s.probe_gap["mtp"] = 64
+    s.observe_window("mtp", 1, 1.0, 15.0, 2)
+    assert "mtp" not in s.probe_gap
 
 
 def _arbitrate(s, n_tokens, segment, v, rng, fixed=None):

@@ -61,8 +61,8 @@ class SchedulerConfig:
     decay: float = 0.98  # per-update decay of acceptance counts: tracks a changing text
     cost_decay: float = 0.9  # decay of the empirical cost sums and window-time averages
     default_slope: float = 0.25  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan; int8 kernels: 0.15-0.23)
-    prob_ema: float = 0.2  # weight of the newest MTP top-1 probability in mtp_prob_ema
-    probe_every: int = 16  # a lazy drafter (MTP) not asked for this many windows is asked anyway
+    probe_every: int = 16  # a lazy drafter (MTP) not asked for this many windows is asked anyway; a probe that
+    probe_max: int = 64  # finds nothing worth drafting doubles that gap, up to probe_max windows
 
     def __post_init__(self):
         if not 0 <= self.max_draft <= MAX_T - 1 or not 0 <= self.mtp_cap_k <= MAX_T - 1:
@@ -71,6 +71,8 @@ class SchedulerConfig:
             raise ValueError("hysteresis in [0, 1), min_dwell >= 0, backoff_after >= 1")
         if not (0 < self.decay <= 1 and 0 < self.cost_decay <= 1 and self.prior_strength > 0):
             raise ValueError("decays in (0, 1], prior_strength > 0")
+        if not 1 <= self.probe_every <= self.probe_max:
+            raise ValueError("1 <= probe_every <= probe_max")
 
 
 class Acceptance:
@@ -231,8 +233,9 @@ class AdaptiveScheduler:
         self.emp_n: dict[str, float] = {}
         self.emp_w: dict[str, float] = {}  # decayed window counts
         self.last: Decision | None = None
-        self.mtp_prob_ema: float | None = None  # the MTP head's recent confidence in its first draft
+        self.mtp_buckets = dict.fromkeys(PRIORS["mtp"], 1.0)  # decayed counts of the head's confidence buckets
         self.unasked: dict[str, int] = {}  # windows since each lazy drafter was last asked
+        self.probe_gap: dict[str, int] = {}  # windows between probes of each lazy drafter
 
     # ---------------------------------------------------------------- cost model
     def _blend(self, s: str, c_model: float) -> float:
@@ -245,38 +248,60 @@ class AdaptiveScheduler:
         w = self.emp_w[s] / (self.emp_w[s] + 2.0)  # trust grows with the windows behind it
         return w * c_emp + (1 - w) * c_model
 
-    def candidate_costs(self, p: Proposal, room: int) -> list[float]:
-        """C(s, k) for k = 1..min(len(tokens), cap, room), in ms per committed token."""
-        cap = self.cfg.mtp_cap_k if p.strategy == "mtp" else self.cfg.max_draft
-        kmax = min(len(p.tokens), cap, room, MAX_T - 1)
-        if kmax <= 0:
-            return []
-        a = self.acc.probs(p.strategy, bucket(p.strategy, p.signals), kmax)
-        extra = self.costs.draft(p.strategy) + (self.costs.catchup_ms if p.strategy == "mtp" else 0.0)
+    def _curve(self, strategy: str, b: str, kmax: int) -> list[tuple[float, float]]:
+        """(V(1+k), E[keep]) for k = 1..kmax drafts of `strategy` in acceptance bucket b."""
+        a = self.acc.probs(strategy, b, kmax)
         out, q, e = [], 1.0, 1.0
         for k in range(1, kmax + 1):
             q *= a[k - 1]
             e += q
-            out.append(self._blend(p.strategy, (extra + self.costs.verify(k + 1)) / e))
+            out.append((self.costs.verify(k + 1), e))
         return out
 
+    def _kmax(self, strategy: str, n_tokens: int, room: int) -> int:
+        cap = self.cfg.mtp_cap_k if strategy == "mtp" else self.cfg.max_draft
+        return min(n_tokens, cap, room, MAX_T - 1)
+
+    def candidate_costs(self, p: Proposal, room: int) -> list[float]:
+        """C(s, k) for k = 1..min(len(tokens), cap, room), in ms per committed token."""
+        kmax = self._kmax(p.strategy, len(p.tokens), room)
+        if kmax <= 0:
+            return []
+        extra = self.costs.draft(p.strategy) + (self.costs.catchup_ms if p.strategy == "mtp" else 0.0)
+        curve = self._curve(p.strategy, bucket(p.strategy, p.signals), kmax)
+        return [self._blend(p.strategy, (extra + v) / e) for v, e in curve]
+
     # ---------------------------------------------------------------- decisions
+    def ask_value(self, strategy: str, best: float, room: int) -> float:
+        """Expected ms saved by running the lazy drafter this window, against `best` ms per token without it: its
+        forward is paid whatever it says; then it drafts only in the confidence buckets where that pays
+        (docs/adaptive.md "MTP confidence"). Buckets are weighted by their recent shares of its proposals."""
+        kmax = self._kmax(strategy, MAX_T, room)
+        shares = self.mtp_buckets
+        total = sum(shares.values())
+        gain = 0.0
+        for b, w in shares.items():
+            gain += w / total * max(0.0, *(best * e - v for v, e in self._curve(strategy, b, kmax)))
+        return gain - self.costs.draft(strategy) - self.costs.catchup_ms
+
     def ask(self, strategy: str, proposals: Sequence[Proposal], room: int) -> bool:
-        """Whether to run a lazy drafter (MTP: a head forward) this window: when its expected cost at its recent
-        confidence (mtp_prob_ema) beats the best of what is on the table, or every `probe_every` windows to keep
-        its estimates fresh. Never while muted."""
+        """Whether to run a lazy drafter (MTP: a head forward) this window: when its expected saving (ask_value)
+        beats the hysteresis margin, else as a probe after `probe_gap` windows (16, doubling to 64 while probes
+        find nothing worth drafting) to keep its estimates fresh. Never while muted."""
         if room <= 0 or strategy in self.muted or not self.costs.seeded:
             return False
         n = self.unasked[strategy] = self.unasked.get(strategy, 0) + 1
-        cap = self.cfg.mtp_cap_k if strategy == "mtp" else self.cfg.max_draft
-        guess = Proposal(strategy, (0,) * cap, {"prob": self.mtp_prob_ema if self.mtp_prob_ema is not None else 1.0})
-        mine = min(self.candidate_costs(guess, room), default=float("inf"))
         best = self._blend("normal", self.costs.verify(1))
         for p in proposals:
             if p.tokens and p.strategy not in self.muted:
                 best = min(best, *self.candidate_costs(p, room))
-        if mine < best or n >= self.cfg.probe_every:
+        if self.ask_value(strategy, best, room) > self.cfg.hysteresis * best:  # the margin a draft must beat by
             self.unasked[strategy] = 0
+            return True
+        gap = self.probe_gap.get(strategy, self.cfg.probe_every)
+        if n >= gap:
+            self.unasked[strategy] = 0
+            self.probe_gap[strategy] = min(2 * gap, self.cfg.probe_max)
             return True
         return False
 
@@ -343,6 +368,7 @@ class AdaptiveScheduler:
         if emitted > 1:
             self.zero_run[s] = 0
             self.backoffs[s] = 0
+            self.probe_gap.pop(s, None)  # its drafts pay again: probe at the base rate
             return
         self.zero_run[s] = self.zero_run.get(s, 0) + 1
         if self.zero_run[s] >= self.cfg.backoff_after:
@@ -363,5 +389,6 @@ class AdaptiveScheduler:
 
     def observe_mtp_prob(self, p: float) -> None:
         """The MTP head's top-1 probability of the draft it just proposed (docs/adaptive.md "MTP confidence")."""
-        e, w = self.mtp_prob_ema, self.cfg.prob_ema
-        self.mtp_prob_ema = p if e is None else (1 - w) * e + w * p
+        for b in self.mtp_buckets:
+            self.mtp_buckets[b] *= self.cfg.decay
+        self.mtp_buckets[bucket("mtp", {"prob": p})] += 1.0
