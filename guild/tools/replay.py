@@ -1,0 +1,249 @@
+"""Replay the adaptive scheduler offline: what it would gain on a workload, and what any policy could.
+
+`record` decodes workloads plainly while asking every drafter (MTP included) for a proposal at every position,
+and keeps each proposal, its signals and propose time, the plain step's time and V(T)/V(1) measured on windows
+of the workload's own text at its context. Decoding is exact, so the token stream is the same whatever the
+scheduler does: `replay` runs the real AdaptiveDrafter over the recorded proposals with modelled times (no clock,
+no noise), and `oracle` finds, by dynamic programming over positions, the cheapest windows a policy that knew
+which drafts would be accepted could pick. The gap between the two is what a better policy could still win;
+the oracle is what better drafters or cheaper windows must raise.
+
+    python -m guild.tools.replay record --workloads W1,W3,W5,W7,W8 -o trace.json
+    python -m guild.tools.replay run trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..chat import run_turn
+from ..engine.session import GuildSession
+from ..files import write_bytes
+from ..options import MTP_K
+from ..run import DecodeOptions, load_for, slots
+from ..spec.adaptive import AdaptiveDrafter
+from ..spec.base import Drafter
+from ..workloads import load_workloads
+
+CATCHUP_MS_PER_ROW = 0.12  # MTP catch-up per extra lagging row (64-row catch-ups on the embedded MoE: ~0.1-0.13 ms)
+OVERHEAD_MS = 0.05  # scheduler and bookkeeping per adaptive window
+
+
+class Recorder(Drafter):
+    """Plain decoding (never drafts) that asks every drafter at every window and keeps what each proposed."""
+
+    def __init__(self, drafters: Sequence[Drafter]):
+        self.drafters = list(drafters)
+        self.follows_rows = any(d.follows_rows for d in self.drafters)
+        self.turns: list[dict] = []
+
+    def ingest(self, tokens) -> None:
+        for d in self.drafters:
+            d.ingest(tokens)
+
+    def observe_hidden(self, pos0: int, rows) -> None:
+        for d in self.drafters:
+            d.observe_hidden(pos0, rows)
+
+    def start(self, history: Sequence[int], prompt_start: int) -> None:
+        for d in self.drafters:
+            d.start(history, prompt_start)
+        self.turns.append({"prompt": [int(t) for t in history], "prompt_start": prompt_start, "windows": {}})
+
+    def propose(self, history: Sequence[int], k: int) -> np.ndarray:
+        rec = {}
+        for d in self.drafters:
+            t = time.perf_counter()
+            toks = d.propose(history, k) if k > 0 else np.empty(0, np.int32)
+            ms = (time.perf_counter() - t) * 1e3
+            rec[d.name] = {"tokens": [int(x) for x in toks], "signals": d.signals(), "ms": ms,
+                           "lazy": d.lazy, "rows": int(d.catchup_rows)}
+        self.turns[-1]["windows"][len(history)] = {"room": int(k), "proposals": rec}
+        return np.empty(0, np.int32)
+
+
+def _window_rho(model, tokens: list[int], n0: int, max_T: int, repeats: int = 5) -> list[float]:
+    """V(T)/V(1) for T = 1..max_T at the turn's context, windows cut from the turn's own output (real text routes
+    to fewer distinct experts than random tokens)."""
+    s = GuildSession(model, n_ctx=n0 + max_T + 2)
+    s.prefill(tokens[: n0 - 1])
+    out = tokens[n0 - 1 :]
+    starts = list(range(0, max(1, len(out) - max_T), max(1, (len(out) - max_T) // 4)))[:4]
+    times: dict[int, list[float]] = {T: [] for T in range(1, max_T + 1)}
+    for r in range(repeats + 1):
+        for T in times:
+            for j in starts:
+                t0 = time.perf_counter()
+                model.forward_batch([(np.asarray(out[j : j + T], np.int64), s.state)])
+                if r:
+                    times[T].append((time.perf_counter() - t0) * 1e3)
+                s.state.commit(0)
+    v = {T: statistics.median(x) for T, x in times.items()}
+    return [v[T] / v[1] for T in times]
+
+
+def record(workloads: Sequence[str], model: str | None = None, max_draft: int = 4, context: int = 8192,
+           max_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Decode each workload plainly (its own sampling) and record every drafter's proposal at every position."""
+    opts = DecodeOptions(strategy="adaptive", max_draft=max_draft, context=context)
+    lm = load_for(model, opts)
+    out = {"model": Path(lm.path).name, "max_draft": max_draft, "workloads": []}
+    for w in load_workloads(workloads):
+        for inst in w.instances(lm.tokenizer, context):
+            if progress:
+                progress(f"recording {inst.key}")
+            o = replace(opts, sampling=inst.sampling_params(), max_tokens=max_tokens or inst.max_tokens)
+            ss = slots(lm, o, 1, corpus_texts=inst.corpus_texts())
+            ad = ss[0].drafter
+            if not isinstance(ad, AdaptiveDrafter):
+                raise TypeError("replay records the adaptive strategy's drafters")
+            rec = ss[0] = replace(ss[0], drafter=Recorder(ad.drafters))
+            turns = []
+            for text in inst.render_turns():
+                t = run_turn(ss, text, chat=inst.chat, max_tokens=o.max_tokens, max_draft=max_draft)[0][0]
+                turn = rec.drafter.turns[-1]
+                turns.append({
+                    "tokens": turn["prompt"] + [int(x) for x in t.tokens], "n0": len(turn["prompt"]) + 1,
+                    "max_tokens": o.max_tokens, "v1_ms": statistics.median(r.verify_ms for r in t.stats.windows),
+                    "windows": {str(n): v for n, v in turn["windows"].items()},
+                })
+            rho = _window_rho(lm.model, turns[0]["tokens"], turns[0]["n0"], max_draft + 1)
+            out["workloads"].append({"id": inst.key, "rho": rho, "turns": turns})
+    return out
+
+
+class _Replayed(Drafter):
+    """A drafter that returns what was recorded at each position; its propose advances a fake clock by its
+    modelled cost (recorded median; a lazy one pays catch-up per row it lagged)."""
+
+    def __init__(self, name: str, lazy: bool, ms: float, clock: list[float]):
+        self.name, self.lazy, self.ms, self.clock = name, lazy, ms, clock
+        self.windows: dict = {}
+        self.seen = 0  # the last position it was asked at (lazy: its cache is caught up to there)
+        self._sig: dict = {}
+
+    def propose(self, history, k):
+        n = len(history)
+        p = self.windows[str(n)]["proposals"][self.name]
+        self.catchup_rows = max(1, n - self.seen) if self.lazy else 0
+        self.clock[0] += (self.ms + CATCHUP_MS_PER_ROW * (self.catchup_rows - 1)) / 1e3
+        self.seen = n
+        self._sig = p["signals"]
+        return np.asarray(p["tokens"][:k], np.int32)
+
+    def signals(self):
+        return self._sig
+
+
+def _accepted(tokens: list[int], n: int, end: int, draft: Sequence[int]) -> int:
+    a = 0
+    while a < len(draft) and n + a < end and tokens[n + a] == draft[a]:
+        a += 1
+    return a
+
+
+def replay(wl: dict, make: Callable | None = None, max_draft: int = 4) -> dict:
+    """The adaptive drafter (`make(drafters, clock)`, default AdaptiveDrafter) over one recorded workload."""
+    clock = [0.0]
+    first = wl["turns"][0]["windows"]
+    some = next(iter(first.values()))["proposals"]
+    ms = {name: statistics.median(w["proposals"][name]["ms"] for t in wl["turns"] for w in t["windows"].values())
+          for name in some}
+    fakes = [_Replayed(name, p["lazy"], ms[name], clock) for name, p in some.items()]
+    ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, max_draft=max_draft, mtp_cap_k=MTP_K)))(
+        fakes, lambda: clock[0])
+    t_plain = t_ad = 0.0
+    n_win = drafted = accepted = 0
+    for turn in wl["turns"]:
+        h, n0 = turn["tokens"], turn["n0"]
+        end, v1 = len(h), turn["v1_ms"]
+        for f in fakes:
+            f.windows, f.seen = turn["windows"], n0 - 1
+        ad.start(h[: n0 - 1], n0 - 1)
+        n = n0
+        t_plain += (end - n0) * v1
+        while n < end:
+            room = min(turn["max_tokens"] - (n - n0 + 1) - 1, max_draft)
+            c0 = clock[0]
+            draft = list(ad.propose(h[:n], room))[:room] if room > 0 else []
+            d_ms = (clock[0] - c0) * 1e3 + OVERHEAD_MS
+            a = _accepted(h, n, end, draft)
+            e = min(a + 1, end - n)
+            v_ms = v1 * wl["rho"][len(draft)]
+            ad.observe(len(draft), d_ms, v_ms, e)
+            t_ad += d_ms + v_ms
+            n_win, drafted, accepted = n_win + 1, drafted + len(draft), accepted + a
+            n += e
+    return {"speedup": t_plain / t_ad, "windows": n_win, "drafted": drafted, "accepted": accepted}
+
+
+def oracle(wl: dict, strategies: Sequence[str] | None = None, max_draft: int = 4) -> float:
+    """Speedup of the cheapest windows a policy that knew each draft's accepted length could choose from the same
+    proposals (each paying only the drafter it uses, at its recorded median propose time)."""
+    t_plain = t_best = 0.0
+    some = next(iter(wl["turns"][0]["windows"].values()))["proposals"]
+    ms = {name: statistics.median(w["proposals"][name]["ms"] for t in wl["turns"] for w in t["windows"].values())
+          for name in some}
+    for turn in wl["turns"]:
+        h, n0, v1 = turn["tokens"], turn["n0"], turn["v1_ms"]
+        end = len(h)
+        best = [0.0] * (end + 1)
+        for n in range(end - 1, n0 - 1, -1):
+            c = v1 + best[n + 1]
+            w = turn["windows"].get(str(n))
+            for name, p in (w["proposals"].items() if w else ()):
+                if strategies is not None and name not in strategies:
+                    continue
+                a = _accepted(h, n, end, p["tokens"])
+                for k in range(1, min(len(p["tokens"]), max_draft, w["room"]) + 1):
+                    c = min(c, ms[name] + v1 * wl["rho"][k] + best[min(n + min(a, k) + 1, end)])
+            best[n] = c
+        t_plain += (end - n0) * v1
+        t_best += best[n0]
+    return t_plain / t_best
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m guild.tools.replay", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="decode workloads plainly, recording every drafter's proposals")
+    r.add_argument("--workloads", default="W1,W3,W5,W7,W8")
+    r.add_argument("--model", default=None)
+    r.add_argument("--max-tokens", type=int, default=None)
+    r.add_argument("-o", "--out", default="replay-trace.json")
+    p = sub.add_parser("run", help="replay the scheduler over a recorded trace; print it beside the oracle")
+    p.add_argument("trace")
+    p.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "record":
+        tr = record(a.workloads.split(","), a.model, max_tokens=a.max_tokens, progress=print)
+        write_bytes(Path(a.out), json.dumps(tr).encode(), "the replay trace")
+        print(f"written to {a.out}")
+        return
+    tr = json.loads(Path(a.trace).read_text())
+    rows = []
+    for wl in tr["workloads"]:
+        res = replay(wl, max_draft=tr["max_draft"])
+        rows.append({"workload": wl["id"], **res, "oracle": oracle(wl, max_draft=tr["max_draft"]),
+                     "oracle_no_mtp": oracle(wl, ("lookup", "retrieval"), tr["max_draft"]),
+                     "rho": [round(x, 3) for x in wl["rho"]]})
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print("| workload | replayed adaptive | oracle | oracle without MTP | windows | drafted | accepted | V(T)/V(1) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for x in rows:
+        print(f"| {x['workload']} | {x['speedup']:.3f}× | {x['oracle']:.3f}× | {x['oracle_no_mtp']:.3f}× | "
+              f"{x['windows']} | {x['drafted']} | {x['accepted']} | {', '.join(f'{v:.2f}' for v in x['rho'])} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""guild.tools.replay: the scheduler replayed over recorded proposals, against the oracle's ceiling."""
+
+import json
+
+import pytest
+
+from guild.tools import replay as R
+
+
+def _trace(n_out=60, lookup_from=20, mtp_right=False, lookup=True):
+    """One turn of a period-7 text: lookup proposes the true continuation from `lookup_from` on, the lazy MTP
+    head one token (right or wrong) with probability 0.9. Plain step 10 ms; V(T)/V(1) = 1 + 0.3 (T - 1)."""
+    period = [11, 12, 13, 14, 15, 16, 17]
+    prompt = [1, 2, 3]
+    toks = prompt + [period[i % 7] for i in range(n_out)]
+    n0 = len(prompt) + 1
+    windows = {}
+    for n in range(n0, len(toks)):
+        room = min(64 - (n - n0 + 1) - 1, 4)
+        lk = toks[n : n + 4] if lookup and n - n0 >= lookup_from else []
+        windows[str(n)] = {"room": room, "proposals": {
+            "lookup": {"tokens": lk, "signals": {"match_len": 9, "freq": 3}, "ms": 0.05, "lazy": False, "rows": 0},
+            "mtp": {"tokens": [toks[n] if mtp_right else 999], "signals": {"prob": 0.9}, "ms": 1.0, "lazy": True,
+                    "rows": 1},
+        }}
+    return {"id": "T", "rho": [1 + 0.3 * t for t in range(5)],
+            "turns": [{"tokens": toks, "n0": n0, "max_tokens": 64, "v1_ms": 10.0, "windows": windows}]}
+
+
+def test_replay_gains_where_lookup_is_right_and_stays_under_the_oracle():
+    wl = _trace()
+    r = R.replay(wl)
+    assert r["drafted"] > 0 and r["accepted"] >= r["drafted"] - 1  # lookup is always right (the head, never)
+    assert 1.3 < r["speedup"] <= R.oracle(wl) + 1e-9
+    # an MTP head that is never right adds nothing a perfect policy would use
+    assert R.oracle(wl) == pytest.approx(R.oracle(wl, ("lookup",)))
+    assert R.oracle(_trace(mtp_right=True)) > R.oracle(wl)
+
+
+def test_nothing_to_draft_costs_only_the_asking():
+    wl = _trace(lookup=False)
+    assert R.oracle(wl, ("lookup",)) == pytest.approx(1.0)
+    r = R.replay(wl)
+    assert r["drafted"] <= 2  # a wrong head is muted after its first failures
+    assert 0.9 < r["speedup"] <= 1.0
+
+
+def test_record_is_plain_decoding_on_the_embedded_model(tmp_path, moe_path):
+    """Recording asks every drafter at every position but never drafts: the stream is plain decoding's, and the
+    trace replays."""
+    from guild.run import DecodeOptions, load_for
+    from guild.tools.bench import run_workload
+    from guild.workloads import load_workloads
+
+    tr = R.record(["W3"], moe_path, max_tokens=8)
+    wl = tr["workloads"][0]
+    turn = wl["turns"][0]
+    # every window but the last (max_tokens leaves it no room to draft)
+    assert sorted(int(n) for n in turn["windows"]) == list(range(turn["n0"], len(turn["tokens"]) - 1))
+    assert set(next(iter(turn["windows"].values()))["proposals"]) == {"lookup", "retrieval", "mtp"}
+    lm = load_for(moe_path, DecodeOptions())
+    w = load_workloads(["W3"])[0].instances(lm.tokenizer, 8192)[0]
+    plain = run_workload(lm, w, DecodeOptions(strategy="normal", max_tokens=8, sampling=w.sampling_params()))
+    assert turn["tokens"][turn["n0"] - 1 :] == plain.tokens[0]
+    assert len(wl["rho"]) == 5 and wl["rho"][0] == 1.0
+    (tmp_path / "t.json").write_text(json.dumps(tr))
+    R.main(["run", str(tmp_path / "t.json")])
