@@ -37,25 +37,17 @@ CATCHUP_MS_PER_ROW = 0.12  # MTP catch-up per extra lagging row (64-row catch-up
 OVERHEAD_MS = 0.05  # scheduler and bookkeeping per adaptive window
 
 
-class Recorder(Drafter):
+class Recorder(AdaptiveDrafter):
     """Plain decoding (never drafts) that asks every drafter at every window and keeps what each proposed."""
 
+    name = "record"
+
     def __init__(self, drafters: Sequence[Drafter]):
-        self.drafters = list(drafters)
-        self.follows_rows = any(d.follows_rows for d in self.drafters)
+        super().__init__(drafters)
         self.turns: list[dict] = []
 
-    def ingest(self, tokens) -> None:
-        for d in self.drafters:
-            d.ingest(tokens)
-
-    def observe_hidden(self, pos0: int, rows) -> None:
-        for d in self.drafters:
-            d.observe_hidden(pos0, rows)
-
     def start(self, history: Sequence[int], prompt_start: int) -> None:
-        for d in self.drafters:
-            d.start(history, prompt_start)
+        super().start(history, prompt_start)
         self.turns.append({"prompt": [int(t) for t in history], "prompt_start": prompt_start, "windows": {}})
 
     def propose(self, history: Sequence[int], k: int) -> np.ndarray:
