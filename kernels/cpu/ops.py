@@ -112,60 +112,34 @@ def attention(q, kt, vc, pos0, scale, out, scores):
     Row t reads positions 0..pos0+t; every score, sum and output element is computed in a fixed order: a score
     is one fma chain over i, an output element one fma chain over positions. One task per (KV head, row): the
     query heads sharing that KV head run together block by block, so each block of K and V is read from memory
-    once and reused from L1; on the vector path with T >= 4 a task takes two rows, whose scores share the K loads
-    too (each score's chain is the same whichever rows share its loads: row invariance holds). 16-lane vector
-    code (kernels/cpu/simd.py) where hd is a multiple of 16 and the rows are stride-1, else scalar.
+    once and reused from L1. (Two rows per task sharing 32-position K blocks was faster with the cache hot, but
+    1.4-1.8x slower over a model's 30 layers at 2k positions: the shorter strided runs defeat the prefetcher.)
+    16-lane vector code (kernels/cpu/simd.py) where hd is a multiple of 16 and the rows are stride-1, else scalar.
     """
     T, H, hd = q.shape
     Hkv = kt.shape[0]
     group = H // Hkv
     vec = (hd % 16 == 0 and kt.strides[2] == 4 and vc.strides[2] == 4 and scores.strides[1] == 4
            and out.strides[2] == 4 and q.strides[2] == 4)
-    pair = vec and T >= 4  # rows in pairs sharing each K load (T = 2, 3: as many tasks as threads need)
-    P = (T + 1) // 2 if pair else T
-    for u in prange(Hkv * P):
-        g = u // P
-        t = (u - g * P) * (2 if pair else 1)
-        if pair and t + 1 < T:
-            _attend_pair(q, kt, vc, pos0, scale, out, scores, g, t, group, hd)
-        else:
-            _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec)
+    for u in prange(Hkv * T):
+        g = u // T
+        _attend(q, kt, vc, pos0, scale, out, scores, g, u - g * T, group, hd, vec)
 
 
 @njit(cache=True, error_model="numpy")
 def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
     """Row t of the query heads g*group .. (g+1)*group - 1 (a function of its own: compiled outside the
     parallel region, where LLVM keeps the vector accumulators in registers)."""
-    if vec:
-        _attend_from(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, 0)
-        return
     L = pos0 + t + 1
     H = q.shape[1]
     h0 = g * group
+    if vec:
+        _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, 0)
+        _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, True)
+        return
     for h in range(h0, h0 + group):
         _scores_scalar(q, kt, g, t, h, hd, L, scale, scores[t * H + h, :L])
     _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, False)
-
-
-@njit(cache=True, error_model="numpy")
-def _attend_from(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, j0):
-    """_attend of row t on the vector path, its scores before position j0 already computed."""
-    L = pos0 + t + 1
-    H = q.shape[1]
-    h0 = g * group
-    _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, t * H + h0, j0)
-    _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, True)
-
-
-@njit(cache=True, error_model="numpy")
-def _attend_pair(q, kt, vc, pos0, scale, out, scores, g, t, group, hd):
-    """Rows t and t + 1 of _attend (vector path): their scores over the positions both see in 32-position
-    blocks sharing each K load, then the rest of each row as _attend."""
-    H = q.shape[1]
-    h0 = g * group
-    j0 = _scores_pair(q, kt, g, t, h0, group, hd, pos0 + t + 1, scale, scores, t * H + h0, (t + 1) * H + h0)
-    _attend_from(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, j0)
-    _attend_from(q, kt, vc, pos0, scale, out, scores, g, t + 1, group, hd, j0)
 
 
 @njit(cache=True, inline="always")
@@ -194,66 +168,6 @@ def _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec):
                 vr = vc[g, j]
                 for i in range(hd):
                     o[i] += p * vr[i]
-
-
-@njit(cache=True, inline="always")
-def _scores_pair(q, kt, g, t, h0, group, hd, L, scale, scores, ta, tb):
-    """_scores_vec of rows t (scores rows ta + r) and t + 1 (tb + r) over positions [0, J), J the largest multiple
-    of 32 <= L: up to three heads x two rows x 32 positions in registers, each K vector loaded once for the six.
-    Returns J."""
-    pk = kt.ctypes.data + g * kt.strides[0]
-    sk = kt.strides[1]
-    ss = scores.strides[0]
-    J = L // 32 * 32
-    for r in range(0, group, 3):
-        b1 = r + 1 < group
-        b2 = r + 2 < group
-        h = h0 + r
-        pa = scores.ctypes.data + (ta + r) * ss
-        pb = scores.ctypes.data + (tb + r) * ss
-        for j in range(0, J, 32):
-            a0 = a1 = c0 = c1 = e0 = e1 = zero_f()
-            f0 = f1 = m0 = m1 = n0 = n1 = zero_f()
-            for i in range(hd):
-                p = pk + i * sk + 4 * j
-                k0 = ld_f32(p)
-                k1 = ld_f32(p + 64)
-                qa = splat_f(q[t, h, i] * scale)
-                qb = splat_f(q[t + 1, h, i] * scale)
-                a0 = fma_f(qa, k0, a0)
-                a1 = fma_f(qa, k1, a1)
-                f0 = fma_f(qb, k0, f0)
-                f1 = fma_f(qb, k1, f1)
-                if b1:
-                    qa = splat_f(q[t, h + 1, i] * scale)
-                    qb = splat_f(q[t + 1, h + 1, i] * scale)
-                    c0 = fma_f(qa, k0, c0)
-                    c1 = fma_f(qa, k1, c1)
-                    m0 = fma_f(qb, k0, m0)
-                    m1 = fma_f(qb, k1, m1)
-                if b2:
-                    qa = splat_f(q[t, h + 2, i] * scale)
-                    qb = splat_f(q[t + 1, h + 2, i] * scale)
-                    e0 = fma_f(qa, k0, e0)
-                    e1 = fma_f(qa, k1, e1)
-                    n0 = fma_f(qb, k0, n0)
-                    n1 = fma_f(qb, k1, n1)
-            o = 4 * j
-            st_f32(pa + o, a0)
-            st_f32(pa + o + 64, a1)
-            st_f32(pb + o, f0)
-            st_f32(pb + o + 64, f1)
-            if b1:
-                st_f32(pa + ss + o, c0)
-                st_f32(pa + ss + o + 64, c1)
-                st_f32(pb + ss + o, m0)
-                st_f32(pb + ss + o + 64, m1)
-            if b2:
-                st_f32(pa + 2 * ss + o, e0)
-                st_f32(pa + 2 * ss + o + 64, e1)
-                st_f32(pb + 2 * ss + o, n0)
-                st_f32(pb + 2 * ss + o + 64, n1)
-    return J
 
 
 @njit(cache=True, inline="always")
