@@ -62,7 +62,7 @@ def test_attention_matches_ref():
 
 @pytest.mark.parametrize("pos0,H,Hkv,hd,ctx", [(9, 6, 2, 16, 40), (33, 9, 3, 32, 90), (70, 8, 2, 16, 90)])
 def test_attention_row_invariance(pos0, H, Hkv, hd, ctx):
-    # contexts past 32 and 64 positions reach the shared two-row score blocks (T >= 4) and the 64-wide ones
+    # contexts past 64 positions reach the 64-wide score blocks and the 16-wide and lane-by-lane tails
     q, _, _, kc, vc = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
     before = numba.get_num_threads()
     try:
