@@ -181,6 +181,9 @@ def test_mtp_is_asked_only_when_it_could_pay():
     s.muted["mtp"] = 3
     assert not any(s.ask("mtp", [], 7) for _ in range(20))  # never while muted
     assert not s.ask("mtp", [], 0)  # no room
+    s0 = AdaptiveScheduler(SchedulerConfig(mtp_cap_k=0))
+    s0.observe_window("normal", 0, 0.0, 10.0, 1)
+    assert s0.ask_value("mtp", 10.0, 7) == 0.0  # no draft allowed: nothing to gain, and no error
 
 
 def test_mtp_confident_part_of_the_time_is_asked_every_window():

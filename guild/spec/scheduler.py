@@ -281,7 +281,7 @@ class AdaptiveScheduler:
         total = sum(shares.values())
         gain = 0.0
         for b, w in shares.items():
-            gain += w / total * max(0.0, *(best * e - v for v, e in self._curve(strategy, b, kmax)))
+            gain += w / total * max([0.0] + [best * e - v for v, e in self._curve(strategy, b, kmax)])
         return gain - self.costs.draft(strategy) - self.costs.catchup_ms
 
     def ask(self, strategy: str, proposals: Sequence[Proposal], room: int) -> bool:
