@@ -45,6 +45,19 @@ def test_nothing_to_draft_costs_only_the_asking():
     assert 0.9 < r["speedup"] <= 1.0
 
 
+def test_bad_traces_are_one_line_errors(tmp_path):
+    from guild.errors import GuildError
+
+    with pytest.raises(GuildError, match="No such file"):
+        R.load_trace(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(GuildError, match="not a trace"):
+        R.load_trace(tmp_path / "bad.json")
+    (tmp_path / "short.json").write_text(json.dumps({"max_draft": 4, "workloads": [{**_trace(), "rho": [1.0]}]}))
+    with pytest.raises(GuildError, match="V\\(T\\)"):
+        R.load_trace(tmp_path / "short.json")
+
+
 def test_record_is_plain_decoding_on_the_embedded_model(tmp_path, moe_path):
     """Recording asks every drafter at every position but never drafts: the stream is plain decoding's, and the
     trace replays."""

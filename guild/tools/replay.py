@@ -26,6 +26,7 @@ import numpy as np
 
 from ..chat import run_turn
 from ..engine.session import GuildSession
+from ..errors import GuildError
 from ..files import write_bytes
 from ..options import MTP_K
 from ..run import DecodeOptions, load_for, slots
@@ -203,6 +204,23 @@ def oracle(wl: dict, strategies: Sequence[str] | None = None, max_draft: int = 4
     return t_plain / t_best
 
 
+def load_trace(path: str | Path) -> dict:
+    """A trace written by `record`, checked for the fields replay reads."""
+    try:
+        tr = json.loads(Path(path).read_text())
+        for wl in tr["workloads"]:
+            if len(wl["rho"]) < tr["max_draft"] + 1 or not wl["turns"]:
+                raise ValueError(f"workload {wl['id']}: V(T) for T = 1..{tr['max_draft'] + 1} and turns needed")
+            for t in wl["turns"]:
+                if not (1 <= t["n0"] <= len(t["tokens"]) and t["v1_ms"] > 0 and t["windows"]):
+                    raise ValueError(f"workload {wl['id']}: a turn without tokens, windows or plain-step time")
+    except OSError as e:
+        raise GuildError(f"replay trace {path}: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise GuildError(f"replay trace {path}: not a trace written by `replay record` ({e})") from None
+    return tr
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m guild.tools.replay", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -220,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         write_bytes(Path(a.out), json.dumps(tr).encode(), "the replay trace")
         print(f"written to {a.out}")
         return
-    tr = json.loads(Path(a.trace).read_text())
+    tr = load_trace(a.trace)
     rows = []
     for wl in tr["workloads"]:
         res = replay(wl, max_draft=tr["max_draft"])
@@ -238,4 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except GuildError as e:
+        raise SystemExit(f"error: {e}") from None
