@@ -98,18 +98,24 @@ def llama_cpp_decode(path, ids, n, threads, repeats):
     return _median(dec), _median(pre), toks
 
 
-def window_costs(model, ids, repeats=7, max_T=8):
+def window_costs(model, ids, repeats=7, max_T=8, text=None):
     """Median ms of one verification window of T rows at the prompt's context, T = 1..max_T. Each repeat runs
-    every T in turn (after one unmeasured round), so that a slow spell of a shared machine hits all T alike."""
+    every T in turn (after one unmeasured round), so that a slow spell of a shared machine hits all T alike.
+    Windows are random tokens, or cut from `text` (real text routes to fewer distinct experts) at a different
+    offset each repeat."""
 
-    s = GuildSession(model, n_ctx=len(ids) + 16)
+    s = GuildSession(model, n_ctx=len(ids) + max_T + 16)
     s.prefill(ids)
     rng = np.random.default_rng(0)
     times = {T: [] for T in range(1, max_T + 1)}
     d = {T: [] for T in times}
     for r in range(repeats + 1):
         for T in times:
-            win = rng.integers(min(100, model.args.vocab_size // 2), min(20000, model.args.vocab_size), T)
+            if text is not None and len(text) > T:
+                j = (7 * r) % (len(text) - T)
+                win = np.asarray(text[j : j + T], np.int64)
+            else:
+                win = rng.integers(min(100, model.args.vocab_size // 2), min(20000, model.args.vocab_size), T)
             t0 = time.perf_counter()
             out = model.forward_batch([(win, s.state)])[0]
             if r:

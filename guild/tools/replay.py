@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from ..chat import run_turn
-from ..engine.session import GuildSession
 from ..errors import GuildError
 from ..files import write_bytes
 from ..options import MTP_K
@@ -33,6 +32,7 @@ from ..run import DecodeOptions, load_for, slots
 from ..spec.adaptive import AdaptiveDrafter
 from ..spec.base import Drafter
 from ..workloads import load_workloads
+from .perf import window_costs
 
 CATCHUP_MS_PER_ROW = 0.12  # MTP catch-up per extra lagging row (64-row catch-ups on the embedded MoE: ~0.1-0.13 ms)
 OVERHEAD_MS = 0.05  # scheduler and bookkeeping per adaptive window
@@ -63,24 +63,10 @@ class Recorder(AdaptiveDrafter):
         return np.empty(0, np.int32)
 
 
-def _window_rho(model, tokens: list[int], n0: int, max_T: int, repeats: int = 5) -> list[float]:
-    """V(T)/V(1) for T = 1..max_T at the turn's context, windows cut from the turn's own output (real text routes
-    to fewer distinct experts than random tokens)."""
-    s = GuildSession(model, n_ctx=n0 + max_T + 2)
-    s.prefill(tokens[: n0 - 1])
-    out = tokens[n0 - 1 :]
-    starts = list(range(0, max(1, len(out) - max_T), max(1, (len(out) - max_T) // 4)))[:4]
-    times: dict[int, list[float]] = {T: [] for T in range(1, max_T + 1)}
-    for r in range(repeats + 1):
-        for T in times:
-            for j in starts:
-                t0 = time.perf_counter()
-                model.forward_batch([(np.asarray(out[j : j + T], np.int64), s.state)])
-                if r:
-                    times[T].append((time.perf_counter() - t0) * 1e3)
-                s.state.commit(0)
-    v = {T: statistics.median(x) for T, x in times.items()}
-    return [v[T] / v[1] for T in times]
+def _window_rho(model, tokens: list[int], n0: int, max_T: int, repeats: int = 20) -> list[float]:
+    """V(T)/V(1) for T = 1..max_T at the turn's context, windows cut from the turn's own output."""
+    ms, _ = window_costs(model, tokens[: n0 - 1], repeats, max_T, text=tokens[n0 - 1 :])
+    return [ms[T] / ms[1] for T in ms]
 
 
 def record(workloads: Sequence[str], model: str | None = None, max_draft: int = 4, context: int = 8192,
@@ -136,6 +122,14 @@ class _Replayed(Drafter):
         return self._sig
 
 
+def _propose_ms(wl: dict) -> tuple[dict[str, float], dict[str, bool]]:
+    """Each drafter's median recorded propose time over the workload, and whether it is lazy."""
+    some = next(iter(wl["turns"][0]["windows"].values()))["proposals"]
+    ms = {name: statistics.median(w["proposals"][name]["ms"] for t in wl["turns"] for w in t["windows"].values())
+          for name in some}
+    return ms, {name: p["lazy"] for name, p in some.items()}
+
+
 def _accepted(tokens: list[int], n: int, end: int, draft: Sequence[int]) -> int:
     a = 0
     while a < len(draft) and n + a < end and tokens[n + a] == draft[a]:
@@ -146,11 +140,8 @@ def _accepted(tokens: list[int], n: int, end: int, draft: Sequence[int]) -> int:
 def replay(wl: dict, make: Callable | None = None, max_draft: int = 4) -> dict:
     """The adaptive drafter (`make(drafters, clock)`, default AdaptiveDrafter) over one recorded workload."""
     clock = [0.0]
-    first = wl["turns"][0]["windows"]
-    some = next(iter(first.values()))["proposals"]
-    ms = {name: statistics.median(w["proposals"][name]["ms"] for t in wl["turns"] for w in t["windows"].values())
-          for name in some}
-    fakes = [_Replayed(name, p["lazy"], ms[name], clock) for name, p in some.items()]
+    ms, lazy = _propose_ms(wl)
+    fakes = [_Replayed(name, lazy[name], ms[name], clock) for name in ms]
     ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, max_draft=max_draft, mtp_cap_k=MTP_K)))(
         fakes, lambda: clock[0])
     t_plain = t_ad = 0.0
@@ -182,9 +173,7 @@ def oracle(wl: dict, strategies: Sequence[str] | None = None, max_draft: int = 4
     """Speedup of the cheapest windows a policy that knew each draft's accepted length could choose from the same
     proposals (each paying only the drafter it uses, at its recorded median propose time)."""
     t_plain = t_best = 0.0
-    some = next(iter(wl["turns"][0]["windows"].values()))["proposals"]
-    ms = {name: statistics.median(w["proposals"][name]["ms"] for t in wl["turns"] for w in t["windows"].values())
-          for name in some}
+    ms, _ = _propose_ms(wl)
     for turn in wl["turns"]:
         h, n0, v1 = turn["tokens"], turn["n0"], turn["v1_ms"]
         end = len(h)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ...engine.backends import HOST
 from ...files import atomic_path
-from ...kernels.cpu import ops
 from .config import HELDOUT_FRACTION, TrainMtpError
 
 
@@ -35,7 +35,7 @@ def teacher_pass(model, docs, seq_len: int, advance: Callable[[int], None]) -> d
             logits, x = out.logits, np.ascontiguousarray(out.hidden, np.float32)
             state.commit(0)
             hn = np.empty_like(x)
-            ops.rmsnorm(x, model.out_norm, a.norm_eps, hn)
+            HOST.rmsnorm(x, model.out_norm, a.norm_eps, hn)  # parallel over a chunk's rows
             toks.append(chunk.astype(np.int32))
             greedy.append(logits.argmax(-1).astype(np.int32))
             hidden.append(hn.astype(np.float16))
