@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 
+from guild.cli.run import DecodeOptions, run
 from guild.engine.session import GuildSession
-from guild.run import DecodeOptions, run
 
 
 def test_run_json_matches_session(dense_path, dense_model):

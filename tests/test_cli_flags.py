@@ -15,9 +15,9 @@ DENSE = ["smollm2-135m", "-t", "1", "--device", "cpu"]
 
 @pytest.fixture(autouse=True, scope="module")
 def _load_once():
-    """Load the model once for this file's in-process runs (guild.run.load_for, cached): the flags are under test
+    """Load the model once for this file's in-process runs (guild.cli.run.load_for, cached): the flags are under test
     here, the loader elsewhere (test_cli, test_repl_pty run the whole program)."""
-    import guild.run as gr
+    import guild.cli.run as gr
 
     real, cache = gr.load_for, {}
 
@@ -158,7 +158,7 @@ def test_install_hint_names_the_extra(tmp_path, monkeypatch):
 
 
 def test_cold_kernel_cache_is_noticed(tmp_path):
-    code = "from guild.run import kernels_cold; print(kernels_cold())"
+    code = "from guild.cli.run import kernels_cold; print(kernels_cold())"
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.stdout.strip() == "True", r.stderr  # an empty Numba cache: the kernels will compile

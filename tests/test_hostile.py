@@ -288,7 +288,7 @@ def test_usage_errors_are_one_line():
 
 
 def test_last_resort_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
-    from guild.last_resort import run_cli
+    from guild.cli.last_resort import run_cli
 
     def boom(**kw):
         raise RuntimeError("kaboom\nsecond line")

@@ -378,7 +378,7 @@ def test_sampled_parity(tiny):
 # metadata, layer pattern, errors
 # =========================================================================================================
 def test_layer_pattern(tiny, tmp_path):
-    from guild.describe import layer_pattern
+    from guild.cli.inspect import layer_pattern
 
     assert tiny("qwen3next")[1].layer_pattern == "RRRA"
     assert tiny("qwen35moe-q8")[1].layer_pattern == "RRARRA"

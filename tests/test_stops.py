@@ -6,9 +6,9 @@ import codecs
 import pytest
 
 from guild.chat import Conversation, Slot, TextStream, run_turn
+from guild.cli.options import SpecOptions
 from guild.engine.sampling import SamplingParams
 from guild.load import load
-from guild.options import SpecOptions
 
 
 class _Decoder:

@@ -15,9 +15,9 @@ import ctypes
 import sys
 from dataclasses import dataclass
 
+from ..cli.options import DEVICES
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
 from ..machine import FAKE_GPU_NAME, fake_gpu_mib
-from ..options import DEVICES
 from . import cuda
 
 

@@ -179,7 +179,7 @@ class HybridMoe:
     @property
     def layer_pattern(self) -> str:
         """One letter per block: R Gated DeltaNet, A full attention, M an MTP block (in the file, not run), e.g.
-        "RRRARRRA": the string guild.describe.layer_pattern derives from the metadata."""
+        "RRRARRRA": the string guild.cli.inspect.layer_pattern derives from the metadata."""
         return "".join("R" if r else "A" for r in self.d.recurrent) + "M" * self.n_mtp
 
     def mtp_block(self, g: GGUFFile, bid: int):

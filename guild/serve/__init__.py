@@ -10,8 +10,8 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..cli.options import MAX_SESSIONS, DecodeOptions, SpecOptions
 from ..errors import BadFlagError, GuildError
-from ..options import MAX_SESSIONS, DecodeOptions, SpecOptions
 from .engine import BatchEngine
 from .metrics import Metrics
 from .schema import Defaults
@@ -68,7 +68,7 @@ def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: 
         import uvicorn
     except ImportError:
         raise GuildError("guild serve needs uvicorn and starlette: pip install 'guild'") from None
-    from ..run import load_for
+    from ..cli.run import load_for
 
     sock = _bind(sopts.host, sopts.port)
     log(f"guild serve: loading {model or 'the default model'}")

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..chat import TextStream
+from ..cli.options import SpecOptions
 from ..engine.sampling import SamplingParams
 from ..engine.session import Generation, GenerationStats, GuildSession, run_round
 from ..errors import GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
-from ..options import SpecOptions
 from ..spec import Drafter
 from .metrics import Metrics
 

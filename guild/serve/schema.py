@@ -8,8 +8,8 @@ import json
 import math
 from dataclasses import dataclass, replace
 
+from ..cli.options import STRATEGIES
 from ..engine.sampling import SamplingParams
-from ..options import STRATEGIES
 from ..window import MAX_DRAFT
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; prompts past any context are refused before tokenising

@@ -1,6 +1,6 @@
 """Drafters propose draft tokens for a verification window; the verifier decides what is kept.
 
-The strategies' table (what each needs: an MTP head, a corpus) is guild.options.STRATEGIES; BUILDERS below is
+The strategies' table (what each needs: an MTP head, a corpus) is guild.cli.options.STRATEGIES; BUILDERS below is
 how each one's drafter is built. Everything else asks these two.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..cli.options import MTP_K, MTP_VOCAB, STRATEGIES, MtpOptions, SpecOptions
 from ..errors import BadFlagError
-from ..options import MTP_K, MTP_VOCAB, STRATEGIES, MtpOptions, SpecOptions
 from .adaptive import AdaptiveDrafter
 from .base import Drafter, NoDrafter
 from .lookup import SuffixDrafter

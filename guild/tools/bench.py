@@ -34,10 +34,10 @@ from rich.progress import (
 
 from .. import __version__
 from ..chat import run_turn
+from ..cli.run import DecodeOptions, load_for, slots
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
 from ..files import write_bytes
-from ..run import DecodeOptions, load_for, slots
 from ..spec import STRATEGIES, MtpOptions
 from ..workloads import load_workloads
 

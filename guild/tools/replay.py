@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from ..chat import run_turn
+from ..cli.options import MTP_K
+from ..cli.run import DecodeOptions, load_for, slots
 from ..errors import GuildError
 from ..files import write_bytes
-from ..options import MTP_K
-from ..run import DecodeOptions, load_for, slots
 from ..spec.adaptive import AdaptiveDrafter
 from ..spec.base import Drafter
 from ..workloads import load_workloads

@@ -90,7 +90,7 @@ class Worker:
 
         from rich.console import Console
 
-        from guild.describe import inspect
+        from guild.cli.inspect import inspect
         from guild.plan import read_plan
 
         p = self.d / "case.gexec"

@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 
-from .errors import GuildError
+from ..errors import GuildError
 
 
 def _line(e: BaseException) -> str:

@@ -14,10 +14,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from . import __version__
-from .errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
-from .files import check_writable
-from .inputs import conversation_turns, prompt_source
+from .. import __version__
+from ..errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
+from ..files import check_writable
+from ..inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
 from .options import MTP_K, MTP_VOCAB, MtpOptions
 
@@ -38,7 +38,7 @@ _plain_flag_metavar()
 
 
 class GuildApp(typer.Typer):
-    """The CLI; calling it (the `guild` script) turns whatever escapes a command into one line: guild.last_resort."""
+    """The CLI; calling it (the `guild` script) turns whatever escapes a command into one line (last_resort)."""
 
     def __call__(self, *args, **kwargs):
         return run_cli(super().__call__, *args, **kwargs)
@@ -104,7 +104,7 @@ def _sampling_kw(**flags) -> dict:
 
 def _set_numerics(mode: str) -> None:
     """--numerics: the mode every matrix of this process is packed under (kernels/cpu/quant.py NUMERICS)."""
-    from .kernels.cpu import quant  # deferred: see the module docstring
+    from ..kernels.cpu import quant  # deferred: see the module docstring
 
     if mode not in quant.NUMERICS:
         raise BadFlagError(f"--numerics must be {' or '.join(quant.NUMERICS)}, not {mode!r}")
@@ -273,7 +273,7 @@ def run(
     seed: int | None = _RUN_SAMPLING["seed"],
 ):
     """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
-    from .engine.sampling import SamplingParams  # deferred: see the module docstring
+    from ..engine.sampling import SamplingParams  # deferred: see the module docstring
     from .run import DecodeOptions, Runner, TextOptions, write_trace
     from .run import run as run_prompts
 
@@ -407,10 +407,10 @@ def serve(
     """Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus /health and
     /metrics (Prometheus). Requests are batched into one forward per round; each decodes exactly as `guild run`.
     Sampling flags are the defaults for requests that leave a field out."""
-    from .engine.sampling import SamplingParams  # deferred: see the module docstring
+    from ..engine.sampling import SamplingParams  # deferred: see the module docstring
+    from ..serve import ServeOptions
+    from ..serve import serve as serve_model
     from .run import DecodeOptions
-    from .serve import ServeOptions
-    from .serve import serve as serve_model
 
     try:
         _set_numerics(numerics)
@@ -471,9 +471,9 @@ def bench(
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table. Sampling flags
     change those settings of every workload (the rest stay each workload's own)."""
-    from .engine.sampling import SamplingParams  # deferred: see the module docstring
-    from .load import set_threads
-    from .tools.bench import bench as run_bench
+    from ..engine.sampling import SamplingParams  # deferred: see the module docstring
+    from ..load import set_threads
+    from ..tools.bench import bench as run_bench
 
     try:
         _writable(out / "bench.json", "--out")
@@ -517,8 +517,8 @@ def optimize(
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
 ):
     """Calibrate this machine for a model (probe, placement, CPU kernels, speculative costs) → a .gexec plan."""
-    from .calib.optimize import optimize as run_optimize  # deferred: see the module docstring
-    from .load import load
+    from ..calib.optimize import optimize as run_optimize  # deferred: see the module docstring
+    from ..load import load
 
     try:
         _writable(out, "-o/--out", PlanError)
@@ -542,7 +542,7 @@ def inspect(
                                      "pip install 'guild\\[plot]')."),
 ):
     """Show a plan (identity, placement, CPU tuning, speculative costs) or a GGUF model."""
-    from .describe import inspect as run_inspect  # deferred: see the module docstring
+    from .inspect import inspect as run_inspect  # deferred: see the module docstring
 
     try:
         _writable(plot, "--plot")
@@ -564,7 +564,7 @@ def upcycle(
     seed: int = typer.Option(0, "--seed", help="Seed of the perturbations and the router."),
 ):
     """Build a Mixtral-style MoE GGUF from a dense llama GGUF by sparse upcycling."""
-    from . import upcycle as up  # deferred: see the module docstring
+    from .. import upcycle as up  # deferred: see the module docstring
 
     try:
         if dense is None and out is None and (experts, top_k, seed) == (8, 2, 0):
@@ -606,7 +606,7 @@ def train_mtp(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
 ):
     """Train an MTP head (see the help above)."""
-    from .tools.train_mtp import train_mtp as run_train  # deferred: see the module docstring
+    from ..tools.train_mtp import train_mtp as run_train  # deferred: see the module docstring
 
     try:
         _writable(output, "-o/--output")

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import __version__
-from .chat import Conversation, Slot, Turn, drop_note, run_turn, use_chat_template
-from .errors import BadFlagError
-from .load import LoadedModel, load
+from .. import __version__
+from ..chat import Conversation, Slot, Turn, drop_note, run_turn, use_chat_template
+from ..errors import BadFlagError
+from ..load import LoadedModel, load
 from .options import DecodeOptions
 
 __all__ = ["DecodeOptions", "RunResult", "Runner", "TextOptions", "run", "run_sessions", "slots", "write_trace"]
@@ -48,7 +48,7 @@ def kernels_cold() -> bool:
     source): a heuristic for the start-up message, never for behaviour."""
     import numba
 
-    src = Path(__file__).resolve().parent.parent / "kernels" / "cpu"
+    src = Path(__file__).resolve().parents[2] / "kernels" / "cpu"
     if not src.is_dir():
         import guild.kernels
 

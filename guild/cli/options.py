@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine.sampling import GREEDY, SamplingParams
-from .errors import BadFlagError
-from .window import MAX_DRAFT
+from ..engine.sampling import GREEDY, SamplingParams
+from ..errors import BadFlagError
+from ..window import MAX_DRAFT
 
 DEVICES = ("auto", "cpu", "cuda")  # --device
 

@@ -12,14 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .calib.optimize import size
-from .calib.probe import hardware_identity
-from .errors import BadFlagError, GuildError, PlanMismatchError
-from .gguf import GGUFFile
-from .models.mtp import ARCH as ARCH_MTP
-from .models.mtp import sidecar_path
-from .plan import MAX_T, Plan, read_plan
-from .upcycle import TAGS, resolve_model
+from ..calib.optimize import size
+from ..calib.probe import hardware_identity
+from ..errors import BadFlagError, GuildError, PlanMismatchError
+from ..gguf import GGUFFile
+from ..models.mtp import ARCH as ARCH_MTP
+from ..models.mtp import sidecar_path
+from ..plan import MAX_T, Plan, read_plan
+from ..upcycle import TAGS, resolve_model
 
 
 def is_gguf(path: str | os.PathLike) -> bool:

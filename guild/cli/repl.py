@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import BadFlagError, GuildError
-from .files import write_bytes
-from .inputs import conversation_messages, prompt_text
+from ..errors import BadFlagError, GuildError
+from ..files import write_bytes
+from ..inputs import conversation_messages, prompt_text
 
 HELP = """\
 /help             this list
@@ -100,7 +100,7 @@ class _ReplyInterrupt:
 
 
 class ChatRepl:
-    """Reads lines, runs them as chat turns on `runner` (guild.run.Runner), streams replies to `out`; `note`
+    """Reads lines, runs them as chat turns on `runner` (guild.cli.run.Runner), streams replies to `out`; `note`
     gets what goes to stderr (notes, errors); `after_turn(turn)` prints stats or a JSON line; `stream=False`
     (--json) prints no text."""
 
@@ -114,7 +114,7 @@ class ChatRepl:
         self.conv.on_drop = lambda n, kept, n_ctx: self._drop_note(n, kept, n_ctx)
 
     def _drop_note(self, n: int, kept: int, n_ctx: int) -> None:
-        from .chat import drop_note
+        from ..chat import drop_note
 
         self.note(drop_note(n, kept, n_ctx))
 
