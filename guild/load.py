@@ -13,14 +13,14 @@ from .calib.optimize import plan_for
 from .engine.device import place_model, resolve_device
 from .engine.session import GuildSession
 from .errors import BadFlagError
-from .gguf import GGUFFile
+from .formats.gguf import GGUFFile
+from .formats.repack_cache import load_cached
 from .inputs import MAX_CORPUS_BYTES, read_text_file
 from .kernels.cpu import quant
 from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context
 from .plan import Plan
-from .repack_cache import load_cached
 from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
 from .tokenizer import Tokenizer
 from .upcycle import resolve_model

@@ -32,14 +32,15 @@ from typing import Any
 
 import yaml
 
-from . import plan_schema, safe_yaml
+from . import plan_schema
 from .errors import (
     ModelMismatch,
     PlanError,
     PlanSealError,
 )
-from .files import read_capped, write_bytes
-from .gguf import GGUFFile
+from .formats import safe_yaml
+from .formats.files import read_capped, write_bytes
+from .formats.gguf import GGUFFile
 from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
 from .spec.costs import SpecCosts
 from .window import MAX_WINDOW
@@ -354,7 +355,7 @@ def render(plan: Plan) -> bytes:
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> Path:
-    """Write atomically (guild.files: a temp file in the same directory, fsync, rename over `path`)."""
+    """Write atomically (guild.formats.files: a temp file in the same directory, fsync, rename over `path`)."""
 
     return write_bytes(path, render(plan), "the plan", PlanError)
 

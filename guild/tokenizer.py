@@ -32,7 +32,7 @@ import jinja2.ext
 from tokenizers import Tokenizer as _HFTokenizer
 
 from .errors import ChatTemplateError, MetadataError
-from .gguf import GGUFFile
+from .formats.gguf import GGUFFile
 from .template_guard import GuardedEnvironment, guard_filters, render
 from .vocab import (
     _HEX_BYTE,

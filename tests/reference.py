@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from gguf.quants import dequantize
 
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
 from guild.kernels.cpu.quant import numerics_for
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from reference import _act, _mm, _w  # dequantised float64 weights and products, shared with the llama reference
 
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
 from guild.kernels.cpu.quant import numerics_for
 

@@ -14,7 +14,7 @@ from guild.errors import (
     UnsupportedArchitectureError,
     UnsupportedQuantTypeError,
 )
-from guild.gguf import GGUFFile, Tensor
+from guild.formats.gguf import GGUFFile, Tensor
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model
 

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.tools.tiny import SPECIAL_TOKENS, bytes_to_unicode, tiny_vocab, write_tiny_model
 
 Q = GGMLQuantizationType

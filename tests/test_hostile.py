@@ -14,7 +14,7 @@ import pytest
 from fuzz import gguf_io as gi
 
 from guild.errors import ChatTemplateError, GgufFormatError, GuildError, PlanError, PlanSealError
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.models import load_model
 from guild.models.validate import ModelValidationError, NumericsError, check_finite
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
@@ -307,7 +307,7 @@ def test_last_resort_is_one_line_and_debug_shows_the_traceback(monkeypatch, caps
 
 # -- files ---------------------------------------------------------------------------------------------
 def test_atomic_path_cleans_up_and_removes_stale_temporaries(tmp_path):
-    from guild.files import atomic_path, write_bytes
+    from guild.formats.files import atomic_path, write_bytes
 
     target = tmp_path / "m.gguf"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
@@ -329,7 +329,7 @@ def test_atomic_path_cleans_up_and_removes_stale_temporaries(tmp_path):
 
 
 def test_sigterm_during_an_atomic_write_leaves_nothing(tmp_path):
-    code = ("import os, signal, sys\nfrom guild.files import atomic_path\n"
+    code = ("import os, signal, sys\nfrom guild.formats.files import atomic_path\n"
             f"with atomic_path({str(tmp_path / 'out.bin')!r}, 'x') as t:\n"
             "    t.write_bytes(b'partial')\n    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    import time; time.sleep(30)\n")
@@ -339,7 +339,7 @@ def test_sigterm_during_an_atomic_write_leaves_nothing(tmp_path):
 
 
 def test_cleanup_failure_does_not_hide_the_error(tmp_path, monkeypatch):
-    from guild import files
+    from guild.formats import files
 
     def erofs(p):
         raise OSError(30, "Read-only file system")
@@ -351,7 +351,7 @@ def test_cleanup_failure_does_not_hide_the_error(tmp_path, monkeypatch):
 
 
 def test_cached_builds_are_verified_before_reuse(tmp_path):
-    from guild import cache_check
+    from guild.formats import cache_check
 
     p = tmp_path / "m.gguf"
     p.write_bytes(b"A" * 1000)

@@ -12,7 +12,7 @@ from reference_hybrid import reference_hybrid_forward
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.errors import GuildError, MetadataError
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
 from guild.kernels.cpu import deltanet as gdn
 from guild.kernels.cpu import quant

@@ -25,7 +25,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_layers():
     """The engine, models and drafters never import the application, calibration or tools; calibration never
     imports the application; nothing but the CLI imports the tools; kernels import kernels (and guild.errors,
-    guild.files). guild.cli.options is the one CLI module the library may import: the validated options its
+    guild.formats.files). guild.cli.options is the one CLI module the library may import: the validated options its
     flags become, which configure the library."""
     app = ("guild.cli", "guild.chat", "guild.serve", "guild.load")
 
@@ -41,7 +41,7 @@ def test_layers():
         if b.startswith("guild.tools"):
             assert a.startswith(("guild.tools", "guild.cli")), where
         if a.startswith("guild.kernels"):
-            assert b.startswith(("guild.kernels", "guild.errors", "guild.files")), where
+            assert b.startswith(("guild.kernels", "guild.errors", "guild.formats.files")), where
 
 
 def test_window_limit_is_the_kernels_row_invariant_path():

@@ -227,7 +227,7 @@ def test_placement_1gib_fills_the_hot_path_layer_by_layer():
 
 def test_placement_of_the_tiny_model_from_its_gguf(tiny):
     from guild.calib.placement import placement_for
-    from guild.gguf import GGUFFile
+    from guild.formats.gguf import GGUFFile
 
     g = GGUFFile(tiny)
     p = placement_for(g, GpuInfo("fake", "9.0", 2**30), 64)

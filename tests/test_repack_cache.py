@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
 
-import guild.repack_cache as rc
+import guild.formats.repack_cache as rc
 from guild.errors import GgufFormatError
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.models import load_model
 from guild.tokenizer import Tokenizer
 from guild.tools.tiny import write_tiny_model
@@ -251,9 +251,9 @@ def test_invalid_model_error_is_the_models(tmp_path, cache_env):
 # -- bounded memory ------------------------------------------------------------------------------------
 _RSS_PROBE = textwrap.dedent("""
     import json, os, sys
-    from guild.gguf import GGUFFile
+    from guild.formats.gguf import GGUFFile
     from guild.models import load_model
-    import guild.models.validate, guild.repack_cache as rc   # imports (Numba) before the baseline
+    import guild.models.validate, guild.formats.repack_cache as rc   # imports (Numba) before the baseline
 
     def hwm():
         for line in open("/proc/self/status"):

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from guild.errors import ChatTemplateError, GuildError, MetadataError
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.tokenizer import Tokenizer
 from guild.vocab import _PRE_NAMES
 

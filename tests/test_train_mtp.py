@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 from guild.errors import GuildError, ModelNotFoundError  # noqa: E402
-from guild.gguf import GGUFFile  # noqa: E402
+from guild.formats.gguf import GGUFFile  # noqa: E402
 from guild.kernels import ref  # noqa: E402
 from guild.models import load_model  # noqa: E402
 from guild.tools import train_mtp as tm  # noqa: E402
@@ -100,7 +100,7 @@ def test_head_at_init_is_the_base_last_layer(models, kind):
 
 
 def tm_f32(g, name):
-    from guild.gguf import f32
+    from guild.formats.gguf import f32
 
     return f32(g.tensor(name))
 

@@ -17,7 +17,7 @@ from guild.errors import (
     ModelNotFoundError,
     UnsupportedArchitectureError,
 )
-from guild.gguf import GGUFFile
+from guild.formats.gguf import GGUFFile
 from guild.tools.tiny import write_tiny_model
 
 Q = GGMLQuantizationType

@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
-from ..files import check_writable
+from ..formats.files import check_writable
 from ..inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
 from .options import MTP_K, MTP_VOCAB, MtpOptions
@@ -140,7 +140,7 @@ def _fail(e: GuildError) -> None:
 
 
 def _writable(path: Path | None, what: str, error=GuildError) -> None:
-    """An output path checked before the work that ends by writing it (guild.files.check_writable)."""
+    """An output path checked before the work that ends by writing it (guild.formats.files.check_writable)."""
     if path is not None:
         check_writable(path, what, error)
 

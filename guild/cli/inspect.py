@@ -15,7 +15,7 @@ from rich.table import Table
 from ..calib.optimize import size
 from ..calib.probe import hardware_identity
 from ..errors import BadFlagError, GuildError, PlanMismatchError
-from ..gguf import GGUFFile
+from ..formats.gguf import GGUFFile
 from ..models.mtp import ARCH as ARCH_MTP
 from ..models.mtp import sidecar_path
 from ..plan import MAX_T, Plan, read_plan

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BadFlagError, GuildError
-from ..files import write_bytes
+from ..formats.files import write_bytes
 from ..inputs import conversation_messages, prompt_text
 
 HELP = """\

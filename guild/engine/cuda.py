@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import GpuPathError, GuildError
-from ..gguf import Tensor
+from ..formats.gguf import Tensor
 from ..machine import fake_gpu_mib
 from ..models.deltanet import HybridMoe
 from ..models.llama import Linear

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedArchitectureError
-from ..gguf import GGUFFile
+from ..formats.gguf import GGUFFile
 from .base import ForwardResult, ModelArgs
 from .llama import Llama
 from .qwen3 import Qwen3

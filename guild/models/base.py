@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import GuildError, UnsupportedArchitectureError
-from ..gguf import GGUFFile
+from ..formats.gguf import GGUFFile
 
 # ModelArgs field -> the GGUF metadata key (under the architecture's prefix) it comes from, for error messages
 _KEYS = {"n_layers": "block_count", "dim": "embedding_length", "n_heads": "attention.head_count",

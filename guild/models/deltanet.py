@@ -16,7 +16,7 @@ import numpy as np
 
 from ..engine.state import HybridState
 from ..errors import GuildError, MetadataError
-from ..gguf import GGUFFile, Tensor, f32
+from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import pack
 from ..kernels.ref import rope_tables
 from .base import ForwardResult, ModelArgs

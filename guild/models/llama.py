@@ -11,7 +11,7 @@ import numpy as np
 from ..engine.backends import HOST, DeviceRows, Layout
 from ..engine.state import KVCache
 from ..errors import UnsupportedQuantTypeError
-from ..gguf import GGUFFile, Tensor, f32
+from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import matmul, pack
 from ..kernels.ref import rope_tables
 from .base import ForwardResult, ModelArgs, check_finite

@@ -22,7 +22,7 @@ import numpy as np
 from ..engine.backends import Layout, rows_on
 from ..engine.state import DeviceKVCache, KVCache
 from ..errors import GuildError
-from ..gguf import GGUFFile, f32
+from ..formats.gguf import GGUFFile, f32
 from ..kernels.cpu.quant import pack
 from .base import check_finite
 from .llama import Linear, Window

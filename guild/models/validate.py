@@ -4,7 +4,7 @@ the size of what loading will allocate, and finite weights (a scan of float tens
 One GuildError naming the file, key or tensor and what was expected. Called once by models.load_model and by
 the MTP head loader; the forward code trusts what passed.
 
-Shapes are numpy order (GGUF dims reversed), as guild.gguf.Tensor.shape; names as llama.cpp's converter
+Shapes are numpy order (GGUF dims reversed), as guild.formats.gguf.Tensor.shape; names as llama.cpp's converter
 writes them (gguf-py/gguf/constants.py MODEL_TENSORS; conversion per llama.cpp src/llama-model.cpp load_tensors).
 """
 

@@ -37,7 +37,7 @@ from ..chat import run_turn
 from ..cli.run import DecodeOptions, load_for, slots
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
-from ..files import write_bytes
+from ..formats.files import write_bytes
 from ..spec import STRATEGIES, MtpOptions
 from ..workloads import load_workloads
 

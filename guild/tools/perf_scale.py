@@ -38,9 +38,9 @@ def peak_rss() -> int:
 
 # -- probes (each runs in a fresh process and prints one JSON line) ------------------------------------
 def probe_guild_load(path: str) -> dict:
-    from ..gguf import GGUFFile
+    from ..formats.gguf import GGUFFile
+    from ..formats.repack_cache import load_cached
     from ..models import load_model
-    from ..repack_cache import load_cached
     from ..tokenizer import Tokenizer
 
     base = peak_rss()
@@ -52,8 +52,8 @@ def probe_guild_load(path: str) -> dict:
 
 
 def probe_guild_run(path: str, tokens: int, repeats: int, threads: int | None) -> dict:
+    from ..formats.repack_cache import cache_path, prefetch
     from ..load import load, set_threads
-    from ..repack_cache import cache_path, prefetch
     from .perf import guild_decode, long_prompt_text, window_costs
 
     t0 = time.perf_counter()

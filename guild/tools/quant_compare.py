@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     if llama_cpp is None:
         print("quant_compare: llama_cpp is not importable (pip install llama-cpp-python); skipped", file=sys.stderr)
         return 0
-    from ..repack_cache import cache_root
+    from ..formats.repack_cache import cache_root
     from ..upcycle import embedded_dense_path
     from .perf import write_results
 

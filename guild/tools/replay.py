@@ -28,7 +28,7 @@ from ..chat import run_turn
 from ..cli.options import MTP_K
 from ..cli.run import DecodeOptions, load_for, slots
 from ..errors import GuildError
-from ..files import write_bytes
+from ..formats.files import write_bytes
 from ..spec.adaptive import AdaptiveDrafter
 from ..spec.base import Drafter
 from ..workloads import load_workloads

@@ -31,7 +31,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 from gguf.constants import GGML_QUANT_SIZES, GGML_QUANT_VERSION
 from gguf.quants import dequantize, quantize
 
-from ..gguf import GGUFFile
+from ..formats.gguf import GGUFFile
 from ..models import ModelArgs
 from ..vocab import bytes_to_unicode
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import platformdirs
 
 from ...errors import GuildError
-from ...files import write_bytes
+from ...formats.files import write_bytes
 
 SOURCES = ("quant", "ops", "attention", "deltanet")
 HEADERS = ("common.cuh", "grids.cuh")

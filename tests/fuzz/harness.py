@@ -31,7 +31,7 @@ class Worker:
     """In-process case runner (what each worker process holds: seeds written, a tokenizer, a base model)."""
 
     def __init__(self, d: Path):
-        from guild.gguf import GGUFFile
+        from guild.formats.gguf import GGUFFile
         from guild.tokenizer import Tokenizer
 
         from . import gen
@@ -71,7 +71,7 @@ class Worker:
             cache = head.new_cache(32)
             _, logits = head.forward(np.array([1, 2, 3]), np.zeros((3, base.args.dim), np.float32), cache, 1)
             return "ok" if np.isfinite(logits).all() else "garbage"
-        from guild.gguf import GGUFFile
+        from guild.formats.gguf import GGUFFile
         from guild.models import load_model
         from guild.tokenizer import Tokenizer
 
@@ -145,7 +145,7 @@ def _warm_quant_kernels() -> None:
     (1 and 3 rows), so that a first-time Numba compile is not timed as a hang."""
     from gguf.constants import GGML_QUANT_SIZES
 
-    from guild.gguf import SUPPORTED_QTYPES
+    from guild.formats.gguf import SUPPORTED_QTYPES
     from guild.kernels.cpu.quant import dequantize_rows, matmul, pack
 
     for qt in SUPPORTED_QTYPES:

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ...gguf import f32
+from ...formats.gguf import f32
 from ...kernels.ref import rope_tables
 from .config import CE_CHUNK, EMB_INIT_REL, QUANTIZABLE
 from .write import written_type

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ...engine.backends import HOST
-from ...files import atomic_path
+from ...formats.files import atomic_path
 from .config import HELDOUT_FRACTION, TrainMtpError
 
 

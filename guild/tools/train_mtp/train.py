@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ...errors import GuildError, UnsupportedArchitectureError
-from ...files import atomic_path
-from ...gguf import GGUFFile, f32
+from ...formats.files import atomic_path
+from ...formats.gguf import GGUFFile, f32
 from ...load import set_threads
 from ...models import load_model
 from ...tokenizer import Tokenizer

@@ -8,7 +8,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from ...files import atomic_path
+from ...formats.files import atomic_path
 from .config import QUANTIZABLE
 
 # =========================================================================================================

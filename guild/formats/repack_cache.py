@@ -3,7 +3,7 @@ its second load costs little more than opening the file.
 
 The first load of a GGUF repacks each matrix (kernels.cpu.quant.pack) and streams the packed arrays into a cache
 file, releasing the GGUF's pages as it goes (GGUFFile.release): the process never holds the repacked copy and
-the file's pages at once. The file is written atomically (guild.files) and then mapped; every later load maps
+the file's pages at once. The file is written atomically (guild.formats.files) and then mapped; every later load maps
 it again and builds the model on views of it. Resident memory is then about one copy of the weights, in pages
 of the cache file that the kernels touched, which the kernel can drop and read back like any file page.
 
@@ -47,11 +47,11 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from .errors import GuildError
+from ..errors import GuildError
+from ..kernels.cpu import quant
+from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout, pack_hook, repack
 from .files import atomic_path
 from .gguf import GGUFFile
-from .kernels.cpu import quant
-from .kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout, pack_hook, repack
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def enabled() -> bool:
 @lru_cache(maxsize=1)
 def layout_digest() -> str:
     """SHA-256 over FORMAT and the sources that fix the cache's contents (see _LAYOUT_SOURCES)."""
-    pkg = Path(__file__).resolve().parent  # guild/
+    pkg = Path(__file__).resolve().parent.parent  # guild/
     roots = {"guild": pkg, "kernels": Path(quant.__file__).resolve().parent.parent}
     h = hashlib.sha256(f"guild-repack/{FORMAT}".encode())
     for pattern in _LAYOUT_SOURCES:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import GuildError
+from ..errors import GuildError
 
 
 def temp_beside(path: Path) -> Path:

@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 
-from .errors import GgufFormatError
+from ..errors import GgufFormatError
 
 MAX_DIMS = 4  # GGML_MAX_DIMS (ggml.h)
 MAX_NAME = 64  # GGML_MAX_NAME (ggml.h): tensor names

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from .errors import GuildError
+from ..errors import GuildError
 from .files import write_bytes
 from .gguf_check import check_index
 

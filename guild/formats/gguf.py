@@ -1,4 +1,4 @@
-"""GGUF file → metadata dict + memory-mapped tensors (guild.gguf_check reads the header; the `gguf` package's
+"""GGUF file → metadata dict + memory-mapped tensors (guild.formats.gguf_check reads the header; the `gguf` package's
 reader, which reads arrays element by element, is not used for loading).
 
 Quantized tensors stay memory-mapped as raw blocks ([rows, row_bytes] uint8); nothing is dequantised here.
@@ -17,9 +17,9 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
-from .errors import GgufFormatError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
+from ..errors import GgufFormatError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
+from ..kernels.cpu.quant import KINDS
 from .gguf_check import TensorInfo, read_index
-from .kernels.cpu.quant import KINDS
 
 # Quant types the CPU kernels implement: one codec each (kernels/cpu/codecs.py).
 SUPPORTED_QTYPES = frozenset(GGMLQuantizationType(q) for q in KINDS)
@@ -57,7 +57,7 @@ def tensor_view(buf, info: TensorInfo, data_offset: int) -> np.ndarray:
 
 class GGUFFile:
     """An opened GGUF file: `metadata` (key → Python value), `types` (key → GGUF value type, element type) and
-    `tensors` (name → Tensor), mmap-backed. The header is read by guild.gguf_check (bounded, one pass; arrays
+    `tensors` (name → Tensor), mmap-backed. The header is read by guild.formats.gguf_check (bounded, one pass; arrays
     are read whole, not element by element)."""
 
     def __init__(self, path: str | os.PathLike):
