@@ -15,14 +15,14 @@ from .engine.session import GuildSession
 from .errors import BadFlagError
 from .formats.gguf import GGUFFile
 from .formats.repack_cache import load_cached
-from .inputs import MAX_CORPUS_BYTES, read_text_file
 from .kernels.cpu import quant
 from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context
 from .plan import Plan
 from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
-from .tokenizer import Tokenizer
+from .text.inputs import MAX_CORPUS_BYTES, read_text_file
+from .text.tokenizer import Tokenizer
 from .upcycle import resolve_model
 
 

@@ -261,7 +261,7 @@ class Workload:
         """Token ids of turn ``turn`` alone as the model would see it first in a conversation.
 
         With ``chat`` and a tokenizer that has ``apply_chat_template``, the templated message (system prompt
-        included) with special tokens, as ``guild.chat.Conversation`` feeds it; otherwise the plain text.
+        included) with special tokens, as ``guild.text.chat.Conversation`` feeds it; otherwise the plain text.
         """
         return _prompt_ids(tokenizer, self.render_turns()[turn], self.chat)
 

@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 
-from guild.chat import Conversation
 from guild.engine.session import GuildSession
 from guild.load import load
+from guild.text.chat import Conversation
 
 
 def test_turns_reuse_the_cache(dense_path):

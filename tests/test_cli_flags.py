@@ -107,7 +107,7 @@ def test_ignore_eos_system_and_conversation_lines(tmp_path):
                     "- What is your name?\n- And the capital of France?\n")
     lines = _json("--conversation", str(conv), "-n", "12")
     assert [x["turn"] for x in lines] == [1, 2] and lines[0]["system"] == "You are a pirate called Captain Zorg."
-    from guild.tokenizer import Tokenizer
+    from guild.text.tokenizer import Tokenizer
     from guild.upcycle import embedded_dense_path
 
     tok = Tokenizer.from_gguf(embedded_dense_path())
@@ -120,7 +120,7 @@ def test_chat_template_file(tmp_path):
     t.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
                  "{% if add_generation_prompt %}[assistant] {% endif %}")
     (a,) = _json("--chat", "-p", "Hello there", "-n", "2", "--chat-template", str(t))
-    from guild.tokenizer import Tokenizer
+    from guild.text.tokenizer import Tokenizer
     from guild.upcycle import embedded_dense_path
 
     assert Tokenizer.from_gguf(embedded_dense_path()).decode(a["prompt_ids"]).endswith(

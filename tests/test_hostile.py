@@ -145,7 +145,7 @@ def test_mtp_head_draft_ids_out_of_range_are_refused(seeds, tmp_path):
 
 # -- chat templates ------------------------------------------------------------------------------------
 def _render(seeds, template):
-    from guild.tokenizer import Tokenizer
+    from guild.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(GGUFFile(seeds["llama"]).metadata)
     tok.chat_template, tok._template_cache = template, None
@@ -238,7 +238,7 @@ def test_plan_from_dev_zero_is_refused(tmp_path):
 # -- prompts, conversation files -----------------------------------------------------------------------
 def test_invalid_utf8_prompts():
     from guild.errors import BadFlagError
-    from guild.inputs import prompt_text
+    from guild.text.inputs import prompt_text
 
     argv = os.fsdecode(b"caf\xc3\xa9 \xff\xfe")  # what sys.argv holds for these bytes
     with pytest.raises(BadFlagError, match=r"-p/--prompt: invalid UTF-8 at byte 6"):
@@ -254,7 +254,7 @@ def test_invalid_utf8_prompts():
     (b"- 2026-01-01\n", "date"),
 ])
 def test_conversation_files_are_bounded(tmp_path, content, needle):
-    from guild.inputs import conversation_turns
+    from guild.text.inputs import conversation_turns
 
     p = Path("/dev/zero") if content is None else tmp_path / "c.yaml"
     if content is not None:

@@ -27,7 +27,7 @@ def test_layers():
     imports the application; nothing but the CLI imports the tools; kernels import kernels (and guild.errors,
     guild.formats.files). guild.cli.options is the one CLI module the library may import: the validated options its
     flags become, which configure the library."""
-    app = ("guild.cli", "guild.chat", "guild.serve", "guild.load")
+    app = ("guild.cli", "guild.text.chat", "guild.serve", "guild.load")
 
     def is_app(m):
         return m.startswith(app) and m != "guild.cli.options"

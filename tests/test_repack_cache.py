@@ -19,7 +19,7 @@ import guild.formats.repack_cache as rc
 from guild.errors import GgufFormatError
 from guild.formats.gguf import GGUFFile
 from guild.models import load_model
-from guild.tokenizer import Tokenizer
+from guild.text.tokenizer import Tokenizer
 from guild.tools.tiny import write_tiny_model
 
 

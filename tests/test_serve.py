@@ -16,10 +16,10 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from guild.chat import Conversation  # noqa: E402
 from guild.cli.options import SpecOptions  # noqa: E402
 from guild.engine.sampling import SamplingParams  # noqa: E402
 from guild.load import load  # noqa: E402
+from guild.text.chat import Conversation  # noqa: E402
 from guild.tools.bench_serve import free_port, wait_ready  # noqa: E402
 
 MODEL = "smollm2-135m-moe"

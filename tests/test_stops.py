@@ -5,10 +5,10 @@ import codecs
 
 import pytest
 
-from guild.chat import Conversation, Slot, TextStream, run_turn
 from guild.cli.options import SpecOptions
 from guild.engine.sampling import SamplingParams
 from guild.load import load
+from guild.text.chat import Conversation, Slot, TextStream, run_turn
 
 
 class _Decoder:

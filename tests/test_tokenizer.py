@@ -15,8 +15,8 @@ import pytest
 
 from guild.errors import ChatTemplateError, GuildError, MetadataError
 from guild.formats.gguf import GGUFFile
-from guild.tokenizer import Tokenizer
-from guild.vocab import _PRE_NAMES
+from guild.text.tokenizer import Tokenizer
+from guild.text.vocab import _PRE_NAMES
 
 
 def _smollm_path() -> str:
@@ -121,7 +121,7 @@ def test_smollm_known_ids(tok, text):
 
 
 def _byte_table() -> dict[int, str]:
-    """GPT-2's byte → printable character map, written out independently of guild.tokenizer."""
+    """GPT-2's byte → printable character map, written out independently of guild.text.tokenizer."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
     cs = list(bs)
     extra = 0

@@ -13,7 +13,7 @@ IDS = [f"W{i}" for i in range(1, 11)]
 @pytest.fixture(scope="module")
 def tok(dense_path):
     from guild.formats.gguf import GGUFFile
-    from guild.tokenizer import Tokenizer
+    from guild.text.tokenizer import Tokenizer
 
     return Tokenizer.from_metadata(GGUFFile(dense_path).metadata)
 

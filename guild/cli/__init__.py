@@ -17,7 +17,7 @@ from rich.markup import escape
 from .. import __version__
 from ..errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
 from ..formats.files import check_writable
-from ..inputs import conversation_turns, prompt_source
+from ..text.inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
 from .options import MTP_K, MTP_VOCAB, MtpOptions
 
@@ -156,7 +156,7 @@ STRICT_HELP = "Fail on a --gexec plan for another machine or model instead of re
 
 
 def _conversation(path: Path) -> list[str]:
-    """User turns from a JSON or YAML file (size-capped, UTF-8, no YAML aliases): guild.inputs."""
+    """User turns from a JSON or YAML file (size-capped, UTF-8, no YAML aliases): guild.text.inputs."""
     return conversation_turns(path)[1]
 
 

@@ -1,6 +1,6 @@
 """The interactive chat (`guild run -i`, `guild chat`): line editing and history (GNU readline; the history file
 in the user data directory), slash commands, Ctrl-C that stops a reply rather than the program, and a context that
-drops its oldest turns when full (guild.chat.Conversation) instead of ending the session.
+drops its oldest turns when full (guild.text.chat.Conversation) instead of ending the session.
 
 Keys: Ctrl-C during a reply stops it and returns to the prompt (a second Ctrl-C in the same reply stops at once
 and rebuilds the cache); Ctrl-C or Ctrl-D at an empty prompt ends the chat (exit status 0); Ctrl-C on a line
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import BadFlagError, GuildError
 from ..formats.files import write_bytes
-from ..inputs import conversation_messages, prompt_text
+from ..text.inputs import conversation_messages, prompt_text
 
 HELP = """\
 /help             this list
@@ -114,7 +114,7 @@ class ChatRepl:
         self.conv.on_drop = lambda n, kept, n_ctx: self._drop_note(n, kept, n_ctx)
 
     def _drop_note(self, n: int, kept: int, n_ctx: int) -> None:
-        from ..chat import drop_note
+        from ..text.chat import drop_note
 
         self.note(drop_note(n, kept, n_ctx))
 

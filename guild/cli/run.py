@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .. import __version__
-from ..chat import Conversation, Slot, Turn, drop_note, run_turn, use_chat_template
 from ..errors import BadFlagError
 from ..load import LoadedModel, load
+from ..text.chat import Conversation, Slot, Turn, drop_note, run_turn, use_chat_template
 from .options import DecodeOptions
 
 __all__ = ["DecodeOptions", "RunResult", "Runner", "TextOptions", "run", "run_sessions", "slots", "write_trace"]

@@ -13,13 +13,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..chat import TextStream
 from ..cli.options import SpecOptions
 from ..engine.sampling import SamplingParams
 from ..engine.session import Generation, GenerationStats, GuildSession, run_round
 from ..errors import GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
 from ..spec import Drafter
+from ..text.chat import TextStream
 from .metrics import Metrics
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}

@@ -33,12 +33,12 @@ from rich.progress import (
 )
 
 from .. import __version__
-from ..chat import run_turn
 from ..cli.run import DecodeOptions, load_for, slots
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
 from ..formats.files import write_bytes
 from ..spec import STRATEGIES, MtpOptions
+from ..text.chat import run_turn
 from ..workloads import load_workloads
 
 

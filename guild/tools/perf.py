@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from ..chat import Conversation
 from ..engine.sampling import SamplingParams
 from ..engine.session import GuildSession
 from ..engine.verify import Verifier
@@ -28,6 +27,7 @@ from ..kernels.cpu import ops as ops_mod
 from ..kernels.cpu import quant, simd
 from ..load import load, set_threads
 from ..spec import make_drafter
+from ..text.chat import Conversation
 from ..upcycle import TAG_MOE128, embedded_dense_path, ensure_embedded_moe
 
 SHORT = "Write a short story about a robot who learns to paint."

@@ -41,7 +41,7 @@ def probe_guild_load(path: str) -> dict:
     from ..formats.gguf import GGUFFile
     from ..formats.repack_cache import load_cached
     from ..models import load_model
-    from ..tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
 
     base = peak_rss()
     t0 = time.perf_counter()
@@ -78,7 +78,7 @@ def probe_llama(path: str, tokens: int, repeats: int, threads: int | None) -> di
         import llama_cpp  # noqa: F401  (optional: the llama.cpp anchor)
     except ImportError:
         return None
-    from ..tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
     from .perf import llama_cpp_decode, open_llama_cpp
 
     tok = Tokenizer.from_gguf(path)

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..chat import run_turn
 from ..cli.options import MTP_K
 from ..cli.run import DecodeOptions, load_for, slots
 from ..errors import GuildError
 from ..formats.files import write_bytes
 from ..spec.adaptive import AdaptiveDrafter
 from ..spec.base import Drafter
+from ..text.chat import run_turn
 from ..workloads import load_workloads
 from .perf import window_costs
 

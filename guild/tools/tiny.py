@@ -33,7 +33,7 @@ from gguf.quants import dequantize, quantize
 
 from ..formats.gguf import GGUFFile
 from ..models import ModelArgs
-from ..vocab import bytes_to_unicode
+from ..text.vocab import bytes_to_unicode
 
 ARCHS = ("llama", "qwen3", "qwen3moe")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

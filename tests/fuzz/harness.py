@@ -32,7 +32,7 @@ class Worker:
 
     def __init__(self, d: Path):
         from guild.formats.gguf import GGUFFile
-        from guild.tokenizer import Tokenizer
+        from guild.text.tokenizer import Tokenizer
 
         from . import gen
 
@@ -73,7 +73,7 @@ class Worker:
             return "ok" if np.isfinite(logits).all() else "garbage"
         from guild.formats.gguf import GGUFFile
         from guild.models import load_model
-        from guild.tokenizer import Tokenizer
+        from guild.text.tokenizer import Tokenizer
 
         g = GGUFFile(p)
         tok = Tokenizer.from_metadata(g.metadata)
@@ -116,7 +116,7 @@ class Worker:
         kind, payload = self.gen.make_input(rng)
         self.tok.chat_template, self.tok._template_cache = self.template, None  # the seed's, not a fuzzed one
         try:
-            from guild import inputs
+            from guild.text import inputs
         except ImportError:  # before issue 16: the CLI passed prompts and files through unchecked
             inputs = None
         if kind == "prompt":

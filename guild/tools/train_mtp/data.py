@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...chat import Conversation
 from ...engine.session import GuildSession, generate_concurrent
 from ...errors import ContextOverflowError, GuildError
+from ...text.chat import Conversation
 from .config import EXCLUDED_STDLIB, EXCLUDED_TOPICS, GEN_BATCH, GEN_MAX_TOKENS
 
 # =========================================================================================================

@@ -17,7 +17,7 @@ from ...formats.files import atomic_path
 from ...formats.gguf import GGUFFile, f32
 from ...load import set_threads
 from ...models import load_model
-from ...tokenizer import Tokenizer
+from ...text.tokenizer import Tokenizer
 from ...upcycle import resolve_model
 from .config import (
     CE_CHUNK,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from .errors import BadFlagError, GuildError
-from .formats import safe_yaml
-from .formats.files import read_capped
+from ..errors import BadFlagError, GuildError
+from ..formats import safe_yaml
+from ..formats.files import read_capped
 
 MAX_PROMPT_CHARS = 8 * 2**20  # far past any context window, small enough to tokenise
 MAX_CONVERSATION_BYTES = 16 * 2**20

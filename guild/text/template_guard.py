@@ -11,7 +11,7 @@ import time
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import ChatTemplateError
+from ..errors import ChatTemplateError
 
 TIME_LIMIT_S = 2.0  # real chat templates render in milliseconds
 MAX_OUTPUT = 4 * 2**20  # characters of rendered prompt (well past any context window)

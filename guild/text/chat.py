@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .engine.sampling import SamplingParams
-from .engine.session import ConcurrentStats, GenerationStats, GuildSession, generate_concurrent
-from .errors import ChatTemplateError, ContextOverflowError, GuildError
+from ..engine.sampling import SamplingParams
+from ..engine.session import ConcurrentStats, GenerationStats, GuildSession, generate_concurrent
+from ..errors import ChatTemplateError, ContextOverflowError, GuildError
+from ..spec import Drafter
 from .inputs import read_text_file
-from .spec import Drafter
 from .tokenizer import Tokenizer
 
 MAX_TEMPLATE_BYTES = 2**20  # a chat template file (--chat-template): real ones are a few KiB

@@ -31,8 +31,8 @@ import jinja2
 import jinja2.ext
 from tokenizers import Tokenizer as _HFTokenizer
 
-from .errors import ChatTemplateError, MetadataError
-from .formats.gguf import GGUFFile
+from ..errors import ChatTemplateError, MetadataError
+from ..formats.gguf import GGUFFile
 from .template_guard import GuardedEnvironment, guard_filters, render
 from .vocab import (
     _HEX_BYTE,

@@ -1,6 +1,6 @@
 """GGUF vocabularies → HuggingFace `tokenizers` models: the pre-tokenizer regexes llama.cpp uses per
 `tokenizer.ggml.pre` (llama-vocab.cpp, `LLAMA_VOCAB_PRE_TYPE_*`), the byte-level BPE (gpt2) and
-SentencePiece-style (llama) builders, and the typed metadata readers they share with guild.tokenizer."""
+SentencePiece-style (llama) builders, and the typed metadata readers they share with guild.text.tokenizer."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
-from .errors import MetadataError
+from ..errors import MetadataError
 
-log = logging.getLogger("guild.tokenizer")
+log = logging.getLogger("guild.text.tokenizer")
 
 # GGUF token types (gguf.TokenType / llama_token_type).
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
