@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType
 
 from ..kernels.cpu import quant
 from ..kernels.cpu.simd import VNNI512
-from ..plan import CpuTuning, KernelTuning
+from ..plans.plan import CpuTuning, KernelTuning
 
 ROWS = (1, 2)
 

@@ -17,7 +17,7 @@ from .. import __version__
 from ..engine.device import place_model
 from ..errors import BadFlagError, PlanMismatchError
 from ..models.mtp import find_mtp_head
-from ..plan import MODES, Header, ModelIdentity, Plan, load_plan, read_plan, write_plan
+from ..plans.plan import MODES, Header, ModelIdentity, Plan, load_plan, read_plan, write_plan
 from .cpu import tune_cpu
 from .placement import placement_for
 from .probe import hardware_identity, memory_bandwidth_gbs

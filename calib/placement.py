@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..plan import GpuInfo, Placement, PlacementGroup, group_of
+from ..plans.plan import GpuInfo, Placement, PlacementGroup, group_of
 
 # VRAM kept free for the CUDA context, cuBLAS workspaces and activations
 VRAM_SHARE = 0.90

@@ -1,4 +1,4 @@
-"""Pass 1 of `guild optimize`: what machine is this (guild.machine: the plan's hardware identity) and how fast
+"""Pass 1 of `guild optimize`: what machine is this (guild.plans.machine: the plan's hardware identity) and how fast
 is its memory."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ..machine import ISA_FLAGS, _cpuinfo, gpu_info, hardware_identity, numa_nodes
+from ..plans.machine import ISA_FLAGS, _cpuinfo, gpu_info, hardware_identity, numa_nodes
 
 __all__ = ["ISA_FLAGS", "_cpuinfo", "gpu_info", "hardware_identity", "memory_bandwidth_gbs", "numa_nodes"]
 

@@ -31,7 +31,7 @@ from ..engine.sampling import GREEDY
 from ..engine.state import DeviceKVCache, KVCache
 from ..engine.verify import Verifier
 from ..kernels.cpu import moe
-from ..plan import MAX_T, SpecCalibration
+from ..plans.plan import MAX_T, SpecCalibration
 from ..spec import make_drafter
 from ..workloads import default_root
 

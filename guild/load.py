@@ -19,7 +19,7 @@ from .kernels.cpu import quant
 from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context
-from .plan import Plan
+from .plans.plan import Plan
 from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
 from .text.inputs import MAX_CORPUS_BYTES, read_text_file
 from .text.tokenizer import Tokenizer

@@ -213,7 +213,7 @@ def test_placement_from_section():
 
 def test_placement_from_plan(tiny):
     placement_for = pytest.importorskip("guild.calib.placement").placement_for
-    GpuInfo = pytest.importorskip("guild.plan").GpuInfo
+    GpuInfo = pytest.importorskip("guild.plans.plan").GpuInfo
 
     g = tiny.gguf
     everything = placement_for(g, GpuInfo("Big GPU", "8.9", 2**34), 64)

@@ -188,7 +188,7 @@ def _resealed(plan_bytes, edit) -> bytes:
     import yaml
     from fuzz.gen import _reseal
 
-    from guild.plan import SECTIONS, section_digest
+    from guild.plans.plan import SECTIONS, section_digest
 
     d = yaml.safe_load(plan_bytes)
     d.pop("seal")
@@ -206,7 +206,7 @@ def _resealed(plan_bytes, edit) -> bytes:
     (lambda d: d["placement"]["groups"][0].update(bytes=-1), "placement.groups[0].bytes"),
 ])
 def test_resealed_nonsense_values_are_refused(plan_bytes, tmp_path, edit, needle):
-    from guild.plan import read_plan
+    from guild.plans.plan import read_plan
 
     p = tmp_path / "x.gexec"
     p.write_bytes(_resealed(plan_bytes, edit))
@@ -217,7 +217,7 @@ def test_resealed_nonsense_values_are_refused(plan_bytes, tmp_path, edit, needle
 def test_yaml_alias_bomb_in_a_sealed_plan_is_refused_at_once(plan_bytes, tmp_path):
     from fuzz.gen import HOSTILE_YAML, _reseal
 
-    from guild.plan import read_plan
+    from guild.plans.plan import read_plan
 
     body = plan_bytes[: plan_bytes.rfind(b"seal: ")] + HOSTILE_YAML[0].encode()
     p = tmp_path / "bomb.gexec"
@@ -229,7 +229,7 @@ def test_yaml_alias_bomb_in_a_sealed_plan_is_refused_at_once(plan_bytes, tmp_pat
 
 
 def test_plan_from_dev_zero_is_refused(tmp_path):
-    from guild.plan import read_plan
+    from guild.plans.plan import read_plan
 
     with pytest.raises(PlanError, match="MiB"):
         read_plan("/dev/zero")

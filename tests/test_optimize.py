@@ -12,8 +12,8 @@ from guild.calib.optimize import local_plan_path, optimize
 from guild.cli import app
 from guild.errors import BadFlagError, GuildError, PlanSealError
 from guild.load import load
-from guild.plan import MAX_T, CpuTuning, GpuInfo, KernelTuning, Placement, SpecCalibration, load_plan, read_plan
-from guild.plan import write_plan as write
+from guild.plans.plan import MAX_T, CpuTuning, GpuInfo, KernelTuning, Placement, SpecCalibration, load_plan, read_plan
+from guild.plans.plan import write_plan as write
 from guild.tools.tiny import write_tiny_model
 
 
@@ -222,8 +222,8 @@ def test_plan_from_another_machine_strict_fails_else_regenerates(plan, tiny, tmp
 
 
 def test_cpu_plan_on_a_gpu_machine_is_regenerated_with_a_placement(plan, tiny, tmp_path, monkeypatch):
-    from guild import machine as probe
     from guild.cli.run import DecodeOptions, Runner
+    from guild.plans import machine as probe
 
     if plan.hardware.gpu is not None:
         pytest.skip("this machine has a GPU")

@@ -18,7 +18,7 @@ from guild.errors import (
     PlanSealError,
 )
 from guild.load import load
-from guild.plan import SECTIONS, GpuInfo, Plan, load_plan, read_plan, render, section_digest, write_plan
+from guild.plans.plan import SECTIONS, GpuInfo, Plan, load_plan, read_plan, render, section_digest, write_plan
 from guild.tools.tiny import write_tiny_model
 
 GPU_5070 = GpuInfo("NVIDIA GeForce RTX 5070", "12.0", 12 * 2**30)

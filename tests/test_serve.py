@@ -24,7 +24,7 @@ from guild.tools.bench_serve import free_port, wait_ready  # noqa: E402
 
 MODEL = "smollm2-135m-moe"
 CONTEXT = 512
-PREFILL = 32  # <= the kernels' row-invariant size: every cached row is reusable (see guild/serve/engine.py)
+PREFILL = 32  # <= the kernels' row-invariant size: every cached row is reusable (see guild/serve/batcher.py)
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=1234)
 SAMPLED_PARAMS = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
 

@@ -8,7 +8,7 @@ import pytest
 from guild.engine.sampling import SamplingParams
 from guild.errors import GuildError
 from guild.load import load
-from guild.serve.engine import BatchEngine, Job
+from guild.serve.batcher import BatchEngine, Job
 
 
 @pytest.fixture(scope="module")

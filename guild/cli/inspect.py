@@ -18,7 +18,7 @@ from ..errors import BadFlagError, GuildError, PlanMismatchError
 from ..formats.gguf import GGUFFile
 from ..models.mtp import ARCH as ARCH_MTP
 from ..models.mtp import sidecar_path
-from ..plan import MAX_T, Plan, read_plan
+from ..plans.plan import MAX_T, Plan, read_plan
 from ..upcycle import TAGS, resolve_model
 
 

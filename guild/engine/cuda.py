@@ -50,10 +50,10 @@ import numpy as np
 
 from ..errors import GpuPathError, GuildError
 from ..formats.gguf import Tensor
-from ..machine import fake_gpu_mib
 from ..models.deltanet import HybridMoe
 from ..models.llama import Linear
-from ..plan import group_of
+from ..plans.machine import fake_gpu_mib
+from ..plans.plan import group_of
 from ..window import MAX_WINDOW
 from .backends import HOST, CudaBackend, HostBackend, Layout
 from .state import DeviceHybridState, DeviceKVCache
@@ -99,7 +99,7 @@ class GpuSplit:
 
 
 def placement_from_plan(pl, model, n_ctx: int) -> GpuSplit:
-    """The engine's placement from a plan's (guild.plan.Placement: per-group device cpu|gpu|split and GPU
+    """The engine's placement from a plan's (guild.plans.plan.Placement: per-group device cpu|gpu|split and GPU
     bytes, filled by calib/placement.py in layer order). The engine keeps a layer whole on one side, so it takes
     the longest prefix of layers whose every per-layer group (attention, KV cache, norms, router, dense FFN)
     fits in that group's GPU bytes: never more on the GPU than the plan budgeted."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..cli.options import DEVICES
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
-from ..machine import FAKE_GPU_NAME, fake_gpu_mib
+from ..plans.machine import FAKE_GPU_NAME, fake_gpu_mib
 from . import cuda
 
 

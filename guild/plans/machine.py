@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadFlagError, CpuIsaMismatch, GpuArchitectureMismatch, NumaTopologyMismatch, PlanError
+from ..errors import BadFlagError, CpuIsaMismatch, GpuArchitectureMismatch, NumaTopologyMismatch, PlanError
 
 
 def _mismatch(cls, where: str, msg: str):

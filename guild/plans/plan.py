@@ -32,18 +32,18 @@ from typing import Any
 
 import yaml
 
-from . import plan_schema
-from .errors import (
+from ..errors import (
     ModelMismatch,
     PlanError,
     PlanSealError,
 )
-from .formats import safe_yaml
-from .formats.files import read_capped, write_bytes
-from .formats.gguf import GGUFFile
+from ..formats import safe_yaml
+from ..formats.files import read_capped, write_bytes
+from ..formats.gguf import GGUFFile
+from ..spec.costs import SpecCosts
+from ..window import MAX_WINDOW
+from . import schema
 from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
-from .spec.costs import SpecCosts
-from .window import MAX_WINDOW
 
 FORMAT = "guild.gexec"
 FORMAT_VERSION = 1
@@ -387,7 +387,7 @@ def read_plan(path: str | os.PathLike) -> Plan:
             ok = False
         if not ok:
             raise PlanSealError(f"{p}: section '{name}' does not match its sha256 digest")
-    problem = plan_schema.check(d)  # types and ranges per field, before the dataclasses see them
+    problem = schema.check(d)  # types and ranges per field, before the dataclasses see them
     if problem:
         raise PlanError(f"{p}: {problem}")
     try:

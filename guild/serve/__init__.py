@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..cli.options import MAX_SESSIONS, DecodeOptions, SpecOptions
 from ..errors import BadFlagError, GuildError
-from .engine import BatchEngine
+from .batcher import BatchEngine
 from .metrics import Metrics
 from .schema import Defaults
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..errors import GuildError
-from .engine import BatchEngine, DrainingError, Job, QueueFullError, Result
+from .batcher import BatchEngine, DrainingError, Job, QueueFullError, Result
 from .schema import MAX_BODY_BYTES, CompletionRequest, Defaults, RequestError, parse
 
 

@@ -263,7 +263,7 @@ def mutate_gguf(seed_bytes: bytes, rng: np.random.Generator) -> bytes:
 # ------------------------------------------------------------------------------------------------ plans
 def seed_plan() -> bytes:
     """A valid sealed plan of plausible figures (built directly, no calibration run)."""
-    from guild.plan import (
+    from guild.plans.plan import (
         CpuTuning,
         HardwareIdentity,
         Header,
@@ -327,7 +327,7 @@ def _walk(d, rng, depth=0):
 def mutate_plan(seed: bytes, rng: np.random.Generator) -> bytes:
     import yaml
 
-    from guild.plan import SECTIONS, section_digest
+    from guild.plans.plan import SECTIONS, section_digest
 
     r = rng.random()
     if r < 0.15:  # unsealed edits: byte flips / splices anywhere (must all be seal errors)

@@ -91,7 +91,7 @@ class Worker:
         from rich.console import Console
 
         from guild.cli.inspect import inspect
-        from guild.plan import read_plan
+        from guild.plans.plan import read_plan
 
         p = self.d / "case.gexec"
         p.write_bytes(self.gen.mutate_plan(self.plan_seed, rng))
