@@ -28,8 +28,8 @@ def vram_budget(gpu: GpuInfo | None) -> int:
     return 0 if gpu is None else max(0, int(gpu.vram_bytes * VRAM_SHARE) - VRAM_RESERVE)
 
 
-def place(tensors: Iterable[tuple[str, int]], kv_bytes: dict[int, int], gpu: GpuInfo | None, context: int,
-          tied_output: bool = False) -> Placement:
+def plan_placement(tensors: Iterable[tuple[str, int]], kv_bytes: dict[int, int], gpu: GpuInfo | None, context: int,
+                   tied_output: bool = False) -> Placement:
     """tensors: (GGUF name, bytes); kv_bytes: KV cache bytes per layer at `context`. With `tied_output` the
     token embedding matrix is also the output head (placed with the output's priority)."""
     sizes: dict[tuple[str, int], list[int]] = {}  # (group, layer) -> [bytes, tensors]
@@ -97,4 +97,4 @@ def kv_bytes_per_layer(g, context: int) -> dict[int, int]:
 def placement_for(g, gpu: GpuInfo | None, context: int) -> Placement:
     """Pass 2 for an opened GGUFFile."""
     tensors = [(t.name, int(t.data.nbytes)) for t in g.tensors.values()]
-    return place(tensors, kv_bytes_per_layer(g, context), gpu, context, tied_output=not g.has("output.weight"))
+    return plan_placement(tensors, kv_bytes_per_layer(g, context), gpu, context, tied_output=not g.has("output.weight"))

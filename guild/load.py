@@ -88,7 +88,7 @@ class LoadedModel:
         return GuildSession(self.model, n_ctx=n_ctx, prefill_batch=prefill_batch, eos_ids=self.tokenizer.eos_ids)
 
 
-def place(lm: LoadedModel, device: str | None, context: int, placement=None) -> None:
+def move_to_device(lm: LoadedModel, device: str | None, context: int, placement=None) -> None:
     """Put lm's model on `device` (see engine.device.place_model) and say where it runs."""
     t0 = time.perf_counter()
     lm.model, dev, lm.device_reason = place_model(lm.model, device, context, placement)
@@ -121,5 +121,5 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
         if threads is None:
             set_threads(min(lm.plan.cpu.threads, numba.config.NUMBA_NUM_THREADS))
     lm.threads = set_threads(None)
-    place(lm, device, context, lm.plan.placement if lm.plan is not None else None)
+    move_to_device(lm, device, context, lm.plan.placement if lm.plan is not None else None)
     return lm

@@ -240,9 +240,9 @@ def test_attention_rows_invariant(gpu):
 
 # -- the engine -------------------------------------------------------------------------------------------
 def _engine(gpu, model):
-    from guild.engine.cuda import GpuSplit, place
+    from guild.engine.cuda import GpuSplit, split_onto_device
 
-    return place(model, gpu.backend(), GpuSplit(model.args.n_layers))
+    return split_onto_device(model, gpu.backend(), GpuSplit(model.args.n_layers))
 
 
 @pytest.fixture(scope="module", params=[

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from guild.cli import app
-from guild.engine.cuda import GpuSplit, HostBackend, default_placement, gpu_sizes, place, spill_report
+from guild.engine.cuda import GpuSplit, HostBackend, default_placement, gpu_sizes, spill_report, split_onto_device
 from guild.engine.device import Device
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
@@ -86,7 +86,7 @@ def test_a_gtx_1070_budget_and_a_tiny_budget_force_a_split(tmp_path):
     assert split == GpuSplit(2, False, False)
     report = spill_report(m, split, 256)
     assert "layers 2..3" in report and "output head" in report and "MTP head" in report and "embeddings" in report
-    eng = place(m, HostBackend.fake_device(), split)
+    eng = split_onto_device(m, HostBackend.fake_device(), split)
     assert "spilled to the CPU" in eng.describe()
     a, b = m.new_state(64), eng.new_state(64)
     toks = [5, 77, 12, 200, 31, 9]

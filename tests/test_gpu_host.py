@@ -17,8 +17,8 @@ from guild.engine.cuda import (
     build,
     default_placement,
     gpu_sizes,
-    place,
     placement_from_plan,
+    split_onto_device,
 )
 from guild.engine.device import Device, DeviceUnavailableError, probe_cuda, resolve_device
 from guild.engine.session import GuildSession
@@ -62,7 +62,7 @@ def _plain(model, seq, n_ctx=64):
 
 @pytest.mark.parametrize("pl", PLACEMENTS, ids=lambda p: f"gpu{p.gpu_layers}-e{int(p.embed_gpu)}-o{int(p.output_gpu)}")
 def test_fake_device_is_bitwise_the_cpu_model(tiny, pl):
-    eng = place(tiny, HostBackend.fake_device(), pl)
+    eng = split_onto_device(tiny, HostBackend.fake_device(), pl)
     a, b = tiny.new_state(64), eng.new_state(64)
     assert isinstance(b, DeviceKVCache)
     assert np.array_equal(tiny.forward(SEQ[:9], a), eng.forward(SEQ[:9], b))
@@ -80,7 +80,7 @@ def test_fake_device_is_bitwise_the_cpu_model(tiny, pl):
 
 def test_commit_keep_equals_plain_decoding(tiny):
     """Pointer-only commit(keep): rows >= keep are left in the cache but never read again."""
-    eng = place(tiny, HostBackend.fake_device(), GpuSplit(2))
+    eng = split_onto_device(tiny, HostBackend.fake_device(), GpuSplit(2))
     plain = _plain(tiny, SEQ)
     P = 4
     for T in (2, 5, 8):
@@ -98,7 +98,7 @@ def test_commit_keep_equals_plain_decoding(tiny):
 
 
 def test_batched_sessions_equal_solo(tiny):
-    eng = place(tiny, HostBackend.fake_device(), GpuSplit(2))
+    eng = split_onto_device(tiny, HostBackend.fake_device(), GpuSplit(2))
     s1, s2 = eng.new_state(64), eng.new_state(64)
     eng.forward(SEQ[:5], s1)
     s1.commit(5)
@@ -118,7 +118,7 @@ def test_one_transfer_each_way_per_moe_layer(tmp_path):
     write_tiny_model(path, arch="llama", n_layers=3, n_experts=4, top_k=2, qtype="Q8_0", seed=1)
     m = load_model(str(path))
     dev = HostBackend.fake_device()
-    eng = place(m, dev, GpuSplit(3))
+    eng = split_onto_device(m, dev, GpuSplit(3))
     st = eng.new_state(64)
     eng.forward(SEQ[:6], st)
     st.commit(6)
@@ -137,7 +137,7 @@ def test_dense_model_moves_only_indices_and_logits(tmp_path):
     path = tmp_path / "dense.gguf"
     write_tiny_model(path, arch="llama", qtype="F32", seed=2)
     dev = HostBackend.fake_device()
-    eng = place(load_model(str(path)), dev, GpuSplit(2))
+    eng = split_onto_device(load_model(str(path)), dev, GpuSplit(2))
     st = eng.new_state(32)
     eng.forward(SEQ[:5], st)
     assert (dev.h2d, dev.d2h) == (1, 1)
@@ -148,7 +148,7 @@ def test_session_parity_with_speculation(tmp_path):
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, arch="qwen3moe", n_experts=4, top_k=2, qtype="Q4_0", seed=4)
     m = load_model(str(path))
-    eng = place(m, HostBackend.fake_device(), GpuSplit(1, False, True))
+    eng = split_onto_device(m, HostBackend.fake_device(), GpuSplit(1, False, True))
     prompt = [int(t) for t in np.r_[SEQ, SEQ, SEQ]]
     ref, _ = GuildSession(m, n_ctx=128).generate(prompt, 24)
     got, st = GuildSession(eng, n_ctx=128).generate(prompt, 24, drafter=make_drafter("lookup", min_match=2),
@@ -167,7 +167,7 @@ def test_adaptive_default_runs_on_the_engine(tmp_path):
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, n_experts=4, top_k=2, qtype="Q8_0", seed=4)
     m = load_model(str(path))
-    eng = place(m, HostBackend.fake_device(), GpuSplit(2))
+    eng = split_onto_device(m, HostBackend.fake_device(), GpuSplit(2))
     assert eng.returns_hidden and eng.hosts_mtp_head
     prompt = [int(t) for t in np.r_[SEQ, SEQ, SEQ]]
     ref, _ = GuildSession(m, n_ctx=128).generate(prompt, 24)
@@ -176,7 +176,7 @@ def test_adaptive_default_runs_on_the_engine(tmp_path):
 
 
 def test_kv_state_errors(tiny):
-    eng = place(tiny, HostBackend.fake_device(), GpuSplit(2))
+    eng = split_onto_device(tiny, HostBackend.fake_device(), GpuSplit(2))
     st = eng.new_state(8)
     assert st.n_ctx == 8 and st.nbytes > 0
     eng.forward(SEQ[:3], st)
@@ -256,13 +256,13 @@ def test_probe_here_is_consistent():
         assert dev.is_cuda and dev.cc >= 50 and dev.total_bytes > 0
 
 
-def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
-    """load.place end to end with a fake CUDA device: the default placement from the free VRAM, the
+def test_move_to_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
+    """load.move_to_device end to end with a fake CUDA device: the default placement from the free VRAM, the
     engine swapped in, the device said in words; auto falls back when the architecture has no GPU path."""
     import guild.engine.cuda as ec
     import guild.engine.device as d
     from guild.load import LoadedModel as Loaded
-    from guild.load import place as use_device
+    from guild.load import move_to_device
 
     path = tmp_path / "m.gguf"
     write_tiny_model(path, arch="llama", n_experts=4, top_k=2, qtype="Q8_0", seed=6)
@@ -271,7 +271,7 @@ def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
     monkeypatch.setattr(d, "probe_cuda", lambda index=0: (gpu, ""))
     monkeypatch.setattr(ec, "CudaBackend", lambda index=0: HostBackend.fake_device())
     lm = Loaded(str(path), m.gguf, m, None, 0.0)
-    use_device(lm, "auto", 64)
+    move_to_device(lm, "auto", 64)
     assert type(lm.model) is type(m) and lm.model.placement == GpuSplit(2, True, True)
     assert "Fake GPU" in lm.device and "experts on CPU" in lm.device
     st = lm.model.new_state(32)
@@ -279,11 +279,11 @@ def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
 
     other = types.SimpleNamespace(args=types.SimpleNamespace(arch="mamba"), gguf=m.gguf)
     lm2 = Loaded(str(path), m.gguf, other, None, 0.0)
-    use_device(lm2, "auto", 64)
+    move_to_device(lm2, "auto", 64)
     assert lm2.model is other and lm2.device == "cpu" and lm2.device_reason.startswith("auto:")
     assert "mamba" in lm2.device_reason
     with pytest.raises(GpuPathError, match="mamba"):
-        use_device(lm2, "cuda", 64)
+        move_to_device(lm2, "cuda", 64)
 
 
 def test_nothing_fits_is_a_clear_error(tiny):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from guild.engine.backends import DeviceRows
-from guild.engine.cuda import GpuSplit, HostBackend, place
+from guild.engine.cuda import GpuSplit, HostBackend, split_onto_device
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.models import load_model
@@ -60,7 +60,7 @@ def arch(request, tmp_path_factory):
     path = write_arch(tmp_path_factory.mktemp(request.param), request.param)
     cpu = load_model(path)
     ref = {s: generate(cpu, "normal", p)[0] for s, p in SAMPLING.items()}
-    eng = place(cpu, HostBackend.fake_device(), GpuSplit(cpu.args.n_layers))
+    eng = split_onto_device(cpu, HostBackend.fake_device(), GpuSplit(cpu.args.n_layers))
     return request.param, cpu, eng, ref
 
 
@@ -80,7 +80,7 @@ def test_split_placement_with_the_head_on_the_host(tmp_path):
     path = write_arch(tmp_path, "qwen35moe")
     cpu = load_model(path)
     ref, _ = generate(cpu, "normal", SAMPLING["greedy"])
-    eng = place(cpu, HostBackend.fake_device(), GpuSplit(2, True, False))
+    eng = split_onto_device(cpu, HostBackend.fake_device(), GpuSplit(2, True, False))
     got, st = generate(eng, "mtp", SAMPLING["greedy"])
     assert got == ref and any(w.k for w in st.windows)
     assert find_mtp_head(eng).be is not eng.dev
@@ -90,7 +90,7 @@ def test_hidden_rows_move_only_when_read(tmp_path):
     path = write_arch(tmp_path, "llama-moe")
     cpu = load_model(path)
     dev = HostBackend.fake_device()
-    eng = place(cpu, dev, GpuSplit(2))
+    eng = split_onto_device(cpu, dev, GpuSplit(2))
     st = eng.new_state(64)
     before = dev.counters()
     out = eng.forward_batch([(PROMPT[:6], st)])[0]
@@ -117,7 +117,7 @@ def test_transfers_per_window(tmp_path, name):
     cpu = load_model(write_arch(tmp_path, name))
     a = cpu.args
     dev = HostBackend.fake_device()
-    eng = place(cpu, dev, GpuSplit(a.n_layers))
+    eng = split_onto_device(cpu, dev, GpuSplit(a.n_layers))
     st = eng.new_state(64)
     eng.forward(PROMPT[:5], st)
     st.commit(5)

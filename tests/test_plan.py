@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from guild.calib.placement import place, vram_budget
+from guild.calib.placement import plan_placement, vram_budget
 from guild.calib.probe import _cpuinfo, gpu_info, hardware_identity
 from guild.errors import (
     CpuIsaMismatch,
@@ -193,7 +193,7 @@ def _big_moe(n_layers=48):
 
 def test_placement_cpu_only_says_so():
     t, kv = _big_moe()
-    p = place(t, kv, None, 8192)
+    p = plan_placement(t, kv, None, 8192)
     assert p.gpu is None and p.gpu_bytes == 0 and "no GPU" in p.note
     assert all(g.device == "cpu" for g in p.groups)
     assert sum(g.bytes for g in p.groups) == sum(b for _, b in t) + sum(kv.values())
@@ -202,7 +202,7 @@ def test_placement_cpu_only_says_so():
 def test_placement_8gib_takes_everything_but_the_routed_experts():
     t, kv = _big_moe()
     gpu = GpuInfo("fake", "8.9", 8 * 2**30)
-    p = place(t, kv, gpu, 8192)
+    p = plan_placement(t, kv, gpu, 8192)
     dev = {g.name: g for g in p.groups}
     assert dev["routed_experts"].device == "cpu" and dev["routed_experts"].gpu_bytes == 0
     for name in ("attention", "kv_cache", "norms", "router", "shared_experts", "output", "embeddings"):
@@ -213,7 +213,7 @@ def test_placement_8gib_takes_everything_but_the_routed_experts():
 def test_placement_1gib_fills_the_hot_path_layer_by_layer():
     t, kv = _big_moe()
     gpu = GpuInfo("fake", "6.1", 2**30)
-    p = place(t, kv, gpu, 8192)
+    p = plan_placement(t, kv, gpu, 8192)
     dev = {g.name: g for g in p.groups}
     assert p.gpu_bytes <= vram_budget(gpu)
     assert dev["attention"].device == "split" and dev["kv_cache"].device == "split"

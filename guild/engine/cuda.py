@@ -2,7 +2,7 @@
 embeddings, output and the MTP head on the device (CuPy RawKernels, kernels/cuda/), routed experts always on
 the CPU (Numba, kernels/cpu/moe.py).
 
-There is no GPU forward here. `place` returns the model itself (a shallow copy of the CPU model, same class)
+There is no GPU forward here. `split_onto_device` returns the model itself (a shallow copy of the CPU model, same class)
 with device twins of the parts a placement puts on the GPU and a device Layout (guild.engine.backends); its
 forward is the architecture's one forward (guild/models/), written against the backends, so a model feature is
 written once for the CPU, the GPU and the counting host backend. The placement decides where each tensor
@@ -62,7 +62,7 @@ GPU_ARCHS = ("llama", "qwen3", "qwen3moe", "qwen3next", "qwen35moe")
 _RESERVE = 512 * 2**20  # VRAM left for the CUDA context, activations and the memory pool's slack
 
 __all__ = ["CudaBackend", "DeviceKVCache", "GpuSplit", "HostBackend", "build", "default_placement", "gpu_sizes",
-           "place", "placement_from_plan"]
+           "placement_from_plan", "split_onto_device"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def _matrix(be, cpu_weights, t: Tensor, name: str):
     return be.linear(cpu_weights, [t], name)
 
 
-def place(cpu_model, device, split: GpuSplit, host: HostBackend = HOST):
+def split_onto_device(cpu_model, device, split: GpuSplit, host: HostBackend = HOST):
     """The model with the placement's share on `device` (a CudaBackend, or HostBackend.fake_device() in tests)
     and the rest, routed experts always, on the host: the same class and forward as the CPU model."""
     a = cpu_model.args
@@ -352,7 +352,7 @@ def build(cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | No
             f"{need / 2**20:.0f} MiB, {device_info.free_bytes / 2**20:.0f} MiB free"
         )
     try:
-        eng = place(cpu_model, device_backend(device_info.index), placement)
+        eng = split_onto_device(cpu_model, device_backend(device_info.index), placement)
         eng.placed_context = n_ctx
         return eng
     except Exception as e:
