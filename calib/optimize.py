@@ -106,7 +106,7 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
     threads_before = numba.get_num_threads()
     p = _Passes(progress)
     g = lm.gguf
-    head = find_mtp_head(lm.model) if lm.model.hosts_mtp_head else None
+    head = find_mtp_head(lm.model)
     if spec and head is None:
         raise BadFlagError(f"--spec {spec}: MTP calibration needs an MTP head; this model has none "
                            "(guild train-mtp makes one)")
@@ -122,9 +122,7 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
         f"{c.threads} threads · " + ", ".join(f"{kt.qtype} {kt.gweights_s:.2f} Gw/s ({kt.role})"
                                               for kt in c.kernels)))
     model, _, _ = place_model(lm.model, device, context, placement) if device else (lm.model, None, "")
-    if not model.hosts_mtp_head:
-        head = None
-    elif head is not None and model is not lm.model:
+    if head is not None and model is not lm.model:
         head = find_mtp_head(model)  # the head placed with the model (on its output's device)
     try:
         numba.set_num_threads(cpu.threads)  # pass 4 runs as `run --gexec` will

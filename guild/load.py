@@ -61,10 +61,6 @@ class LoadedModel:
         s = STRATEGIES[strategy]
         if not s.uses_head:
             return None
-        if not self.model.hosts_mtp_head:
-            if s.needs_head or self.mtp.head is not None:
-                raise BadFlagError("MTP drafting runs with --device cpu for now (the GPU engine has no MTP head)")
-            return None
         key = (self.mtp.head, self.mtp.vocab)
         if key not in self._heads:
             with quant.numerics(self.numerics):  # the head's matrices like the model's

@@ -168,7 +168,6 @@ def test_adaptive_default_runs_on_the_engine(tmp_path):
     write_tiny_model(path, n_experts=4, top_k=2, qtype="Q8_0", seed=4)
     m = load_model(str(path))
     eng = split_onto_device(m, HostBackend.fake_device(), GpuSplit(2))
-    assert eng.returns_hidden and eng.hosts_mtp_head
     prompt = [int(t) for t in np.r_[SEQ, SEQ, SEQ]]
     ref, _ = GuildSession(m, n_ctx=128).generate(prompt, 24)
     got, st = GuildSession(eng, n_ctx=128).generate(prompt, 24, drafter=make_drafter("adaptive"), max_draft=4)

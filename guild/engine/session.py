@@ -177,9 +177,6 @@ class Generation:
         self.sampling = sampling
         self.verifier = Verifier(sampling, session.eos_ids)
         self.st = GenerationStats(prompt_tokens=len(prompt))
-        if self.drafter.follows_rows and not session.model.returns_hidden:
-            raise GuildError(f"the {self.drafter.name} drafter needs the model's hidden rows, which this engine "
-                             "keeps on its device")
         t0 = time.perf_counter()
         prompt_start = len(session.tokens)
         logits = session.prefill(prompt, self.drafter)

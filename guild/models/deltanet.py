@@ -137,8 +137,6 @@ class HybridMoe:
 
     V_TILED = False
     BA_FUSED = True
-    returns_hidden = True  # as models.llama.Llama
-    hosts_mtp_head = True
 
     def __init__(self, g: GGUFFile, args: ModelArgs, d: DeltaNetArgs, rollback: str = "snapshot"):
         self.gguf, self.args, self.d, self.rollback = g, args, d, rollback

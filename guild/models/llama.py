@@ -87,8 +87,6 @@ class Layer:
 class Llama:
     ROPE_NEOX = False
     QK_NORM = False
-    returns_hidden = True  # forwards return the final residual rows (ForwardResult.hidden)
-    hosts_mtp_head = True  # an MTP head can run its block with this model's layers (mtp_block)
     n_mtp = 0  # nextn (MTP) blocks the file appends after the trunk (hybrids read it from the metadata)
 
     def __init__(self, g: GGUFFile, args: ModelArgs):
