@@ -401,13 +401,6 @@ def _writable(path: Path, need: int) -> bool:
     return _free_bytes(path.parent) > need * 1.1 + (256 << 20)
 
 
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
-
-
 def _in_memory(g: GGUFFile, load_model, progress: bool, weights: int):
     """The model repacked into memory, the GGUF's pages released after each matrix."""
     bar = _Progress(progress, weights, f"repacking {Path(g.path).name}")

@@ -217,9 +217,6 @@ class Tokenizer:
             raise ValueError(f"token id {tid} is outside the vocabulary (size {self.vocab_size})")
         return self._token_bytes[tid]
 
-    def is_special(self, token_id: int) -> bool:
-        return int(token_id) in self._special
-
     def token_to_id(self, text: str) -> int | None:
         return self._hf.token_to_id(text)
 

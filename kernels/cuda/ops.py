@@ -52,10 +52,6 @@ def check_matrix(qtype: int, n_rows: int, n_cols: int, name: str = "tensor") -> 
         raise UnsupportedQuantTypeError(f"{name}: row length {n_cols} is not a multiple of 8 (GPU kernels)")
 
 
-def device_bytes(qtype: int, n_rows: int, n_cols: int) -> int:
-    return int(n_rows) * row_bytes(int(qtype), int(n_cols))
-
-
 def pack(qtype: int, raw: np.ndarray, n_rows: int, n_cols: int) -> DeviceMatrix:
     """Upload raw GGUF data of an [n_rows, n_cols] matrix (same bits)."""
     import cupy
