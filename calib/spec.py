@@ -34,6 +34,7 @@ from ..kernels.cpu import moe
 from ..plans.plan import MAX_T, SpecCalibration
 from ..spec import make_drafter
 from ..workloads import default_root
+from .timing import median
 
 
 def calibration_text() -> str:
@@ -102,10 +103,6 @@ def _fill_copies(state: KVCache | DeviceKVCache, filled: int, target: int) -> No
     state.pos = target
 
 
-def _median(xs) -> float:
-    return float(statistics.median(xs))
-
-
 def _cv(xs) -> float:
     m = statistics.fmean(xs)
     return statistics.pstdev(xs) / m if len(xs) > 1 and m > 0 else 0.0
@@ -142,7 +139,7 @@ def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> tuple[flo
         d.start(hist, 0)
         d.propose(hist, 4)  # indexes the history (and compiles), outside the timings
         lat, _, _ = replay(d, hist, stream, context, steps, 0)
-        out.append(_median(lat) * 1e3)
+        out.append(median(lat) * 1e3)
     return out[0], out[1]
 
 
@@ -198,8 +195,8 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
                 if T == MAX_T:
                     commit_ms.append((t1 - tc) * 1e3)
     lookup_ms, retrieval_ms = drafter_latency_ms(toks, ctx, draft_steps)
-    verify = tuple(round(_median(v_ms[T]), 4) for T in range(1, MAX_T + 1))
-    experts = tuple(round(_median(e_ms[T]), 4) for T in range(1, MAX_T + 1)) if moe else None
+    verify = tuple(round(median(v_ms[T]), 4) for T in range(1, MAX_T + 1))
+    experts = tuple(round(median(e_ms[T]), 4) for T in range(1, MAX_T + 1)) if moe else None
     if experts is not None and not any(experts):  # this model's MoE does not go through kernels/cpu/moe
         experts = None
     u = tuple(round(statistics.fmean(distinct[T]), 4) for T in range(1, MAX_T + 1)) if moe else None
@@ -208,8 +205,8 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
         verify_cpu_expert_ms=experts,
         distinct_experts=u, distinct_expert_ratio=tuple(round(x / u[0], 4) for x in u) if moe else None,
         lookup_draft_ms=round(lookup_ms, 5), retrieval_draft_ms=round(retrieval_ms, 5),
-        kv_commit_ms=round(_median(commit_ms), 5),
-        noise_cv=round(_median([_cv(v_ms[T]) for T in range(1, MAX_T + 1)]), 4),
+        kv_commit_ms=round(median(commit_ms), 5),
+        noise_cv=round(median([_cv(v_ms[T]) for T in range(1, MAX_T + 1)]), 4),
         prefill_tok_s=round(prefill_tok_s, 2), mtp_note=mtp_note,
         mtp_draft_step_ms=None if mtp is None else round(mtp[0], 4),
         mtp_kv_catchup_ms=None if mtp is None else round(mtp[1], 4),
@@ -238,4 +235,4 @@ def _mtp_costs(head, hidden: np.ndarray, toks: list[int], fill: int, ctx: int, r
         if r:  # the first pair compiles and warms
             step.append((t1 - t0) * 1e3)
             row.append((t2 - t1) * 1e3)
-    return _median(step), _median(row)
+    return median(step), median(row)

@@ -50,3 +50,8 @@ class Drafter:
 
 class NoDrafter(Drafter):
     """Plain decoding: never proposes."""
+
+
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= x (at least 1): the drafters' hash tables index with `h & (size - 1)`."""
+    return 1 << max(0, int(x - 1).bit_length())

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from .base import Drafter
+from .base import Drafter, next_pow2
 
 WAYS = 4
 MAX_PROBE = 16
@@ -229,10 +229,6 @@ def _lookup(buf, n, pos, tags, mask, two, min_match, max_match):
     return best_q, best_len, best_freq, group
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x - 1).bit_length())
-
-
 class SuffixDrafter(Drafter):
     """Prompt-lookup drafter over the session's own token history.
 
@@ -285,7 +281,7 @@ class SuffixDrafter(Drafter):
         if self.table_bits is not None:
             n_slots = 1 << self.table_bits
         else:  # <= 1/2 distinct anchors per slot at a full window
-            n_slots = _next_pow2(2 * (2 if self._two else 1) * self.max_history)
+            n_slots = next_pow2(2 * (2 if self._two else 1) * self.max_history)
         self._buf = np.zeros(self.max_history, np.int32)
         self._pos = np.full((n_slots, WAYS), -1, np.int32)
         self._tags = np.zeros(n_slots, np.uint32)

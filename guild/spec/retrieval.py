@@ -58,7 +58,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from .base import Drafter
+from .base import Drafter, next_pow2
 
 MAX_MATCH = 64  # backward extension cap (and the query length)
 HITS_PER_LOOKUP = 8  # new candidate positions taken per (anchor order, tier)
@@ -301,10 +301,6 @@ def _sync_propose(s_tok, s_heads, s_prev, s_meta, s_limit, c_tok, c_heads, c_pre
 
 
 # --------------------------------------------------------------------------------------------- tiers
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x - 1).bit_length())
-
-
 class _Tier:
     """One token store with its hash-chain index (see the module docstring)."""
 
@@ -312,7 +308,7 @@ class _Tier:
 
     def __init__(self, limit: int):
         self.limit = int(limit)
-        self.cap_max = _next_pow2(self.limit)
+        self.cap_max = next_pow2(self.limit)
         self._alloc(min(MIN_SLOTS, self.cap_max), 0)
 
     def _alloc(self, cap: int, pos: int) -> None:
@@ -350,7 +346,7 @@ class _Tier:
         cap = self.tok.size
         if need <= cap:
             return
-        new_cap = min(self.cap_max, max(2 * cap, _next_pow2(need)))
+        new_cap = min(self.cap_max, max(2 * cap, next_pow2(need)))
         live = self.tokens()
         self._alloc(new_cap, self.base)
         self.append(live, reserve=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import sysconfig
 import textwrap
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
+from ..calib.timing import median
 from ..engine.sampling import SamplingParams
 from ..engine.session import GuildSession
 from ..engine.verify import Verifier
@@ -39,10 +39,6 @@ def long_prompt_text() -> str:
     return Path(textwrap.__file__).read_text()[:2200]
 
 
-def _median(xs):
-    return statistics.median(xs) if xs else float("nan")
-
-
 def guild_decode(model, ids, n, repeats):
 
     dec, pre, toks = [], [], None
@@ -51,7 +47,7 @@ def guild_decode(model, ids, n, repeats):
         toks, st = s.generate(ids, n)
         dec.append(st.decode_tok_s)
         pre.append(st.prefill_tok_s)
-    return _median(dec), _median(pre), toks
+    return median(dec), median(pre), toks
 
 
 def open_llama_cpp(path, **kwargs):
@@ -95,7 +91,7 @@ def llama_cpp_decode(path, ids, n, threads, repeats):
         t2 = time.perf_counter()
         pre.append(len(ids) / (t1 - t0))
         dec.append((n - 1) / (t2 - t1))
-    return _median(dec), _median(pre), toks
+    return median(dec), median(pre), toks
 
 
 def window_costs(model, ids, repeats=7, max_T=8, text=None):
@@ -122,7 +118,7 @@ def window_costs(model, ids, repeats=7, max_T=8, text=None):
                 times[T].append((time.perf_counter() - t0) * 1e3)
                 d[T].append(out.distinct_experts.mean())
             s.state.commit(0)
-    return {T: _median(v) for T, v in times.items()}, {T: float(np.mean(v)) for T, v in d.items()}
+    return {T: median(v) for T, v in times.items()}, {T: float(np.mean(v)) for T, v in d.items()}
 
 
 # -- the bound: what a window of T rows cannot beat on this machine ------------------------------------------
@@ -249,7 +245,7 @@ def verifier_share(model, ids, T=5, repeats=9):
         s.state.commit(0)
         fwd.append(t1 - t0)
         vt.append(t2 - t1)
-    return _median(vt) / (_median(vt) + _median(fwd))
+    return median(vt) / (median(vt) + median(fwd))
 
 
 def python_share(model, ids, steps=24):
@@ -355,11 +351,11 @@ def spec_table(model_tag="smollm2-135m-moe", n=128, repeats=3, ks=(1, 2, 3, 4), 
                     raise SystemExit(f"PARITY FAILURE: {pname} {strat} k={k} differs from normal")
                 speeds[(strat, k)].append(t.stats.decode_tok_s)
                 accept[(strat, k)] = t.stats.summary()
-        base = _median(speeds[("normal", 0)])
+        base = median(speeds[("normal", 0)])
         for (strat, k), v in speeds.items():
             sm = accept[(strat, k)]
             acc = f"{sm['acceptance'] * 100:.0f}%" if sm["acceptance"] is not None else "–"
-            rows.append(f"| {pname} | {strat} | {k} | {_median(v):.1f} | {_median(v) / base:.2f}× | {acc} | "
+            rows.append(f"| {pname} | {strat} | {k} | {median(v):.1f} | {median(v) / base:.2f}× | {acc} | "
                         f"{sm['tokens_per_window']:.2f} |")
     return rows
 

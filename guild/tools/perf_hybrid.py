@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from ..calib.timing import median
 from ..engine import state as state_mod
 from ..engine.session import GuildSession
 from ..kernels.cpu import deltanet as gdn
@@ -35,10 +35,6 @@ BENCH_MODEL = dict(
     ffn=1024, n_experts=64, top_k=8, expert_ffn=128, shared_ffn=128, ssm_k_heads=4, ssm_v_heads=8,
     ssm_head_dim=64, vocab=512, context=2048, seed=11,
 )
-
-
-def _median(xs) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
 
 
 class _Timer:
@@ -90,7 +86,7 @@ def window_costs(model, reps: int, rng) -> dict:
             rs.append(rec.s)
             if st.pos > BENCH_MODEL["context"] - 16:
                 st = model.new_state(BENCH_MODEL["context"])
-        v, r = _median(ts[2:]) * 1e3, _median(rs[2:]) * 1e3
+        v, r = median(ts[2:]) * 1e3, median(rs[2:]) * 1e3
         out["V_ms"][T], out["recurrence_ms"][T] = round(v, 3), round(r, 3)
         out["recurrence_share"][T] = round(r / v, 4)
 
@@ -113,9 +109,9 @@ def window_costs(model, reps: int, rng) -> dict:
                 st.commit(keep)
                 commit[keep].append(time.perf_counter() - t)
         ov[mode] = {
-            "forward_ms": round(_median(fwd) * 1e3, 3),
-            "recurrence_ms": round(_median(rec_t) * 1e3, 3),
-            "commit_ms": {k: round(_median(v) * 1e3, 4) for k, v in commit.items()},
+            "forward_ms": round(median(fwd) * 1e3, 3),
+            "recurrence_ms": round(median(rec_t) * 1e3, 3),
+            "commit_ms": {k: round(median(v) * 1e3, 4) for k, v in commit.items()},
         }
     v5 = out["V_ms"][T]
     rep, snap = ov["replay"], ov["snapshot"]
@@ -158,7 +154,7 @@ def real_size_rollback(reps: int, T: int = 5, layers: int = 30, Hv: int = 32, Hk
             t = time.perf_counter()
             f()
             ts.append(time.perf_counter() - t)
-        return _median(ts) * 1e3
+        return median(ts) * 1e3
 
     res: dict = {"layers": layers, "state": [Hv, d, d], "T": T}
     for mode in ("replay", "snapshot"):
@@ -217,8 +213,8 @@ def copy_workload(model, n_tokens: int, max_draft: int, reps: int, edit_every: i
             if plain_toks is None:
                 plain_toks = toks
             res[f"{strategy}/{mode}"] = {
-                "tok_s": round(_median(tps), 2),
-                "commit_ms_total": round(_median(commit_ms), 3),
+                "tok_s": round(median(tps), 2),
+                "commit_ms_total": round(median(commit_ms), 3),
                 "windows": summ["windows"], "tokens_per_window": summ["tokens_per_window"],
                 "acceptance": summ["acceptance"], "parity": toks == plain_toks,
             }
