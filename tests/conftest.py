@@ -1,11 +1,8 @@
 import os
-import sys
 from pathlib import Path
 
 import numba
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # tests/reference.py
 
 
 @pytest.fixture(scope="session", autouse=True)

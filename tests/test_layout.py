@@ -1,14 +1,16 @@
 """The tree's rules, checked from the source: no import cycles (function-level imports included), the
 library below the application, tools used by nothing."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import import_graph  # noqa: E402
+# scripts/ is not a package: load the checker from its file
+_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
 
 
 def test_no_import_cycles():

@@ -4,7 +4,7 @@ The session hands over the base's final hidden rows of everything it commits (`o
 time the head first catches its own KV cache up over the committed rows it has not seen (one batched pass, no
 LM head but the last row's, whose logits are draft 1), commits them, then chains on its own output for drafts
 2..k and rolls those rows back: the head's cache always holds exactly the committed positions, so catch-up
-after any accept/reject equals a fresh recompute (tests/test_mtp.py).
+after any accept/reject equals a fresh recompute (tests/models/test_mtp.py).
 
 Drafts are greedy (argmax), so the verifier's exact rule holds for sampling too. `last_prob` is the head's
 top-1 probability of draft 1 — the scheduler's confidence signal (docs/adaptive.md "MTP confidence"). With

@@ -3,7 +3,7 @@
 Contracts (DESIGN.md "Quantized CPU kernels", "Contracts: Row invariance"):
 1. dequantisation is bit-exact with gguf.quants.dequantize, for the twin and for the packed kernels;
 2. matmul is within |Δ| <= 1e-4 * (|W| @ |x|) (+1e-30) of matmul_ref (float64 accumulation; for matrices on
-   the int8 path, of the activations as that path quantises them: tests/test_qdot.py), elementwise,
+   the int8 path, of the activations as that path quantises them: tests/kernels/test_qdot.py), elementwise,
    for T = 1..8 and 37 (GEMV kernels, used up to 64 rows) and T = 100, 600 (prefill path: dequantise + BLAS);
 3. row invariance, bitwise: for T <= GEMV_MAX_ROWS row t of the output does not depend on T, on the other
    rows of the window, or on the number of Numba threads;

@@ -3,7 +3,7 @@ architecture (llama dense, llama MoE, qwen3, qwen3moe, qwen3next, qwen35moe, eac
 seeded sampling, on the model placed on the counting host backend (HostBackend.fake_device: the GPU path's
 placement, layout, device state and transfers around the CPU kernels), must emit the tokens of the CPU engine's
 `normal`. A chosen subset runs on the CUDA emulator (tests/cuda_emu: the .cu kernels built as C++) in
-tests/test_cuda.py. Also: the final hidden rows leave the device only when a consumer reads them, and the
+tests/gpu/test_cuda.py. Also: the final hidden rows leave the device only when a consumer reads them, and the
 transfers per window."""
 
 from __future__ import annotations

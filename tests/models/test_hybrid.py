@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
-from reference_hybrid import reference_hybrid_forward
 
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
@@ -21,6 +19,8 @@ from guild.models.qwen3next import Qwen3Next
 from guild.models.qwen35moe import Qwen35Moe
 from guild.spec.lookup import SuffixDrafter
 from guild.tools.tiny_hybrid import write_tiny_hybrid
+from tests.helpers.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
+from tests.helpers.reference_hybrid import reference_hybrid_forward
 
 rng = np.random.default_rng(0)
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from reference import reference_forward
 
 from guild.kernels.cpu import quant
 from guild.models import load_model
+from tests.helpers.reference import reference_forward
 
 # "The capital of France is Paris. The answer is" in SmolLM2's vocabulary, plus a few more ids
 PROMPT = np.array([504, 3575, 282, 4649, 314, 7042, 30, 378, 3164, 314], np.int64)

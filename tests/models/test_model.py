@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from reference import reference_forward
 
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model
+from tests.helpers.reference import reference_forward
 
 TINY = [
     dict(arch="llama", qtype="F32"),

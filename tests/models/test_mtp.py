@@ -1,12 +1,11 @@
 """The MTP head (guild/models/mtp.py) and MtpDrafter (guild/spec/mtp.py): logits against the float64
 twin, catch-up/rollback against a fresh recompute, loading rules, and token parity of mtp/adaptive with plain
-decoding on tiny random models (tests/test_embedded.py runs the trained head of the embedded model)."""
+decoding on tiny random models (tests/models/test_embedded.py runs the trained head of the embedded model)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference import reference_hidden, reference_mtp
 
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
@@ -16,6 +15,7 @@ from guild.spec import MtpOptions, make_drafter
 from guild.spec.mtp import MtpDrafter
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
+from tests.helpers.reference import reference_hidden, reference_mtp
 
 KINDS = {"llama": dict(), "llama-moe": dict(n_experts=4, top_k=2), "qwen3": dict(arch="qwen3"),
          "q8": dict(qtype="Q8_0")}

@@ -2,10 +2,10 @@
 "Window", "Sampling"): greedy and seeded sampling with penalties, k = 1..7, oracle/adversarial/random drafts."""
 
 import pytest
-from drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
+from tests.helpers.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 
 PROMPT = [1, 9690, 198, 2683, 253, 1345, 3084, 563, 4159, 30, 2, 198, 1, 520, 9531, 198]  # ChatML-ish ids
 N = 24

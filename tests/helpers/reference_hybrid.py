@@ -8,11 +8,12 @@ value heads) and the hyper-parameters itself. Slow, for tests only.
 from __future__ import annotations
 
 import numpy as np
-from reference import _act, _mm, _w  # dequantised float64 weights and products, shared with the llama reference
 
 from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
 from guild.kernels.cpu.quant import numerics_for
+
+from .reference import _act, _mm, _w  # dequantised float64 weights and products, shared with the llama reference
 
 
 def reference_hybrid_forward(path: str, tokens) -> np.ndarray:

@@ -4,13 +4,13 @@ weights, and speculative decoding keeps token parity with plain decoding."""
 
 import numpy as np
 import pytest
-from drafters import RandomDrafter
-from reference import reference_forward
 
 from guild.engine.session import GuildSession
 from guild.models import load_model
 from guild.spec import make_drafter
 from guild.tools.tiny import write_tiny_model
+from tests.helpers.drafters import RandomDrafter
+from tests.helpers.reference import reference_forward
 
 SMALL = dict(dim=64, ffn=128, n_heads=4, n_kv_heads=2)
 KQ = dict(dim=256, ffn=256, n_heads=4, n_kv_heads=2)  # rows of 256-weight blocks

@@ -10,7 +10,7 @@ tests are too big for the emulator and run on a GPU only.
 Tolerances. Kernels: quantized matmul |err| <= 1e-4 * (|W| @ |x|) elementwise vs the float64 twin (the CPU
 kernels' bound); get_rows bit-exact; norms/rope/swiglu/router 1e-5 relative; attention 1e-5 on O(1) values.
 Models: GPU logits within 2e-3 * max|logit| of the float64 reference (the CPU engine's bound,
-tests/test_embedded.py), hence within 4e-3 * max|logit| of the CPU engine's logits; not bitwise (different
+tests/models/test_embedded.py), hence within 4e-3 * max|logit| of the CPU engine's logits; not bitwise (different
 summation orders). Rows: bitwise independent of T and of their neighbours, on the GPU as on the CPU.
 """
 
@@ -58,7 +58,7 @@ def gpu(request, tmp_path_factory):
 
         yield types.SimpleNamespace(cp=cupy, g=ops, h=cupy.asnumpy, backend=lambda: CudaBackend(DEV.index), emu=False)
         return
-    import cuda_emu
+    from tests import cuda_emu
 
     lib = cuda_emu.build(tmp_path_factory.getbasetemp() / "cuda_emu")
     if lib is None:
@@ -260,7 +260,7 @@ def tiny(request, tmp_path_factory):
 
 
 def test_tiny_engine_vs_reference_and_windows(gpu, tiny):
-    from reference import reference_forward
+    from tests.helpers.reference import reference_forward
 
     path, model = tiny
     eng = _engine(gpu, model)
@@ -312,7 +312,7 @@ def test_tiny_engine_batched_sessions_and_transfers(gpu, tiny):
 # -- the embedded models (GPU only: too large for the emulator) ------------------------------------------
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_embedded_gpu_vs_cpu_logits(gpu, which, request):
-    from reference import reference_forward
+    from tests.helpers.reference import reference_forward
 
     if gpu.emu:
         pytest.skip("embedded models: GPU only (too slow for the emulator)")
@@ -441,18 +441,17 @@ def test_hybrid_engine_windows_rollback_and_logits(gpu, hybrid):
 
 
 # every architecture, every strategy and both samplings at least once (the full matrix runs on the counting
-# host backend in tests/test_gpu_matrix.py; the emulator costs ~15-25 s a cell)
+# host backend in tests/gpu/test_gpu_matrix.py; the emulator costs ~15-25 s a cell)
 CELLS = [("llama-moe", "mtp", "greedy"), ("qwen35moe", "mtp", "seeded"), ("qwen3next", "adaptive", "greedy"),
          ("qwen3moe", "lookup", "seeded"), ("llama", "retrieval", "greedy"), ("qwen3", "normal", "seeded")]
 
 
 @pytest.mark.parametrize("name,strategy,sampling", CELLS)
 def test_strategy_cells_on_the_device(gpu, tmp_path, name, strategy, sampling):
-    """A subset of tests/test_gpu_matrix.py's cells with the kernels of kernels/cuda/: the placed model (MTP
+    """A subset of tests/gpu/test_gpu_matrix.py's cells with the kernels of kernels/cuda/: the placed model (MTP
     head on the device too) emits the CPU engine's `normal` stream."""
-    from test_gpu_matrix import SAMPLING, generate, write_arch
-
     from guild.models import load_model
+    from tests.gpu.test_gpu_matrix import SAMPLING, generate, write_arch
 
     model = load_model(write_arch(tmp_path, name))
     want, _ = generate(model, "normal", SAMPLING[sampling], n=8)

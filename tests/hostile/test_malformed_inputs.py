@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fuzz import gguf_io as gi
 
 from guild.errors import ChatTemplateError, GgufFormatError, GuildError, PlanError, PlanSealError
 from guild.formats.gguf import GGUFFile
@@ -19,6 +18,7 @@ from guild.models import load_model
 from guild.models.validate import ModelValidationError, NumericsError, check_finite
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
+from tests.fuzz import gguf_io as gi
 
 
 @pytest.fixture(scope="module")
@@ -179,16 +179,16 @@ def test_ordinary_templates_still_render(seeds):
 # -- plans ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def plan_bytes():
-    from fuzz.gen import seed_plan
+    from tests.fuzz.gen import seed_plan
 
     return seed_plan()
 
 
 def _resealed(plan_bytes, edit) -> bytes:
     import yaml
-    from fuzz.gen import _reseal
 
     from guild.plans.plan import SECTIONS, section_digest
+    from tests.fuzz.gen import _reseal
 
     d = yaml.safe_load(plan_bytes)
     d.pop("seal")
@@ -215,9 +215,8 @@ def test_resealed_nonsense_values_are_refused(plan_bytes, tmp_path, edit, needle
 
 
 def test_yaml_alias_bomb_in_a_sealed_plan_is_refused_at_once(plan_bytes, tmp_path):
-    from fuzz.gen import HOSTILE_YAML, _reseal
-
     from guild.plans.plan import read_plan
+    from tests.fuzz.gen import HOSTILE_YAML, _reseal
 
     body = plan_bytes[: plan_bytes.rfind(b"seal: ")] + HOSTILE_YAML[0].encode()
     p = tmp_path / "bomb.gexec"
