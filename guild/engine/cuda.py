@@ -184,7 +184,8 @@ def spill_report(model, split: GpuSplit, n_ctx: int) -> str:
 def default_placement(model, free_bytes: int, n_ctx: int) -> GpuSplit:
     """Fill the VRAM left after a reserve: layers in order (weights and their state at n_ctx), then the output
     matrix with the MTP head, then the embeddings (an embedding lookup on the CPU costs only the rows' upload).
-    tests/gpu/test_gpu_cli.py: an 8 GiB GTX 1070 at --context 4096 holds a whole tiny hybrid; a tiny budget splits it."""
+    tests/gpu/test_gpu_cli.py: an 8 GiB GTX 1070 at --context 4096 holds a whole tiny hybrid; a tiny budget splits
+    it."""
     s = gpu_sizes(model, n_ctx)
     budget = int(free_bytes) - _RESERVE
     n = 0

@@ -1,6 +1,7 @@
 """Hybrid Gated-DeltaNet MoE models (qwen3next, qwen35moe): DeltaNet kernels against their NumPy twins, the
-forward against a float64 twin and against llama.cpp, per-row rollback of the recurrent state (DESIGN.md
-"Window"), row invariance, and token parity of speculative decoding with plain decoding."""
+forward against a float64 twin (against llama.cpp: tests/oracles/test_hybrid_llama_cpp.py), per-row rollback of
+the recurrent state (DESIGN.md "Window"), row invariance, and token parity of speculative decoding with plain
+decoding."""
 
 from __future__ import annotations
 
@@ -21,54 +22,17 @@ from guild.spec.lookup import SuffixDrafter
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 from tests.helpers.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from tests.helpers.reference_hybrid import reference_hybrid_forward
+from tests.helpers.tiny_hybrids import TINY, TOKENS, assert_close, tiny_hybrids, window_logits
 
 rng = np.random.default_rng(0)
 
-# name -> write_tiny_hybrid kwargs
-TINY = {
-    "qwen3next": dict(arch="qwen3next", seed=1),
-    "qwen35moe": dict(arch="qwen35moe", seed=2),
-    "qwen3next-ssm_in": dict(arch="qwen3next", legacy_ssm_in=True, seed=3),  # the older single ssm_in layout
-    "qwen35moe-q8": dict(arch="qwen35moe", qtype="Q8_0", seed=4, tied=True, n_layers=6,
-                         full_attention_interval=3, ssm_v_heads=6, shared_ffn=64),
-    "qwen3next-copy": dict(arch="qwen3next", seed=1, copy_bias=3.3),  # mostly repeats what it generated once
-}
-TOKENS = (5, 300, 17, 260, 99, 261, 42, 7, 317, 128, 64, 270)
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """tiny(name) -> (path, model), written and loaded once per module."""
-    root = tmp_path_factory.mktemp("hybrid")
-    cache: dict[str, tuple] = {}
-
-    def get(name: str, numerics: str = "i8"):
-        if (name, numerics) not in cache:
-            path = root / f"{name}.gguf"
-            if not path.exists():
-                write_tiny_hybrid(path, **TINY[name])
-            with quant.numerics(numerics):
-                cache[(name, numerics)] = (str(path), load_model(str(path)))
-        return cache[(name, numerics)]
-
-    return get
-
-
-def _windows(model, tokens, windows, rollback=None):
-    st = model.new_state(max(64, len(tokens)), rollback=rollback)
-    rows, i = [], 0
-    for w in windows:
-        rows.append(model.forward(np.asarray(tokens[i : i + w], np.int64), st))
-        st.commit(w)
-        i += w
-    return np.concatenate(rows).astype(np.float64)
-
-
-def _close(got, want, max_abs, what=""):
-    d = np.abs(got - want)
-    assert d.max() <= max_abs, f"{what}: max |Δlogit| {d.max():.3g} > {max_abs:.3g}"
-    assert np.array_equal(got.argmax(1), want.argmax(1)), what
+    return tiny_hybrids(tmp_path_factory.mktemp("hybrid"))
 
 
 # =========================================================================================================
@@ -152,7 +116,7 @@ def test_gdn_recurrence_matches_twin_replay_and_snapshot(tiled, threads):
 
 
 # =========================================================================================================
-# forward: float64 twin, llama.cpp
+# forward: float64 twin
 # =========================================================================================================
 @pytest.mark.parametrize("name", [n for n in TINY if not n.endswith("-copy")])
 def test_forward_matches_float64_twin(name, tiny):
@@ -162,9 +126,9 @@ def test_forward_matches_float64_twin(name, tiny):
     with quant.numerics("f32"):
         want = reference_hybrid_forward(path, TOKENS)
     for windows in ((12,), (1, 4, 7), (8, 4)):  # carried state between windows must not matter
-        got = _windows(model, TOKENS, windows)
+        got = window_logits(model, TOKENS, windows)
         # fp32 kernels vs float64 on the same dequantised weights: measured max |Δ| <= 1.6e-5 (max|logit| ~ 7-8)
-        _close(got, want, 1e-4 * np.abs(want).max(), f"{name} vs float64 twin, windows {windows}")
+        assert_close(got, want, 1e-4 * np.abs(want).max(), f"{name} vs float64 twin, windows {windows}")
 
 
 def test_long_windows_match_float64_twin(tiny):
@@ -174,63 +138,7 @@ def test_long_windows_match_float64_twin(tiny):
     with quant.numerics("f32"):
         want = reference_hybrid_forward(path, toks)
     for windows in ((100,), (70, 30), (9, 91)):
-        _close(_windows(model, toks, windows), want, 1e-4 * np.abs(want).max(), f"windows {windows}")
-
-
-def _llama_cpp_logits(path: str, tokens) -> np.ndarray:
-    pytest.importorskip("llama_cpp")
-    from guild.tools.perf import open_llama_cpp
-
-    try:
-        llm = open_llama_cpp(path, logits_all=True, n_ctx=64, n_threads=2, type_k=0, type_v=0, flash_attn=False)
-    except Exception as e:  # an older llama.cpp without these architectures
-        pytest.skip(f"llama_cpp cannot load {GGUFFile(path).architecture}: {str(e).splitlines()[0]}")
-    try:
-        llm.eval(list(tokens))
-        return np.array(llm.scores[: len(tokens)], dtype=np.float64)
-    finally:
-        llm.close()
-
-
-@pytest.fixture(scope="module")
-def llama_cpp_ref(tiny):
-    cache: dict[str, np.ndarray] = {}
-
-    def get(name: str) -> np.ndarray:
-        if name not in cache:
-            cache[name] = _llama_cpp_logits(tiny(name)[0], TOKENS)
-        return cache[name]
-
-    return get
-
-
-@pytest.mark.parametrize("name", ["qwen3next", "qwen35moe", "qwen3next-ssm_in"])
-def test_llama_cpp_oracle(name, tiny, llama_cpp_ref):
-    """F32 weights and KV cache: the same file run by llama.cpp (its converter's layout, its graph)."""
-    want = llama_cpp_ref(name)
-    _, model = tiny(name)
-    for windows in ((12,), (1, 4, 7), (8, 4)):
-        # measured max |Δ| <= 2.1e-5 (max|logit| ~ 7-8); the planted bugs below give 0.60 .. 9.6
-        _close(_windows(model, TOKENS, windows), want, 1e-4 * np.abs(want).max(),
-               f"{name} vs llama.cpp, windows {windows}")
-
-
-@pytest.mark.parametrize("name, bug", [
-    ("qwen35moe", dict(V_TILED=False)),  # value heads read grouped instead of tiled key heads
-    ("qwen3next", dict(V_TILED=True)),
-    ("qwen35moe", dict(rope_dim=32)),  # full instead of partial rope
-    ("qwen3next", dict(norm_topk_prob=False)),
-])
-def test_llama_cpp_oracle_rejects_planted_bugs(name, bug, tiny, llama_cpp_ref):
-    want = llama_cpp_ref(name)
-    path, model = tiny(name)
-    cls = type(model)
-    if "V_TILED" in bug:
-        cls = type("Planted", (cls,), bug)
-        bug = {}
-    got = _windows(cls.from_gguf(GGUFFile(path), **bug), TOKENS, (12,))
-    with pytest.raises(AssertionError):
-        _close(got, want, 1e-4 * np.abs(want).max(), f"{name} with a planted bug")
+        assert_close(window_logits(model, toks, windows), want, 1e-4 * np.abs(want).max(), f"windows {windows}")
 
 
 # =========================================================================================================
@@ -274,8 +182,8 @@ def test_commit_keep_equals_plain_decoding(name, rollback, tiny):
 
 def test_replay_and_snapshot_agree_and_commit_zero(tiny):
     _, model = tiny("qwen35moe")
-    a = _windows(model, SEQ, (3, 5, 8), "replay")
-    b = _windows(model, SEQ, (3, 5, 8), "snapshot")
+    a = window_logits(model, SEQ, (3, 5, 8), "replay")
+    b = window_logits(model, SEQ, (3, 5, 8), "snapshot")
     assert np.array_equal(a, b)
     st = model.new_state(64)
     model.forward(SEQ[:5], st)
@@ -304,7 +212,7 @@ def test_row_invariance_neighbours_and_threads(tiny, threads):
 
 def test_batched_sessions_equal_solo(tiny):
     _, model = tiny("qwen35moe")
-    solo = [_windows(model, SEQ[:9], (4, 5)), _windows(model, SEQ[5:14], (2, 7))]
+    solo = [window_logits(model, SEQ[:9], (4, 5)), window_logits(model, SEQ[5:14], (2, 7))]
     sa, sb = model.new_state(64), model.new_state(64)
     got = [[], []]
     for (ta, tb) in (((0, 4), (5, 7)), ((4, 9), (7, 14))):
@@ -320,7 +228,7 @@ def test_rewind_restores_checkpoint_or_start(tiny):
     """A recurrent state cannot be cut at any n: rewind goes back to the last prefill checkpoint <= n (or to the
     start) and the next prefill re-feeds the rest, so the logits are those of a fresh run."""
     _, model = tiny("qwen35moe")
-    want = _windows(model, SEQ, (16,))
+    want = window_logits(model, SEQ, (16,))
     s = GuildSession(model, n_ctx=64)
     s.prefill(SEQ[:6].tolist())  # a prompt: checkpoint at 6
     for t in SEQ[6:10]:  # decode steps (not checkpoints)
