@@ -25,6 +25,8 @@ from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
 
+pytestmark = pytest.mark.gpu
+
 DEV, WHY = probe_cuda()
 if fake_gpu_requested():  # the counting host backend is no GPU: these tests want CuPy on a real device
     DEV, WHY = None, "GUILD_FAKE_GPU is set (a host-backend stand-in, not a GPU)"

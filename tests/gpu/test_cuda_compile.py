@@ -13,6 +13,8 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="cupy-cuda12
 import guild.kernels.cuda as kc  # noqa: E402
 from guild.kernels.cuda import ops  # noqa: E402
 
+pytestmark = pytest.mark.gpu
+
 try:
     kc.nvrtc_version()
 except GuildError as e:  # pragma: no cover - the wheel is in the test extra

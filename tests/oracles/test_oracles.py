@@ -38,6 +38,8 @@ from guild.models import load_model
 from guild.tools.perf import open_llama_cpp
 from guild.tools.tiny import write_tiny_model
 
+pytestmark = pytest.mark.oracle
+
 # 12 ids of the tiny 320-token vocabulary: bytes, merges and one control token (317 = <|endoftext|>).
 TINY_TOKENS = (5, 300, 17, 260, 99, 261, 42, 7, 317, 128, 64, 270)
 # SmolLM2's ids for "The quick brown fox jumps over the lazy dog, and" (llama.cpp's tokenizer; hard-coded so that
