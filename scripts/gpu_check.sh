@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks of the CUDA path (issue 8), for a machine with a CUDA GPU. Writes its outputs under $OUT
+# GPU checks of the CUDA path, for a machine with a CUDA GPU. Writes its outputs under $OUT
 # (default results/gpu_check): device.txt, pytest.txt, run-*.json, optimize.log, inspect.txt, bench-cuda/
 # summary.txt (one table). Every step has a time limit, capped so that the whole run stays under 10 minutes.
 #

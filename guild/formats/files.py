@@ -37,7 +37,7 @@ def _alive(pid: int) -> bool:
 
 def remove_stale(path: Path) -> list[Path]:
     """Temporaries of `path` whose writer is gone: `.NAME.PID.*.part` of dead PIDs, and `.NAME.*.tmp` (the
-    names plans were written under before this writer). Returns what was removed."""
+    temporaries of older guild versions' plan writer). Returns what was removed."""
     path = Path(path)
     pat = re.compile(re.escape(f".{path.name}.") + r"(?:(\d+)\.[0-9a-f]+\.part|[^/]*\.tmp)\Z")
     gone = []

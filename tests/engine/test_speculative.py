@@ -1,5 +1,6 @@
-"""Token-ID parity of speculative decoding with plain decoding on the embedded MoE model (DESIGN.md
-"Window", "Sampling"): greedy and seeded sampling with penalties, k = 1..7, oracle/adversarial/random drafts."""
+"""Token-ID parity of speculative decoding with plain decoding on the embedded MoE model
+(docs/contracts.md "Window", "Sampling"): greedy and seeded sampling with penalties, k = 1..7,
+oracle/adversarial/random drafts."""
 
 import pytest
 

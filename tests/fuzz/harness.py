@@ -117,7 +117,7 @@ class Worker:
         self.tok.chat_template, self.tok._template_cache = self.template, None  # the seed's, not a fuzzed one
         try:
             from guild.text import inputs
-        except ImportError:  # before issue 16: the CLI passed prompts and files through unchecked
+        except ImportError:  # a guild (PYTHONPATH) without input checks: prompts and files pass through unchecked
             inputs = None
         if kind == "prompt":
             text = os.fsdecode(payload)  # what sys.argv holds for these bytes

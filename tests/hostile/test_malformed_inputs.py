@@ -1,5 +1,5 @@
-"""Issue 16's findings, one test each: hostile model files, plans, chat templates, prompts and output paths
-either work or fail with one line naming what is wrong, within bounded time and memory."""
+"""Hostile model files, plans, chat templates, prompts and output paths, one case per test: each either works or
+fails with one line naming what is wrong, within bounded time and memory."""
 
 import math
 import os

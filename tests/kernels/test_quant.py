@@ -1,6 +1,6 @@
 """Quantized CPU matrix kernels (kernels/cpu/quant.py) against their NumPy twins (kernels/ref_quant.py).
 
-Contracts (DESIGN.md "Quantized CPU kernels", "Contracts: Row invariance"):
+Contracts (docs/design.md "Quantized CPU kernels", docs/contracts.md "Row invariance"):
 1. dequantisation is bit-exact with gguf.quants.dequantize, for the twin and for the packed kernels;
 2. matmul is within |Δ| <= 1e-4 * (|W| @ |x|) (+1e-30) of matmul_ref (float64 accumulation; for matrices on
    the int8 path, of the activations as that path quantises them: tests/kernels/test_qdot.py), elementwise,

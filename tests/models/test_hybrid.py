@@ -1,7 +1,7 @@
 """Hybrid Gated-DeltaNet MoE models (qwen3next, qwen35moe): DeltaNet kernels against their NumPy twins, the
 forward against a float64 twin (against llama.cpp: tests/oracles/test_hybrid_llama_cpp.py), per-row rollback of
-the recurrent state (DESIGN.md "Window"), row invariance, and token parity of speculative decoding with plain
-decoding."""
+the recurrent state (docs/contracts.md "Window"), row invariance, and token parity of speculative decoding with
+plain decoding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Model forward: agreement with the float64 reference, exact commit(keep), row invariance (DESIGN.md)."""
+"""Model forward: agreement with the float64 reference, exact commit(keep), row invariance
+(docs/contracts.md "Window", "Row invariance")."""
 
 import numpy as np
 import pytest

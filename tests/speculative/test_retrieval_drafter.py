@@ -1,4 +1,4 @@
-"""RetrievalDrafter (seed 000, 3.2): REST-style voting over a session-local corpus + the current stream."""
+"""RetrievalDrafter: REST-style voting over a session-local corpus + the current stream."""
 
 import threading
 

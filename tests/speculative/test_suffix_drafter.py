@@ -288,7 +288,7 @@ def test_set_max_history_shrinks_and_reindexes():
 
 
 def test_memory_bound_at_65536_tokens():
-    limit = 17 * 2**20  # seed 000 quotes ~16.8 MiB for a 65,536-token window
+    limit = 17 * 2**20  # a C++ suffix index of a 65,536-token window takes ~16.8 MiB: ours must not take more
     for mm, ours in ((3, 3 * 2**20), (2, 6 * 2**20)):
         d = SuffixDrafter(min_match=mm, max_history=65536)
         nb = d.nbytes

@@ -1,4 +1,4 @@
-"""The bench-full tools of issue 18 that cannot run in full here: the scale benchmark (perf_scale: its probes and
+"""The bench-full tools that cannot run in full here: the scale benchmark (perf_scale: its probes and
 report on a tiny model) and the llama.cpp quantizer comparison (quant_compare: everything but llama.cpp)."""
 
 from __future__ import annotations
