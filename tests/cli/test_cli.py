@@ -5,9 +5,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from guild.cli.run import DecodeOptions, run
 from guild.engine.session import GuildSession
+
+pytestmark = pytest.mark.slow
 
 
 def test_run_json_matches_session(dense_path, dense_model):

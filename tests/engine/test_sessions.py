@@ -8,6 +8,8 @@ from guild.engine.session import GuildSession, generate_concurrent
 from guild.load import load
 from guild.spec import make_drafter
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = [
     "Summarise: The Python Software Foundation was formed in 2001 to own Python-related intellectual property. "
     "The Python Software Foundation is a non-profit organization.",

@@ -8,6 +8,8 @@ from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from tests.helpers.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 
+pytestmark = pytest.mark.slow
+
 PROMPT = [1, 9690, 198, 2683, 253, 1345, 3084, 563, 4159, 30, 2, 198, 1, 520, 9531, 198]  # ChatML-ish ids
 N = 24
 SAMPLED = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=12345,

@@ -2,7 +2,11 @@
 capped at 4 GiB of address space and 10 s; every case must succeed or raise a one-line GuildError. The long run
 is `make fuzz` (10,000 cases); a failure here replays with `python -m tests.fuzz.harness --replay CAT:IDX`."""
 
+import pytest
+
 from .harness import CATEGORIES, plan_cases, run_cases, summary
+
+pytestmark = pytest.mark.slow
 
 N_CASES = 600
 
