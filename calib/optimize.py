@@ -19,9 +19,9 @@ from ..errors import BadFlagError, PlanMismatchError
 from ..models.mtp import find_mtp_head
 from ..plan import MODES, Header, ModelIdentity, Plan, load_plan, read_plan, write_plan
 from .cpu import tune_cpu
+from .draft_costs import calibrate_spec
 from .placement import placement_for
 from .probe import hardware_identity, memory_bandwidth_gbs
-from .spec import calibrate_spec
 
 err = Console(stderr=True, highlight=False)
 

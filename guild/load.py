@@ -21,7 +21,7 @@ from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context
 from .plan import Plan
 from .repack_cache import load_cached
-from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
+from .speculative import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
 from .tokenizer import Tokenizer
 from .upcycle import resolve_model
 

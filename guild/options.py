@@ -20,7 +20,7 @@ class StrategyNeeds:
     uses_corpus: bool = False  # ingests --retrieval-corpus
 
 
-# --decode-strategy: the strategies and what each needs (guild.spec.BUILDERS builds their drafters)
+# --decode-strategy: the strategies and what each needs (guild.speculative.BUILDERS builds their drafters)
 STRATEGIES = {
     "normal": StrategyNeeds(),
     "lookup": StrategyNeeds(),

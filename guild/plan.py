@@ -41,7 +41,7 @@ from .errors import (
 from .files import read_capped, write_bytes
 from .gguf import GGUFFile
 from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
-from .spec.costs import SpecCosts
+from .speculative.costs import SpecCosts
 from .window import MAX_WINDOW
 
 FORMAT = "guild.gexec"

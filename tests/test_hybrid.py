@@ -19,7 +19,7 @@ from guild.kernels.cpu import quant
 from guild.models import load_model
 from guild.models.qwen3next import Qwen3Next
 from guild.models.qwen35moe import Qwen35Moe
-from guild.spec.lookup import SuffixDrafter
+from guild.speculative.lookup import SuffixDrafter
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 
 rng = np.random.default_rng(0)

@@ -29,7 +29,7 @@ def test_layers():
     app = ("guild.cli", "guild.run", "guild.chat", "guild.repl", "guild.serve", "guild.load", "guild.describe")
     for a, b, _, line in import_graph.edges():
         where = f"{a} imports {b} (line {line})"
-        if a.startswith(("guild.engine", "guild.models", "guild.spec", "guild.kernels")):
+        if a.startswith(("guild.engine", "guild.models", "guild.speculative", "guild.kernels")):
             assert not b.startswith(("guild.calib", "guild.tools", *app)), where
         if a.startswith("guild.calib"):
             assert not b.startswith(("guild.tools", *app)), where

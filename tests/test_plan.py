@@ -165,8 +165,8 @@ def test_another_file_of_the_same_model_is_fine_but_other_weights_are_not(plan, 
 
 
 def test_spec_costs_are_the_plan_fields(plan):
-    from guild.spec import make_drafter
-    from guild.spec.costs import SpecCosts
+    from guild.speculative import make_drafter
+    from guild.speculative.costs import SpecCosts
 
     c = plan.spec_costs()
     s = plan.spec

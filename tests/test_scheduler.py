@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from guild.spec.costs import SpecCosts
-from guild.spec.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket
+from guild.speculative.costs import SpecCosts
+from guild.speculative.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket
 
 
 def linear_v(v1, slope):

@@ -19,7 +19,7 @@ from ..engine.session import Generation, GenerationStats, GuildSession, run_roun
 from ..errors import GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
 from ..options import SpecOptions
-from ..spec import Drafter
+from ..speculative import Drafter
 from .metrics import Metrics
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}

@@ -38,7 +38,7 @@ from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
 from ..files import write_bytes
 from ..run import DecodeOptions, load_for, slots
-from ..spec import STRATEGIES, MtpOptions
+from ..speculative import STRATEGIES, MtpOptions
 from ..workloads import load_workloads
 
 

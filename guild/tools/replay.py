@@ -29,8 +29,8 @@ from ..errors import GuildError
 from ..files import write_bytes
 from ..options import MTP_K
 from ..run import DecodeOptions, load_for, slots
-from ..spec.adaptive import AdaptiveDrafter
-from ..spec.base import Drafter
+from ..speculative.adaptive import AdaptiveDrafter
+from ..speculative.base import Drafter
 from ..workloads import load_workloads
 from .perf import window_costs
 

@@ -32,7 +32,7 @@ from ..engine.state import DeviceKVCache, KVCache
 from ..engine.verify import Verifier
 from ..kernels.cpu import moe
 from ..plan import MAX_T, SpecCalibration
-from ..spec import make_drafter
+from ..speculative import make_drafter
 from ..workloads import default_root
 
 
