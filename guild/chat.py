@@ -15,7 +15,7 @@ from .engine.sampling import SamplingParams
 from .engine.session import ConcurrentStats, GenerationStats, GuildSession, generate_concurrent
 from .errors import ChatTemplateError, ContextOverflowError, GuildError
 from .inputs import read_text_file
-from .speculative import Drafter
+from .speculative.base import Drafter
 from .tokenizer import Tokenizer
 
 MAX_TEMPLATE_BYTES = 2**20  # a chat template file (--chat-template): real ones are a few KiB

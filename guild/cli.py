@@ -19,7 +19,7 @@ from .errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, 
 from .files import check_writable
 from .inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
-from .options import MTP_K, MTP_VOCAB, MtpOptions
+from .speculative.options import MTP_K, MTP_VOCAB, MtpOptions
 
 
 def _plain_flag_metavar() -> None:

@@ -12,8 +12,9 @@ from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.models import load_model
 from guild.models.mtp import MtpError, find_mtp_head, load_mtp_head
-from guild.speculative import MtpOptions, make_drafter
+from guild.speculative.build import make_drafter
 from guild.speculative.mtp import MtpDrafter
+from guild.speculative.options import MtpOptions
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 

@@ -9,7 +9,7 @@ from reference import reference_forward
 
 from guild.engine.session import GuildSession
 from guild.models import load_model
-from guild.speculative import make_drafter
+from guild.speculative.build import make_drafter
 from guild.tools.tiny import write_tiny_model
 
 SMALL = dict(dim=64, ffn=128, n_heads=4, n_kv_heads=2)

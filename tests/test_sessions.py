@@ -6,7 +6,7 @@ import pytest
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession, generate_concurrent
 from guild.load import load
-from guild.speculative import make_drafter
+from guild.speculative.build import make_drafter
 
 PROMPTS = [
     "Summarise: The Python Software Foundation was formed in 2001 to own Python-related intellectual property. "

@@ -6,7 +6,7 @@ from guild.chat import Conversation
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.load import load
-from guild.speculative import make_drafter
+from guild.speculative.build import make_drafter
 
 DOC = (
     "Python was created in the early 1990s by Guido van Rossum at Stichting Mathematisch Centrum in the "

@@ -27,7 +27,7 @@ from ..kernels.cpu import moe as moe_mod
 from ..kernels.cpu import ops as ops_mod
 from ..kernels.cpu import quant, simd
 from ..load import load, set_threads
-from ..speculative import make_drafter
+from ..speculative.build import make_drafter
 from ..upcycle import TAG_MOE128, embedded_dense_path, ensure_embedded_moe
 
 SHORT = "Write a short story about a robot who learns to paint."
