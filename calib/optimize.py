@@ -18,10 +18,11 @@ from ..engine.device import place_model
 from ..errors import BadFlagError, PlanMismatchError
 from ..models.mtp import find_mtp_head
 from ..plans.plan import MODES, Header, ModelIdentity, Plan, load_plan, read_plan, write_plan
+from ..speculative.registry import DRAFTERS
 from .cpu import tune_cpu
+from .draft_costs import calibrate_draft_costs
 from .placement import placement_for
 from .probe import hardware_identity, memory_bandwidth_gbs
-from .spec import calibrate_spec
 
 err = Console(stderr=True, highlight=False)
 
@@ -126,13 +127,13 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
         head = find_mtp_head(model)  # the head placed with the model (on its output's device)
     try:
         numba.set_num_threads(cpu.threads)  # pass 4 runs as `run --gexec` will
-        sc = p.run(4, "speculative costs", lambda: calibrate_spec(
+        sc = p.run(4, "speculative costs", lambda: calibrate_draft_costs(
             model, lm.tokenizer, context=context, prefill_batch=prefill_batch, repeats=k.repeats,
             fill_cap=k.fill_cap, draft_steps=k.draft_steps, mtp_note=_mtp_note(head), mtp_head=head), lambda s: (
             f"V(1) {s.verify_window_ms[0]:.1f} ms, V(8) {s.verify_window_ms[-1]:.1f} ms at {s.context} tokens"
             + (f" · U(8)/U(1) {s.distinct_expert_ratio[-1]:.2f}" if s.distinct_expert_ratio else "")
-            + f" · lookup {s.lookup_draft_ms * 1e3:.0f} µs, retrieval {s.retrieval_draft_ms * 1e3:.0f} µs"
-            + (f" · MTP step {s.mtp_draft_step_ms:.2f} ms" if s.mtp_draft_step_ms is not None else "")
+            + " · " + ", ".join(f"{n} {ms * 1e3:.0f} µs" for n, ms in s.draft_ms.items() if not DRAFTERS[n].needs_head)
+            + "".join(f" · {n.upper()} step {ms:.2f} ms" for n, ms in s.draft_ms.items() if DRAFTERS[n].needs_head)
             + f" · CV {s.noise_cv:.2f}"))
     finally:
         numba.set_num_threads(threads_before)

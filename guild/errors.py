@@ -37,6 +37,10 @@ class BadFlagError(GuildError):
     pass
 
 
+class UnknownStrategyError(GuildError):
+    """A strategy name that is neither normal, adaptive, nor a registered drafter's (guild.speculative.registry)."""
+
+
 class DeviceUnavailableError(GuildError):
     """--device cuda without a usable GPU (CuPy, driver, device or NVRTC missing)."""
 

@@ -20,7 +20,10 @@ from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context
 from .plans.plan import Plan
-from .spec import STRATEGIES, Drafter, MtpOptions, SpecOptions, make_drafter
+from .speculative.base import Drafter
+from .speculative.build import make_drafter
+from .speculative.options import DraftOptions, MtpOptions
+from .speculative.registry import needs
 from .text.inputs import MAX_CORPUS_BYTES, read_text_file
 from .text.tokenizer import Tokenizer
 from .upcycle import resolve_model
@@ -53,12 +56,12 @@ class LoadedModel:
     @property
     def costs(self):
         """The plan's calibrated costs for the adaptive scheduler (None without a plan)."""
-        return self.plan.spec_costs() if self.plan is not None else None
+        return self.plan.draft_costs() if self.plan is not None else None
 
     def mtp_head(self, strategy: str):
         """The MTP head a strategy drafts with: None for strategies that use none and, for `adaptive`, when the
         model has none; `mtp` without one is an error saying how to train one."""
-        s = STRATEGIES[strategy]
+        s = needs(strategy)
         if not s.uses_head:
             return None
         key = (self.mtp.head, self.mtp.vocab)
@@ -69,11 +72,11 @@ class LoadedModel:
             load_mtp_head(self.model, self.mtp.head)  # raises, saying how to make one
         return self._heads[key]
 
-    def drafter(self, spec: SpecOptions, n_ctx: int, corpus_texts=()) -> Drafter:
+    def drafter(self, draft: DraftOptions, n_ctx: int, corpus_texts=()) -> Drafter:
         """A session's drafter, seeded with the plan's costs, its corpus (--retrieval-corpus files and
         `corpus_texts`) ingested."""
-        d = make_drafter(spec, costs=self.costs, mtp_head=self.mtp_head(spec.strategy), n_ctx=n_ctx)
-        for f in spec.corpus:
+        d = make_drafter(draft, costs=self.costs, mtp_head=self.mtp_head(draft.strategy), n_ctx=n_ctx)
+        for f in draft.corpus:
             d.ingest(self.tokenizer.encode(read_text_file(f, "--retrieval-corpus", MAX_CORPUS_BYTES, "replace")))
         for text in corpus_texts:
             d.ingest(self.tokenizer.encode(text))

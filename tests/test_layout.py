@@ -36,7 +36,7 @@ def test_layers():
 
     for a, b, _, line in import_graph.edges():
         where = f"{a} imports {b} (line {line})"
-        if a.startswith(("guild.engine", "guild.models", "guild.spec", "guild.kernels")):
+        if a.startswith(("guild.engine", "guild.models", "guild.speculative", "guild.kernels")):
             assert not b.startswith(("guild.calib", "guild.tools")) and not is_app(b), where
         if a.startswith("guild.calib"):
             assert not b.startswith("guild.tools") and not is_app(b), where

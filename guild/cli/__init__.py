@@ -17,9 +17,9 @@ from rich.markup import escape
 from .. import __version__
 from ..errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
 from ..formats.files import check_writable
+from ..speculative.options import MTP_K, MTP_VOCAB, MtpOptions
 from ..text.inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
-from .options import MTP_K, MTP_VOCAB, MtpOptions
 
 
 def _plain_flag_metavar() -> None:

@@ -19,6 +19,7 @@ from ..formats.gguf import GGUFFile
 from ..models.mtp import ARCH as ARCH_MTP
 from ..models.mtp import sidecar_path
 from ..plans.plan import MAX_T, Plan, read_plan
+from ..speculative.registry import DRAFTERS
 from ..upcycle import TAGS, resolve_model
 
 
@@ -169,7 +170,7 @@ def plan_json(plan: Plan, hardware=None) -> dict:
 
 def verify_chart(plan: Plan, width: int = 40) -> list[str]:
     """The verify curve V(T) as text bars: █ the CPU-expert share, ░ the rest."""
-    s = plan.spec
+    s = plan.drafting
     top = max(s.verify_window_ms)
     lines = []
     for t in range(MAX_T):
@@ -204,7 +205,7 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
     here = d["this_machine"]
     t.add_row("this machine", "matches" if here["matches"] else f"[yellow]{escape(here['mismatch']['message'])}[/]")
     console.print(t)
-    s = plan.spec
+    s = plan.drafting
     if not full:
         console.print(f"threads {plan.cpu.threads} · V(1) {s.verify_window_ms[0]:.2f} ms, V(8) "
                       f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens · --plan for every table")
@@ -244,9 +245,14 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
                   _ms(s.distinct_experts and s.distinct_experts[i]),
                   _ms(s.distinct_expert_ratio and s.distinct_expert_ratio[i]))
     console.print(t)
-    console.print(f"lookup {s.lookup_draft_ms * 1e3:.1f} µs · retrieval {s.retrieval_draft_ms * 1e3:.1f} µs · "
-                  f"KV commit {s.kv_commit_ms * 1e3:.1f} µs · MTP step {_ms(s.mtp_draft_step_ms)} ms, catch-up "
-                  f"{_ms(s.mtp_kv_catchup_ms)} ms" + (f" ({escape(s.mtp_note)})" if s.mtp_note else "")
+    alone = [d for d in DRAFTERS.values() if not d.needs_head]  # timed by replay; the others through the head
+    heads = [d for d in DRAFTERS.values() if d.needs_head]
+    console.print(" · ".join(f"{d.name} {_ms(s.draft_ms.get(d.name), 1e3, '{:.1f}')} µs" for d in alone)
+                  + f" · KV commit {s.kv_commit_ms * 1e3:.1f} µs"
+                  + "".join(f" · {d.name.upper()} step {_ms(s.draft_ms.get(d.name))} ms"
+                            + (f", catch-up {_ms(s.catchup_ms.get(d.name))} ms" if d.follows_rows else "")
+                            for d in heads)
+                  + (f" ({escape(s.mtp_note)})" if s.mtp_note else "")
                   + f" · noise CV {s.noise_cv:.3f} · prefill {s.prefill_tok_s:.0f} tok/s")
     console.print("\nverify curve V(T)" + (" (█ CPU experts, ░ the rest)" if s.verify_cpu_expert_ms else ""))
     for line in verify_chart(plan):
@@ -269,7 +275,7 @@ def _pyplot():
 
 def plot(plan: Plan, out: str | os.PathLike) -> Path:
     plt = _pyplot()
-    s = plan.spec
+    s = plan.drafting
     T = list(range(1, MAX_T + 1))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     axes[0].plot(T, s.verify_window_ms, "o-", label="verify window V(T)")

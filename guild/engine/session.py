@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ContextOverflowError, GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
 from ..models.base import ForwardResult
-from ..spec.base import Drafter, NoDrafter
+from ..speculative.base import Drafter, NoDrafter
 from ..window import MAX_DRAFT
 from .sampling import GREEDY, SamplingParams, sample
 from .verify import Verifier

@@ -9,12 +9,13 @@ File layout (YAML, written by `write_plan`)::
     model:     {sha256, architecture, layers, expert_count, expert_used_count, file}
     placement: {sha256: <digest of the section>, ...}
     cpu:       {sha256: ..., ...}
-    spec:      {sha256: ..., ...}
+    drafting:  {sha256: ..., ..., draft_ms: {<drafter>: ms, ...}, catchup_ms: {<drafter>: ms, ...}}
     seal: <SHA-256 of every byte above this line>
 
 Loading checks the seal first, over the exact bytes (any changed byte, whitespace and comments included, is a
-`PlanSealError`), then each section's digest (over its canonical JSON form: an edit that also re-seals the file
-still fails), then the format, then identity against this machine and the model: `CpuIsaMismatch` (CPU model or
+`PlanSealError`), then the format and its version (a plan of another version is one line saying to re-run
+`guild optimize`), then each section's digest (over its canonical JSON form: an edit that also re-seals the file
+still fails), then identity against this machine and the model: `CpuIsaMismatch` (CPU model or
 ISA flags), `NumaTopologyMismatch` (NUMA nodes, cores), `GpuArchitectureMismatch` (GPU present or not, name,
 compute capability, VRAM), `ModelMismatch` (GGUF header+metadata+tensor-index digest, architecture, expert
 geometry).
@@ -40,17 +41,17 @@ from ..errors import (
 from ..formats import safe_yaml
 from ..formats.files import read_capped, write_bytes
 from ..formats.gguf import GGUFFile
-from ..spec.costs import SpecCosts
+from ..speculative.costs import DraftCosts
 from ..window import MAX_WINDOW
 from . import schema
 from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
 
 FORMAT = "guild.gexec"
-FORMAT_VERSION = 1
-MAX_T = MAX_WINDOW  # spec tables cover verification windows of T = 1..MAX_WINDOW rows
+FORMAT_VERSION = 2  # 2: the `drafting` section, with per-drafter costs keyed by strategy
+MAX_T = MAX_WINDOW  # drafting tables cover verification windows of T = 1..MAX_WINDOW rows
 MODES = ("auto", "quick")  # `optimize --mode`: full calibration, or fewer repeats (tests, CI)
 __all__ = ["GpuInfo", "HardwareIdentity", "ModelIdentity", "Plan", "load_plan", "read_plan", "write_plan"]
-SECTIONS = ("placement", "cpu", "spec")  # the sealed sections that carry their own digest
+SECTIONS = ("placement", "cpu", "drafting")  # the sealed sections that carry their own digest
 MAX_PLAN_BYTES = 1 << 20  # plans are a few KB
 _SEAL_RE = re.compile(rb"seal: ([0-9a-f]{64})\n\Z")
 
@@ -248,7 +249,7 @@ class CpuTuning:
 
 
 @dataclass(frozen=True)
-class SpecCalibration:
+class DraftCalibration:
     """Pass 4: the costs the adaptive scheduler trades, measured with the real model."""
 
     context: int  # KV rows the windows attended over
@@ -258,33 +259,33 @@ class SpecCalibration:
     verify_cpu_expert_ms: tuple[float, ...] | None  # the CPU-expert share of V(T) (None: dense model)
     distinct_experts: tuple[float, ...] | None  # U(T): union of routed experts per layer over T rows, mean
     distinct_expert_ratio: tuple[float, ...] | None  # U(T) / U(1)
-    lookup_draft_ms: float  # SuffixDrafter.propose, median over a replay at `context` tokens of history
-    retrieval_draft_ms: float  # RetrievalDrafter.propose, same replay, calibration text as its corpus
+    # propose latency per drafter (registry name): the head-free ones median over a replay at `context` tokens
+    # of history (calibration text as a corpus), a head drafter's one draft step; none without a head
+    draft_ms: dict[str, float]
     kv_commit_ms: float  # KVCache.commit of a rejected 8-row window, median
     noise_cv: float  # timing noise: coefficient of variation of the window times (median over T)
     prefill_tok_s: float  # while filling the context, at header.prefill_batch rows per forward
-    mtp_draft_step_ms: float | None = None  # None: the model has no MTP drafter
-    mtp_kv_catchup_ms: float | None = None
+    catchup_ms: dict[str, float] = field(default_factory=dict)  # a row-following drafter's catch-up row (mtp)
     mtp_note: str = ""
-    spec_calibrated: bool = True
+    calibrated: bool = True
 
     def __post_init__(self):
-        object.__setattr__(self, "verify_window_ms", _floats(self.verify_window_ms, "spec.verify_window_ms",
+        object.__setattr__(self, "verify_window_ms", _floats(self.verify_window_ms, "drafting.verify_window_ms",
                                                              positive=True))
         for name in ("verify_cpu_expert_ms", "distinct_experts", "distinct_expert_ratio"):
             v = getattr(self, name)
             if v is not None:
-                object.__setattr__(self, name, _floats(v, f"spec.{name}"))
-        for name in ("lookup_draft_ms", "retrieval_draft_ms", "kv_commit_ms", "noise_cv", "prefill_tok_s"):
-            _check(float(getattr(self, name)) >= 0, f"spec.{name}", "must be >= 0")
-        for name in ("mtp_draft_step_ms", "mtp_kv_catchup_ms"):
-            v = getattr(self, name)
-            _check(v is None or float(v) >= 0, f"spec.{name}", "must be >= 0 or null")
-        _check(0 < self.filled_tokens <= self.context and self.repeats >= 1, "spec",
+                object.__setattr__(self, name, _floats(v, f"drafting.{name}"))
+        for name in ("kv_commit_ms", "noise_cv", "prefill_tok_s"):
+            _check(float(getattr(self, name)) >= 0, f"drafting.{name}", "must be >= 0")
+        for name in ("draft_ms", "catchup_ms"):
+            for k, v in getattr(self, name).items():
+                _check(float(v) >= 0, f"drafting.{name}.{k}", "must be >= 0")
+        _check(0 < self.filled_tokens <= self.context and self.repeats >= 1, "drafting",
                "0 < filled_tokens <= context and repeats >= 1 expected")
 
     @classmethod
-    def from_dict(cls, d: dict) -> SpecCalibration:
+    def from_dict(cls, d: dict) -> DraftCalibration:
         return cls(**d)
 
 
@@ -297,18 +298,14 @@ class Plan:
     model: ModelIdentity
     placement: Placement
     cpu: CpuTuning
-    spec: SpecCalibration
+    drafting: DraftCalibration
     path: str = field(default="", compare=False)  # where it was read from or written to
 
-    def spec_costs(self):
+    def draft_costs(self) -> DraftCosts:
         """The calibrated costs in the form the adaptive scheduler consumes."""
-
-        s = self.spec
-        draft = {"lookup": s.lookup_draft_ms, "retrieval": s.retrieval_draft_ms}
-        if s.mtp_draft_step_ms is not None:
-            draft["mtp"] = s.mtp_draft_step_ms
-        return SpecCosts(verify_ms=tuple(s.verify_window_ms), context=s.context, draft_ms=draft,
-                         mtp_catchup_ms=s.mtp_kv_catchup_ms or 0.0, commit_ms=s.kv_commit_ms)
+        s = self.drafting
+        return DraftCosts(verify_ms=tuple(s.verify_window_ms), context=s.context, draft_ms=dict(s.draft_ms),
+                          catchup_ms=dict(s.catchup_ms), commit_ms=s.kv_commit_ms)
 
     def check(self, hardware: HardwareIdentity, model: ModelIdentity | None = None) -> None:
         """Identity: this machine, then the model (skipped when None)."""
@@ -376,6 +373,10 @@ def read_plan(path: str | os.PathLike) -> Plan:
         d = safe_yaml.load(data)  # no aliases, bounded nesting, plain types only
     except (yaml.YAMLError, safe_yaml.UnsafeYaml) as e:  # a sealed file that does not parse: not write_plan's
         raise PlanSealError(f"{p}: sealed but not a plain YAML plan ({str(e).splitlines()[0]})") from None
+    h = d.get("header") if isinstance(d, dict) else None
+    if isinstance(h, dict) and h.get("format") == FORMAT and h.get("version") != FORMAT_VERSION:  # sections differ
+        raise PlanError(f"{p}: plan format version {str(h.get('version'))[:40]} is not {FORMAT_VERSION} "
+                        "(re-run guild optimize)")
     if not isinstance(d, dict) or any(k not in d for k in ("header", "hardware", "model", *SECTIONS)):
         raise PlanError(f"{p}: not a guild plan (expected header, hardware, model, {', '.join(SECTIONS)})")
     d.pop("seal", None)
@@ -397,7 +398,7 @@ def read_plan(path: str | os.PathLike) -> Plan:
             ModelIdentity(**d["model"]),
             Placement.from_dict({k: v for k, v in d["placement"].items() if k != "sha256"}),
             CpuTuning.from_dict(d["cpu"]),
-            SpecCalibration.from_dict({k: v for k, v in d["spec"].items() if k != "sha256"}),
+            DraftCalibration.from_dict({k: v for k, v in d["drafting"].items() if k != "sha256"}),
             str(p),
         )
     except PlanError as e:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from ..speculative.registry import DRAFTERS
+
 MS = ("num", 0.0, 1e6)  # a duration in milliseconds
 COUNT = ("int", 0, 2**32)
 BYTES = ("int", 0, 2**53)
@@ -17,6 +19,11 @@ OPT = "optional"
 
 def _opt(x):
     return (OPT, x)
+
+
+def _per_drafter(value, which=lambda d: True):
+    """A mapping keyed by registered drafter names (those `which` accepts), read from the registry when checked."""
+    return ("drafters", which, value)
 
 
 SCHEMA = {
@@ -33,13 +40,13 @@ SCHEMA = {
             "kernels": [{"qtype": STR, "kernel": STR, "variants": [STR], "role": STR, "matrices": COUNT,
                          "timed": COUNT, "threads_tried": [THREADS], "ms": [MS], "best_threads": THREADS,
                          "gweights_s": ("num", 0.0, 1e6)}]},
-    "spec": {"sha256": STR, "context": CTX, "filled_tokens": CTX, "repeats": ("int", 1, 2**20),
-             "verify_window_ms": [MS], "verify_cpu_expert_ms": _opt([MS]),
-             "distinct_experts": _opt([("num", 0.0, 2**20)]),
-             "distinct_expert_ratio": _opt([("num", 0.0, 2**20)]), "lookup_draft_ms": MS, "retrieval_draft_ms": MS,
-             "kv_commit_ms": MS, "noise_cv": ("num", 0.0, 1e3), "prefill_tok_s": ("num", 0.0, 1e9),
-             "mtp_draft_step_ms": _opt(MS), "mtp_kv_catchup_ms": _opt(MS), "mtp_note": STR,
-             "spec_calibrated": ("bool",)},
+    "drafting": {"sha256": STR, "context": CTX, "filled_tokens": CTX, "repeats": ("int", 1, 2**20),
+                 "verify_window_ms": [MS], "verify_cpu_expert_ms": _opt([MS]),
+                 "distinct_experts": _opt([("num", 0.0, 2**20)]),
+                 "distinct_expert_ratio": _opt([("num", 0.0, 2**20)]), "draft_ms": _per_drafter(MS),
+                 "catchup_ms": _per_drafter(MS, lambda d: d.follows_rows),
+                 "kv_commit_ms": MS, "noise_cv": ("num", 0.0, 1e3), "prefill_tok_s": ("num", 0.0, 1e9),
+                 "mtp_note": STR, "calibrated": ("bool",)},
 }
 MAX_LIST = 4096
 
@@ -50,6 +57,8 @@ def check(d: dict, spec=None, where: str = "") -> str | None:
     spec = SCHEMA if spec is None else spec
     if isinstance(spec, tuple) and spec[0] == OPT:
         return None if d is None else check(d, spec[1], where)
+    if isinstance(spec, tuple) and spec[0] == "drafters":
+        return check(d, {c.name: spec[2] for c in DRAFTERS.values() if spec[1](c)}, where)
     if isinstance(spec, dict):
         if not isinstance(d, dict):
             return f"{where}: expected a mapping, got {type(d).__name__}"

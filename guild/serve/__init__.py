@@ -10,8 +10,9 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..cli.options import MAX_SESSIONS, DecodeOptions, SpecOptions
+from ..cli.options import MAX_SESSIONS, DecodeOptions
 from ..errors import BadFlagError, GuildError
+from ..speculative.options import DraftOptions
 from .batcher import BatchEngine
 from .metrics import Metrics
 from .schema import Defaults
@@ -47,10 +48,10 @@ def build(lm, opts: DecodeOptions, sopts: ServeOptions, name: str):
     """The app and its engine (not started) for a loaded model."""
     from .app import Server  # starlette: only when serving
 
-    spec = SpecOptions(strategy=opts.strategy, max_draft=opts.max_draft, min_match=opts.min_match,
-                       lookup_window=opts.lookup_window, corpus=opts.corpus, mtp=opts.mtp)
+    draft = DraftOptions(strategy=opts.strategy, max_draft=opts.max_draft, min_match=opts.min_match,
+                         lookup_window=opts.lookup_window, corpus=opts.corpus, mtp=opts.mtp)
     engine = BatchEngine(lm, context=opts.context, prefill_batch=opts.prefill_batch, parallel=sopts.parallel,
-                         max_queue=sopts.max_queue, cache_bytes=sopts.cache_mem_mib * 2**20, spec=spec,
+                         max_queue=sopts.max_queue, cache_bytes=sopts.cache_mem_mib * 2**20, draft=draft,
                          metrics=Metrics())
     return Server(engine, name, Defaults(opts.sampling, opts.strategy, opts.max_draft)), engine
 
@@ -58,7 +59,7 @@ def build(lm, opts: DecodeOptions, sopts: ServeOptions, name: str):
 def _warm_up(lm, opts: DecodeOptions) -> None:
     """Compile (or load from Numba's cache) the kernels a first request would wait for."""
     s = lm.session(64, opts.prefill_batch)
-    d = lm.drafter(replace(SpecOptions(), strategy=opts.strategy, mtp=opts.mtp), 64)
+    d = lm.drafter(replace(DraftOptions(), strategy=opts.strategy, mtp=opts.mtp), 64)
     s.generate(lm.tokenizer.encode("Hello, hello, hello, hello", add_special=True), 6, drafter=d, max_draft=4)
 
 

@@ -13,12 +13,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..cli.options import SpecOptions
 from ..engine.sampling import SamplingParams
 from ..engine.session import Generation, GenerationStats, GuildSession, run_round
 from ..errors import GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
-from ..spec import Drafter
+from ..speculative.base import Drafter
+from ..speculative.options import DraftOptions
 from ..text.chat import TextStream
 from .metrics import Metrics
 
@@ -145,8 +145,8 @@ class SessionPool:
 
 class BatchEngine:
     def __init__(self, lm, *, context: int, prefill_batch: int, parallel: int, max_queue: int, cache_bytes: int,
-                 spec: SpecOptions = SpecOptions(), metrics: Metrics | None = None):
-        self.lm, self.model, self.tok, self.spec = lm, lm.model, lm.tokenizer, spec
+                 draft: DraftOptions = DraftOptions(), metrics: Metrics | None = None):
+        self.lm, self.model, self.tok, self.draft = lm, lm.model, lm.tokenizer, draft
         self.parallel, self.max_queue, self.context = parallel, max_queue, context
         self.metrics = metrics or Metrics()
         probe = lm.session(context, prefill_batch)
@@ -165,7 +165,7 @@ class BatchEngine:
         self._thread = threading.Thread(target=self._run, name="guild-engine", daemon=True)
 
     def _drafter(self, strategy: str) -> Drafter:
-        return self.lm.drafter(replace(self.spec, strategy=strategy), self.context)
+        return self.lm.drafter(replace(self.draft, strategy=strategy), self.context)
 
     # -- the HTTP side ------------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -8,8 +8,8 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from ..cli.options import STRATEGIES
 from ..engine.sampling import SamplingParams
+from ..speculative.registry import strategies
 from ..window import MAX_DRAFT
 
 MAX_BODY_BYTES = 8 * 2**20  # a request body; prompts past any context are refused before tokenising
@@ -54,7 +54,7 @@ FIELDS = {
     "min_p": ("number", _number(0.0, 1.0), "a number in [0, 1]"),
     "repeat_penalty": ("number", _number(0.0, 100.0, lo_open=True), "a number in (0, 100]"),
     "repeat_last_n": ("integer", lambda v: v >= -1, "an integer >= -1 (-1 = all)"),
-    "decode_strategy": ("string", lambda v: v in STRATEGIES, f"one of {', '.join(STRATEGIES)}"),
+    "decode_strategy": ("string", lambda v: v in strategies(), f"one of {', '.join(strategies())}"),
     "spec_max_draft": ("integer", lambda v: 0 <= v <= MAX_DRAFT, f"an integer in 0..{MAX_DRAFT}"),
     "return_tokens": ("boolean", None, "true or false"),
 }

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..engine.sampling import SamplingParams
 from ..engine.session import ConcurrentStats, GenerationStats, GuildSession, generate_concurrent
 from ..errors import ChatTemplateError, ContextOverflowError, GuildError
-from ..spec import Drafter
+from ..speculative.base import Drafter
 from .inputs import read_text_file
 from .tokenizer import Tokenizer
 

@@ -37,7 +37,8 @@ from ..cli.run import DecodeOptions, load_for, slots
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
 from ..formats.files import write_bytes
-from ..spec import STRATEGIES, MtpOptions
+from ..speculative import registry
+from ..speculative.options import MtpOptions
 from ..text.chat import run_turn
 from ..workloads import load_workloads
 
@@ -227,8 +228,8 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     `noise_check` and one repeat, normal runs once more per workload for the noise figure."""
     strategies = list(dict.fromkeys(["normal", *strategies]))
     for s in strategies:
-        if s not in STRATEGIES:
-            raise BadFlagError(f"--strategies: unknown strategy '{s}' (choose from {', '.join(STRATEGIES)})")
+        if s not in registry.strategies():
+            raise BadFlagError(f"--strategies: unknown strategy '{s}' (choose from {', '.join(registry.strategies())})")
     if repeats < 1:
         raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
     base = DecodeOptions(max_draft=max_draft, context=context, gexec=gexec, strict_plan=strict_plan, device=device,

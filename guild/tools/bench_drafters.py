@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 
-from guild.spec.lookup import SuffixDrafter
-from guild.spec.retrieval import RetrievalDrafter
+from guild.speculative.lookup import SuffixDrafter
+from guild.speculative.retrieval import RetrievalDrafter
 
-from ..calib.spec import replay as _replay
+from ..calib.draft_costs import replay as _replay
 
 
 def text_like_tokens(n: int, vocab: int = 49152, seed: int = 0) -> np.ndarray:

@@ -26,7 +26,7 @@ from ..kernels.cpu import moe as moe_mod
 from ..kernels.cpu import ops as ops_mod
 from ..kernels.cpu import quant, simd
 from ..load import load, set_threads
-from ..spec import make_drafter
+from ..speculative.build import make_drafter
 from ..text.chat import Conversation
 from ..upcycle import TAG_MOE128, embedded_dense_path, ensure_embedded_moe
 

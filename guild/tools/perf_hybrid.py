@@ -27,7 +27,7 @@ from ..engine import state as state_mod
 from ..engine.session import GuildSession
 from ..kernels.cpu import deltanet as gdn
 from ..models import load_model
-from ..spec.lookup import SuffixDrafter
+from ..speculative.lookup import SuffixDrafter
 from .tiny_hybrid import write_tiny_hybrid
 
 BENCH_MODEL = dict(

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli.options import MTP_K
 from ..cli.run import DecodeOptions, load_for, slots
 from ..errors import GuildError
 from ..formats.files import write_bytes
-from ..spec.adaptive import AdaptiveDrafter
-from ..spec.base import Drafter
+from ..speculative.adaptive import AdaptiveDrafter
+from ..speculative.base import Drafter
+from ..speculative.options import MTP_K
+from ..speculative.registry import DRAFTERS
 from ..text.chat import run_turn
 from ..workloads import load_workloads
 from .perf import window_costs
@@ -232,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for wl in tr["workloads"]:
         res = replay(wl, max_draft=tr["max_draft"])
         rows.append({"workload": wl["id"], **res, "oracle": oracle(wl, max_draft=tr["max_draft"]),
-                     "oracle_no_mtp": oracle(wl, ("lookup", "retrieval"), tr["max_draft"]),
+                     "oracle_no_mtp": oracle(wl, [n for n, d in DRAFTERS.items() if not d.uses_head],
+                                             tr["max_draft"]),
                      "rho": [round(x, 3) for x in wl["rho"]]})
     if a.json:
         print(json.dumps(rows, indent=1))

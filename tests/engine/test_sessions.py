@@ -6,7 +6,7 @@ import pytest
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession, generate_concurrent
 from guild.load import load
-from guild.spec import make_drafter
+from guild.speculative.build import make_drafter
 
 pytestmark = pytest.mark.slow
 

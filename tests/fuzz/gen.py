@@ -265,6 +265,7 @@ def seed_plan() -> bytes:
     """A valid sealed plan of plausible figures (built directly, no calibration run)."""
     from guild.plans.plan import (
         CpuTuning,
+        DraftCalibration,
         HardwareIdentity,
         Header,
         KernelTuning,
@@ -272,7 +273,6 @@ def seed_plan() -> bytes:
         Placement,
         PlacementGroup,
         Plan,
-        SpecCalibration,
         render,
     )
 
@@ -284,9 +284,9 @@ def seed_plan() -> bytes:
                                  PlacementGroup("routed_experts", "cpu", 6, 8192, 0)), "cpu only"),
         CpuTuning(2, 10.5, (KernelTuning("Q8_0", "rows", ("rows", "cols"), "experts", 6, 6, (1, 2), (0.2, 0.15),
                                          2, 3.5),)),
-        SpecCalibration(256, 200, 3, tuple(1.0 + 0.1 * i for i in range(8)), tuple(0.5 + 0.05 * i for i in range(8)),
-                        tuple(2.0 + i for i in range(8)), tuple(1.0 + 0.5 * i for i in range(8)), 0.01, 0.02, 0.003,
-                        0.05, 300.0, 0.4, 0.2, "", True),
+        DraftCalibration(256, 200, 3, tuple(1.0 + 0.1 * i for i in range(8)), tuple(0.5 + 0.05 * i for i in range(8)),
+                         tuple(2.0 + i for i in range(8)), tuple(1.0 + 0.5 * i for i in range(8)),
+                         {"lookup": 0.01, "retrieval": 0.02, "mtp": 0.4}, 0.003, 0.05, 300.0, {"mtp": 0.2}, "", True),
     )
     return render(plan)
 

@@ -96,7 +96,7 @@ class Worker:
         p = self.d / "case.gexec"
         p.write_bytes(self.gen.mutate_plan(self.plan_seed, rng))
         plan = read_plan(p)
-        plan.spec_costs()
+        plan.draft_costs()
         con = Console(file=io.StringIO(), width=120)
         d = inspect(p, full=True, console=con)
         json.dumps(d)

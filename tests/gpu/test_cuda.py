@@ -335,7 +335,7 @@ def test_embedded_gpu_vs_cpu_logits(gpu, which, request):
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_embedded_speculative_parity_on_gpu(gpu, which, request):
     from guild.engine.session import GuildSession
-    from guild.spec import make_drafter
+    from guild.speculative.build import make_drafter
 
     if gpu.emu:
         pytest.skip("embedded models: GPU only (too slow for the emulator)")
@@ -467,7 +467,7 @@ def test_mtp_head_with_a_draft_vocabulary_on_the_device(gpu, tmp_path):
     from guild.engine.session import GuildSession
     from guild.models import load_model
     from guild.models.mtp import find_mtp_head
-    from guild.spec import make_drafter
+    from guild.speculative.build import make_drafter
     from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 
     path = write_tiny_model(tmp_path / "m.gguf", n_experts=4, top_k=2, qtype="Q8_0", seed=3)

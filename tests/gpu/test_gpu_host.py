@@ -24,7 +24,7 @@ from guild.engine.device import Device, DeviceUnavailableError, probe_cuda, reso
 from guild.engine.session import GuildSession
 from guild.errors import BadFlagError, ContextOverflowError
 from guild.models import load_model
-from guild.spec import make_drafter
+from guild.speculative.build import make_drafter
 from guild.tools.tiny import write_tiny_model
 
 TINY = [

@@ -17,7 +17,7 @@ from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.models import load_model
 from guild.models.mtp import find_mtp_head
-from guild.spec import make_drafter
+from guild.speculative.build import make_drafter
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 

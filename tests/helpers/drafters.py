@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from guild.spec import Drafter
+from guild.speculative.base import Drafter
 
 
 class OracleDrafter(Drafter):

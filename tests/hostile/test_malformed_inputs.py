@@ -199,8 +199,11 @@ def _resealed(plan_bytes, edit) -> bytes:
 
 
 @pytest.mark.parametrize("edit, needle", [
-    (lambda d: d["spec"].update(kv_commit_ms=2**63), "spec.kv_commit_ms"),
-    (lambda d: d["spec"].update(verify_window_ms=[1e30] * 8), "spec.verify_window_ms"),
+    (lambda d: d["drafting"].update(kv_commit_ms=2**63), "drafting.kv_commit_ms"),
+    (lambda d: d["drafting"].update(verify_window_ms=[1e30] * 8), "drafting.verify_window_ms"),
+    (lambda d: d["drafting"]["draft_ms"].update(lookup=-1.0), "drafting.draft_ms.lookup"),
+    (lambda d: d["drafting"]["draft_ms"].update(nosuch=1.0), "drafting.draft_ms.nosuch: unknown field"),
+    (lambda d: d["drafting"]["catchup_ms"].update(lookup=1.0), "drafting.catchup_ms.lookup: unknown field"),
     (lambda d: d["cpu"].update(threads="blk.0.attn_q.weight"), "cpu.threads"),
     (lambda d: d["header"].update(context=True), "header.context"),
     (lambda d: d["placement"]["groups"][0].update(bytes=-1), "placement.groups[0].bytes"),

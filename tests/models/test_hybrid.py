@@ -18,7 +18,7 @@ from guild.kernels.cpu import quant
 from guild.models import load_model
 from guild.models.qwen3next import Qwen3Next
 from guild.models.qwen35moe import Qwen35Moe
-from guild.spec.lookup import SuffixDrafter
+from guild.speculative.lookup import SuffixDrafter
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 from tests.helpers.drafters import AdversarialDrafter, OracleDrafter, RandomDrafter
 from tests.helpers.reference_hybrid import reference_hybrid_forward

@@ -1,4 +1,4 @@
-"""The MTP head (guild/models/mtp.py) and MtpDrafter (guild/spec/mtp.py): logits against the float64
+"""The MTP head (guild/models/mtp.py) and MtpDrafter (guild/speculative/mtp.py): logits against the float64
 twin, catch-up/rollback against a fresh recompute, loading rules, and token parity of mtp/adaptive with plain
 decoding on tiny random models (tests/models/test_embedded.py runs the trained head of the embedded model)."""
 
@@ -11,8 +11,9 @@ from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.models import load_model
 from guild.models.mtp import MtpError, find_mtp_head, load_mtp_head
-from guild.spec import MtpOptions, make_drafter
-from guild.spec.mtp import MtpDrafter
+from guild.speculative.build import make_drafter
+from guild.speculative.mtp import MtpDrafter
+from guild.speculative.options import MtpOptions
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 from tests.helpers.reference import reference_hidden, reference_mtp

@@ -7,7 +7,7 @@ import pytest
 
 from guild.engine.session import GuildSession
 from guild.models import load_model
-from guild.spec import make_drafter
+from guild.speculative.build import make_drafter
 from guild.tools.tiny import write_tiny_model
 from tests.helpers.drafters import RandomDrafter
 from tests.helpers.reference import reference_forward

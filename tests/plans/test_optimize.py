@@ -12,7 +12,7 @@ from guild.calib.optimize import local_plan_path, optimize
 from guild.cli import app
 from guild.errors import BadFlagError, GuildError, PlanSealError
 from guild.load import load
-from guild.plans.plan import MAX_T, CpuTuning, GpuInfo, KernelTuning, Placement, SpecCalibration, load_plan, read_plan
+from guild.plans.plan import MAX_T, CpuTuning, DraftCalibration, GpuInfo, KernelTuning, Placement, load_plan, read_plan
 from guild.plans.plan import write_plan as write
 from guild.tools.tiny import write_tiny_model
 
@@ -37,8 +37,8 @@ def test_optimize_tiny_moe_measures_every_pass(tiny, tmp_path):
     p = optimize(load(str(tiny)), tmp_path / "p.gexec", mode="quick", context=128, progress=False)
     assert time.perf_counter() - t0 < 60
     assert read_plan(tmp_path / "p.gexec") == p and p.path == str(tmp_path / "p.gexec")
-    s = p.spec
-    assert s.spec_calibrated and s.context == 128 and 0 < s.filled_tokens <= 128 and s.repeats == 3
+    s = p.drafting
+    assert s.calibrated and s.context == 128 and 0 < s.filled_tokens <= 128 and s.repeats == 3
     assert len(s.verify_window_ms) == MAX_T and all(v > 0 for v in s.verify_window_ms)
     # the experts are part of the window: their share is positive and smaller than the window
     assert all(0 < e < v for e, v in zip(s.verify_cpu_expert_ms, s.verify_window_ms, strict=True))
@@ -46,8 +46,9 @@ def test_optimize_tiny_moe_measures_every_pass(tiny, tmp_path):
     assert s.distinct_experts[0] == 2.0 and s.distinct_expert_ratio[0] == 1.0
     assert all(2.0 <= u <= min(4, 2 * (t + 1)) for t, u in enumerate(s.distinct_experts))
     assert s.distinct_experts[-1] > s.distinct_experts[0]
-    assert s.lookup_draft_ms > 0 and s.retrieval_draft_ms > 0 and s.kv_commit_ms > 0 and s.prefill_tok_s > 0
-    assert s.mtp_draft_step_ms is None and s.mtp_kv_catchup_ms is None and "no MTP" in s.mtp_note
+    assert set(s.draft_ms) == {"lookup", "retrieval"} and all(v > 0 for v in s.draft_ms.values())
+    assert s.kv_commit_ms > 0 and s.prefill_tok_s > 0
+    assert s.catchup_ms == {} and "no MTP" in s.mtp_note
     c = p.cpu
     kinds = {k.qtype: k for k in c.kernels}
     assert set(kinds) == {"Q4_1", "F32"} and kinds["Q4_1"].role == "experts"
@@ -82,15 +83,15 @@ def test_inspect_json_has_every_calibrated_field(plan):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["seal"] == "ok" and d["this_machine"]["matches"] is True
-    assert set(d) >= {"header", "hardware", "model", "placement", "cpu", "spec"}
-    assert set(d["spec"]) == _fields(SpecCalibration)
+    assert set(d) >= {"header", "hardware", "model", "placement", "cpu", "drafting"}
+    assert set(d["drafting"]) == _fields(DraftCalibration)
     assert set(d["cpu"]) == _fields(CpuTuning) and all(set(k) == _fields(KernelTuning) for k in d["cpu"]["kernels"])
     assert set(d["placement"]) == _fields(Placement) | {"gpu_bytes", "cpu_bytes"}
     for key in ("verify_window_ms", "verify_cpu_expert_ms", "distinct_experts", "distinct_expert_ratio"):
-        assert len(d["spec"][key]) == MAX_T and d["spec"][key] == list(getattr(plan.spec, key))
-    for key in ("lookup_draft_ms", "retrieval_draft_ms", "kv_commit_ms", "noise_cv"):
-        assert d["spec"][key] == getattr(plan.spec, key)
-    assert d["spec"]["mtp_draft_step_ms"] is None and d["model"]["sha256"] == plan.model.sha256
+        assert len(d["drafting"][key]) == MAX_T and d["drafting"][key] == list(getattr(plan.drafting, key))
+    for key in ("draft_ms", "catchup_ms", "kv_commit_ms", "noise_cv"):
+        assert d["drafting"][key] == getattr(plan.drafting, key)
+    assert "mtp" not in d["drafting"]["draft_ms"] and d["model"]["sha256"] == plan.model.sha256
 
 
 def test_inspect_plan_tables_and_chart(plan):
@@ -192,7 +193,7 @@ def test_runner_uses_the_plan_costs_and_threads(plan, tiny, monkeypatch):
     monkeypatch.setattr(load_mod, "make_drafter", spy)
     r = Runner(str(tiny), DecodeOptions(strategy="adaptive", max_tokens=4, gexec=plan.path))
     assert r.plan == plan and r.threads == plan.cpu.threads
-    assert seen[-1] == plan.spec_costs()
+    assert seen[-1] == plan.draft_costs()
     assert r.complete("hello").tokens
     with pytest.raises(BadFlagError, match="--strict-plan needs --gexec"):
         DecodeOptions(strict_plan=True)
@@ -266,8 +267,8 @@ def test_optimize_measures_the_mtp_head(tmp_path):
         optimize(load(str(base)), tmp_path / "x.gexec", mode="quick", context=128, spec=1, progress=False)
     write_tiny_mtp_head(base, tmp_path / "m.mtp.gguf")  # the sidecar beside the model
     p = optimize(load(str(base)), tmp_path / "p.gexec", mode="quick", context=128, spec=1, progress=False)
-    s = p.spec
-    assert 0 < s.mtp_kv_catchup_ms and 0 < s.mtp_draft_step_ms and "sidecar m.mtp.gguf" in s.mtp_note
+    s = p.drafting
+    assert 0 < s.catchup_ms["mtp"] and 0 < s.draft_ms["mtp"] and "sidecar m.mtp.gguf" in s.mtp_note
     assert p.header.spec == 1
-    c = p.spec_costs()
-    assert c.draft_ms["mtp"] == s.mtp_draft_step_ms and c.mtp_catchup_ms == s.mtp_kv_catchup_ms
+    c = p.draft_costs()
+    assert c.draft_ms == s.draft_ms and c.catchup_ms == s.catchup_ms == {"mtp": s.catchup_ms["mtp"]}

@@ -108,6 +108,23 @@ def test_other_format_version_is_a_plan_error(plan, tmp_path):
         read_plan(tmp_path / "missing.gexec")
 
 
+def test_a_version_1_plan_says_to_re_run_optimize(plan, tmp_path):
+    """Version 1 kept the drafting costs in a `spec` section with one field per drafter: one line, no field noise."""
+    d = yaml.safe_load(render(plan))
+    d.pop("seal")
+    d["header"]["version"] = 1
+    old = d.pop("drafting")
+    draft = old.pop("draft_ms")
+    old.pop("catchup_ms")
+    d["spec"] = {**old, "lookup_draft_ms": draft["lookup"], "retrieval_draft_ms": draft["retrieval"],
+                 "mtp_draft_step_ms": None, "mtp_kv_catchup_ms": None}
+    p = tmp_path / "v1.gexec"
+    p.write_bytes(_reseal(yaml.safe_dump(d, sort_keys=False).encode()))
+    with pytest.raises(PlanError) as e:
+        read_plan(p)
+    assert str(e.value) == f"{p}: plan format version 1 is not 2 (re-run guild optimize)"
+
+
 HW_CHANGES = [
     ("cpu_model", "AMD Ryzen 5 5600X 6-Core Processor", CpuIsaMismatch),
     ("isa", ("avx", "avx2", "f16c", "fma"), CpuIsaMismatch),
@@ -164,16 +181,16 @@ def test_another_file_of_the_same_model_is_fine_but_other_weights_are_not(plan, 
         load_plan(write_plan(plan, tmp_path / "o.gexec"), model=other)
 
 
-def test_spec_costs_are_the_plan_fields(plan):
-    from guild.spec import make_drafter
-    from guild.spec.costs import SpecCosts
+def test_draft_costs_are_the_plan_fields(plan):
+    from guild.speculative.build import make_drafter
+    from guild.speculative.costs import DraftCosts
 
-    c = plan.spec_costs()
-    s = plan.spec
-    assert isinstance(c, SpecCosts)
+    c = plan.draft_costs()
+    s = plan.drafting
+    assert isinstance(c, DraftCosts)
     assert c.verify_ms == s.verify_window_ms and len(c.verify_ms) == 8 and c.context == s.context
-    assert c.draft_ms == {"lookup": s.lookup_draft_ms, "retrieval": s.retrieval_draft_ms}
-    assert c.commit_ms == s.kv_commit_ms and c.mtp_catchup_ms == 0.0
+    assert c.draft_ms == s.draft_ms and set(c.draft_ms) == {"lookup", "retrieval"}
+    assert c.commit_ms == s.kv_commit_ms and c.catchup_ms == {}
     make_drafter("adaptive", costs=c)
 
 

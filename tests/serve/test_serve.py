@@ -16,9 +16,9 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from guild.cli.options import SpecOptions  # noqa: E402
 from guild.engine.sampling import SamplingParams  # noqa: E402
 from guild.load import load  # noqa: E402
+from guild.speculative.options import DraftOptions  # noqa: E402
 from guild.text.chat import Conversation  # noqa: E402
 from guild.tools.bench_serve import free_port, wait_ready  # noqa: E402
 
@@ -67,7 +67,7 @@ def lm(moe_path):
 def _solo(lm, messages, n, sampling=SamplingParams(), strategy="adaptive", stop=(), chat=True):
     """The library's solo run (what `guild run` calls) with the server's settings."""
     conv = Conversation(lm.session(CONTEXT, PREFILL), lm.tokenizer)
-    d = lm.drafter(SpecOptions(strategy=strategy), CONTEXT)
+    d = lm.drafter(DraftOptions(strategy=strategy), CONTEXT)
     if not chat:
         return conv.complete(messages, n, stop=stop, sampling=sampling, drafter=d, max_draft=4)
     conv.messages = list(messages[:-1])

@@ -16,7 +16,7 @@ def _workload_runs(lm, strategy, sampling, crop=96, n=16):
     """Each workload's turns, cropped to their last `crop` tokens, decoded in turn on one session per workload
     (so later turns continue the session, as W5's conversation does)."""
     from guild.engine.session import GuildSession
-    from guild.spec import make_drafter
+    from guild.speculative.build import make_drafter
 
     out = {}
     for w in load_workloads():

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from guild.spec.retrieval import MAX_MATCH, RetrievalDrafter
+from guild.speculative.retrieval import MAX_MATCH, RetrievalDrafter
 
 
 # ------------------------------------------------------------------------------ a plain-Python reference

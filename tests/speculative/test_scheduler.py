@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from guild.spec.costs import SpecCosts
-from guild.spec.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket
+from guild.speculative.costs import DraftCosts
+from guild.speculative.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket
 
 
 def linear_v(v1, slope):
@@ -106,8 +106,8 @@ def test_unseeded_first_window_is_plain():
 
 def test_plan_costs_shape_predictions():
     """With a plan, V(T)/V(1) comes from it until measured: a flat plan makes long drafts pay at once."""
-    flat = SpecCosts(verify_ms=tuple(10 + 0.5 * t for t in range(8)), draft_ms={"lookup": 0.01})
-    steep = SpecCosts(verify_ms=tuple(10 * (1 + 0.9 * t) for t in range(8)))
+    flat = DraftCosts(verify_ms=tuple(10 + 0.5 * t for t in range(8)), draft_ms={"lookup": 0.01})
+    steep = DraftCosts(verify_ms=tuple(10 * (1 + 0.9 * t) for t in range(8)))
     p = Proposal("lookup", tuple(range(7)), {"match_len": 6})
     ks = []
     for plan in (flat, steep):
@@ -119,7 +119,7 @@ def test_plan_costs_shape_predictions():
 
 def test_plan_v1_is_replaced_by_the_live_first_step():
     """A plan measured V(1) at its --context; the first plain step here seeds V(1) at this context."""
-    s = AdaptiveScheduler(costs=SpecCosts(verify_ms=tuple(90.0 * (1 + 0.5 * t) for t in range(8))))
+    s = AdaptiveScheduler(costs=DraftCosts(verify_ms=tuple(90.0 * (1 + 0.5 * t) for t in range(8))))
     assert s.decide([Proposal("lookup", (1, 2), {"match_len": 9})], 4).reason == "unseeded"
     s.observe_window("normal", 0, 0.0, 14.0, 1)
     assert s.costs.verify(1) == 14.0 and s.costs.verify(3) == pytest.approx(28.0)
@@ -175,7 +175,7 @@ def test_mtp_is_asked_only_when_it_could_pay():
     assert [i for i, a in enumerate(asked) if a] == [7, 23, 55, 87]
     assert s.ask("mtp", [], 7)  # nothing else on the table: at its prior shares the head is worth its forward
     for _ in range(60):
-        s.observe_mtp_prob(0.05)  # the head has been unsure for a while: its T=2 window would not pay
+        s.observe_lazy("mtp", {"prob": 0.05})  # the head has been unsure for a while: its T=2 window would not pay
     assert s.ask_value("mtp", s.costs.verify(1), 7) < 0
     assert not s.ask("mtp", [], 7)
     s.muted["mtp"] = 3
@@ -195,7 +195,7 @@ def test_mtp_confident_part_of_the_time_is_asked_every_window():
     s.observe_draft_ms("mtp", 1.0)
     for i in range(40):
         p = 0.95 if i % 2 else 0.1
-        s.observe_mtp_prob(p)
+        s.observe_lazy("mtp", {"prob": p})
         s.observe_proposal(Proposal("mtp", (1,), {"prob": p}), int(p > 0.5))
     assert (1.0 + s.costs.verify(2)) / (1 + 0.5) > s.costs.verify(1)  # at the mean, one draft costs more
     assert s.ask_value("mtp", s.costs.verify(1), 7) > 0
@@ -221,7 +221,7 @@ def _arbitrate(s, n_tokens, segment, v, rng, fixed=None):
         if fixed == "mtp" or (fixed is None and s.ask("mtp", props, 7)):
             prob = 0.4 if seg == "copy" else 0.9
             s.observe_draft_ms("mtp", 1.0)
-            s.observe_mtp_prob(prob)
+            s.observe_lazy("mtp", {"prob": prob})
             props.append(Proposal("mtp", (1,), {"prob": prob}))
             draft_ms = 1.0
         if fixed is None:

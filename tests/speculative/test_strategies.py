@@ -5,7 +5,7 @@ import pytest
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.load import load
-from guild.spec import make_drafter
+from guild.speculative.build import make_drafter
 from guild.text.chat import Conversation
 
 DOC = (

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from guild.spec.lookup import _SEED3, WAYS, SuffixDrafter, _anchor_slot, _hash
+from guild.speculative.lookup import _SEED3, WAYS, SuffixDrafter, _anchor_slot, _hash
 
 
 def ref_propose(w, k, min_match=3, max_match=64):

@@ -5,9 +5,9 @@ import codecs
 
 import pytest
 
-from guild.cli.options import SpecOptions
 from guild.engine.sampling import SamplingParams
 from guild.load import load
+from guild.speculative.options import DraftOptions
 from guild.text.chat import Conversation, Slot, TextStream, run_turn
 
 
@@ -90,7 +90,7 @@ def lm(moe_path):
 
 def _turn(lm, strategy, stop=(), sampling=SamplingParams(), n=48):
     conv = Conversation(lm.session(1024), lm.tokenizer)
-    d = lm.drafter(SpecOptions(strategy=strategy), 1024)
+    d = lm.drafter(DraftOptions(strategy=strategy), 1024)
     return conv, conv.say(PROMPT, n, stop=stop, sampling=sampling, drafter=d, max_draft=4)
 
 
@@ -129,7 +129,7 @@ def test_next_turn_after_a_stop_is_exact(lm):
 def test_concurrent_slots_stop_like_solo(lm):
     _, plain = _turn(lm, "normal")
     stop = plain.text[len(plain.text) // 2 :][:3]
-    slots = [Slot(Conversation(lm.session(1024), lm.tokenizer), lm.drafter(SpecOptions(strategy=s), 1024),
+    slots = [Slot(Conversation(lm.session(1024), lm.tokenizer), lm.drafter(DraftOptions(strategy=s), 1024),
                   SamplingParams()) for s in ("normal", "adaptive")]
     turns, _ = run_turn(slots, PROMPT, chat=True, max_tokens=48, max_draft=4, stop=[stop])
     _, solo = _turn(lm, "normal", stop=[stop])

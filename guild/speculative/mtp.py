@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import BadFlagError
 from ..window import MAX_DRAFT
 from .base import Drafter
 
@@ -32,6 +33,24 @@ class MtpDrafter(Drafter):
     name = "mtp"
     lazy = True  # a head forward per proposal: the adaptive scheduler asks only when it could pay
     follows_rows = True  # catches its own cache up over the base's committed rows
+    uses_head = needs_head = True
+    priors = {"lo": 0.35, "mid": 0.60, "hi": 0.85}
+
+    @classmethod
+    def build(cls, o, head, n_ctx: int) -> MtpDrafter:
+        if head is None:
+            raise BadFlagError("--decode-strategy mtp needs an MTP head (guild train-mtp MODEL -o HEAD.gguf)")
+        return cls(head, n_ctx, max_k=o.mtp.k, min_p=o.mtp.min_p)
+
+    @classmethod
+    def member(cls, o, head, n_ctx: int) -> MtpDrafter | None:
+        # the scheduler weighs the head's confidence itself: no min_p here
+        return None if head is None else cls(head, n_ctx, max_k=o.mtp.k)
+
+    @classmethod
+    def bucket(cls, signals: dict) -> str:
+        p = float(signals.get("prob", 0.0))  # the head's top-1 probability of the first draft
+        return "hi" if p >= 0.8 else "mid" if p >= 0.5 else "lo"
 
     def __init__(self, head, n_ctx: int, max_k: int = 3, min_p: float = 0.0):
         if not 1 <= max_k <= MAX_DRAFT:

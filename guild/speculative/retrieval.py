@@ -376,6 +376,17 @@ class RetrievalDrafter(Drafter):
     """Session-local retrieval drafter (see the module docstring). One instance per session."""
 
     name = "retrieval"
+    uses_corpus = True
+    priors = {"weak3": 0.32, "conf3": 0.60, "m4": 0.80, "m8": 0.90}
+
+    @classmethod
+    def bucket(cls, signals: dict) -> str:
+        ml = int(signals.get("match_len", 0))
+        if ml >= 8:
+            return "m8"
+        if ml >= 4:
+            return "m4"
+        return "conf3" if signals.get("confidence", 0.0) >= 0.6 else "weak3"
 
     def signals(self) -> dict:
         return {"match_len": self.last_match_len, "confidence": self.last_confidence}

@@ -5,6 +5,10 @@ previous turns), `propose` before every window, `observe` after it with the meas
 `observe_hidden` with the base model's final hidden rows of everything it commits when `follows_rows` is set.
 `ingest` feeds reference text (a retrieval corpus); `signals()` is what the adaptive scheduler conditions its
 acceptance estimates on. Every hook does nothing by default.
+
+A drafter class is also its own declaration (guild/speculative/registry.py lists the classes): its strategy name,
+what it needs, how it is built from DraftOptions, and the scheduler's priors per acceptance bucket. Everything
+that lists strategies (options, the scheduler, plans, calibration) reads these attributes.
 """
 
 from __future__ import annotations
@@ -15,9 +19,31 @@ import numpy as np
 
 
 class Drafter:
-    name = "normal"
+    name = "normal"  # the --decode-strategy that drafts with this class alone
     lazy = False  # a forward per proposal: the adaptive scheduler asks only when it could pay
-    follows_rows = False  # needs the base's committed final hidden rows (observe_hidden)
+    follows_rows = False  # needs the base's committed final hidden rows (observe_hidden); pays a catch-up
+    uses_head = False  # drafts with the model's MTP head (--mtp-head); its k is capped by --spec-mtp-k
+    needs_head = False  # cannot run without one
+    uses_corpus = False  # ingests --retrieval-corpus
+    priors: dict[str, float] = {}  # the adaptive scheduler's prior acceptance per signal bucket
+
+    @classmethod
+    def build(cls, o, head, n_ctx: int) -> Drafter:
+        """The drafter of `--decode-strategy <name>` from DraftOptions `o`, the MTP head (or None) and the
+        context rows a head's cache needs."""
+        return cls()
+
+    @classmethod
+    def member(cls, o, head, n_ctx: int) -> Drafter | None:
+        """The drafter as one of the adaptive drafter's pool (None: it sits out, e.g. no head)."""
+        return cls.build(o, head, n_ctx)
+
+    @classmethod
+    def bucket(cls, signals: dict) -> str:
+        """The acceptance bucket (a key of `priors`) of a proposal from its signals; one bucket needs no rule."""
+        if len(cls.priors) != 1:
+            raise NotImplementedError(f"{cls.__name__} has {len(cls.priors)} acceptance buckets and no bucket rule")
+        return next(iter(cls.priors))
 
     def propose(self, history: Sequence[int], k: int) -> np.ndarray:
         """Up to k draft ids (int32) continuing `history`, which ends with the root the window feeds first;

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..window import MAX_DRAFT
 from .base import Drafter
-from .costs import SpecCosts
+from .costs import DraftCosts
 from .scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
 
 MAX_PENDING = 64  # shadow proposals awaiting their tokens (each resolves within k emitted tokens)
@@ -24,7 +24,7 @@ class AdaptiveDrafter(Drafter):
 
     name = "adaptive"
 
-    def __init__(self, drafters: Sequence, costs: SpecCosts | None = None, max_draft: int = MAX_DRAFT,
+    def __init__(self, drafters: Sequence, costs: DraftCosts | None = None, max_draft: int = MAX_DRAFT,
                  clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3):
         self.drafters = list(drafters)
         self.follows_rows = any(d.follows_rows for d in self.drafters)
@@ -74,8 +74,8 @@ class AdaptiveDrafter(Drafter):
             if d.catchup_rows <= MAX_CATCHUP_TIMED:  # a long lagging catch-up is not the steady cost
                 self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
             sig = d.signals()
-            if d.lazy and toks.size:  # the head's confidence (docs/adaptive.md "MTP confidence")
-                self.scheduler.observe_mtp_prob(sig["prob"])
+            if d.lazy and toks.size:  # e.g. the head's confidence (docs/adaptive.md "MTP confidence")
+                self.scheduler.observe_lazy(d.name, sig)
             p = Proposal(d.name, tuple(toks.tolist()), sig)
             props.append(p)
             if p.tokens:

@@ -1,7 +1,7 @@
 """Cost-aware adaptive decoding: per window, pick the strategy s and draft length k that minimise expected
 milliseconds per committed token (docs/adaptive.md):
 
-    C(s, k) = (D(s) + V(1+k) + [mtp] M_catchup) / E[keep],   E[keep] = sum_{i=0..k} prod_{j<=i} a_j
+    C(s, k) = (D(s) + V(1+k) + [follows rows] M_catchup(s)) / E[keep],   E[keep] = sum_{i=0..k} prod_{j<=i} a_j
 
 blended with the strategy's decayed empirical ms per emitted token when that is worse than the model.
 
@@ -9,6 +9,8 @@ Plain classes, no clock and no I/O: the session measures every time and passes i
 scheduler runs on synthetic traces in tests. Acceptance comes from Beta-Binomial posteriors per strategy,
 signal bucket and draft position. They learn from every proposal, executed or not: decoding is exact, so a
 draft token is accepted iff it equals the token later emitted at its position ("shadow" verification, free).
+A strategy's priors, buckets and traits (lazy, follows rows, uses the MTP head) are its drafter class's
+(guild.speculative.registry); a strategy no drafter declares is an UnknownStrategyError.
 """
 
 from __future__ import annotations
@@ -17,42 +19,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..window import MAX_WINDOW as MAX_T
-from .costs import SpecCosts
-
-# Prior acceptance per signal bucket (docs/adaptive.md "Acceptance": isolated 3-grams 0.32; repeated 3-grams and longer
-# matches 0.78..0.95). A bucket is chosen from the drafter's signals at proposal time; see `bucket()`.
-PRIORS: dict[str, dict[str, float]] = {
-    "lookup": {"iso3": 0.32, "split": 0.30, "rep3": 0.78, "m4": 0.85, "m8": 0.95},
-    "retrieval": {"weak3": 0.32, "conf3": 0.60, "m4": 0.80, "m8": 0.90},
-    "mtp": {"lo": 0.35, "mid": 0.60, "hi": 0.85},
-}
+from .costs import DraftCosts
+from .registry import drafter
 
 
 def bucket(strategy: str, signals: dict) -> str:
     """The acceptance bucket of a proposal from its drafter's signals (match length, frequency, confidence)."""
-    ml = int(signals.get("match_len", 0))
-    if strategy == "lookup":
-        if signals.get("group", 1) >= 2 and signals.get("consensus", 1.0) < 0.5:
-            return "split"  # equal-length candidates disagree on the next token
-        if ml >= 8:
-            return "m8"
-        if ml >= 4:
-            return "m4"
-        return "rep3" if signals.get("freq", 1) >= 2 else "iso3"
-    if strategy == "retrieval":
-        if ml >= 8:
-            return "m8"
-        if ml >= 4:
-            return "m4"
-        return "conf3" if signals.get("confidence", 0.0) >= 0.6 else "weak3"
-    p = float(signals.get("prob", 0.0))  # mtp: the head's top-1 probability of the first draft
-    return "hi" if p >= 0.8 else "mid" if p >= 0.5 else "lo"
+    return drafter(strategy).bucket(signals)
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_draft: int = 4  # lookup / retrieval k at most
-    mtp_cap_k: int = 3  # mtp k at most
+    max_draft: int = 4  # k at most of the drafters that do not use the MTP head
+    mtp_cap_k: int = 3  # k at most of those that do
     hysteresis: float = 0.05  # switch only for >= 5% expected improvement
     min_dwell: int = 3  # windows in a mode before switching away (backing off to normal is always allowed)
     backoff_after: int = 2  # consecutive zero-acceptance windows that send the mode back to normal
@@ -86,7 +65,7 @@ class Acceptance:
 
     def probs(self, strategy: str, b: str, k: int) -> list[float]:
         c = self.cfg
-        q = PRIORS[strategy][b]
+        q = drafter(strategy).priors[b]
         s = self.succ.get((strategy, b), [0.0] * (MAX_T - 1))
         n = self.trials.get((strategy, b), [0.0] * (MAX_T - 1))
         # the first draft has its own rate; deeper ones (accepted given the previous were, typically higher)
@@ -125,9 +104,9 @@ class Acceptance:
 
 class Costs:
     """Window time V(T) = V(1) * rho(T): V(1) tracked live from plain steps, the shape rho(T) from the plan (or
-    a default slope) and refined per T from measured windows. Drafter propose ms and MTP catch-up likewise."""
+    a default slope) and refined per T from measured windows. Drafter propose ms and catch-up likewise."""
 
-    def __init__(self, cfg: SchedulerConfig, plan: SpecCosts | None = None):
+    def __init__(self, cfg: SchedulerConfig, plan: DraftCosts | None = None):
         self.cfg = cfg
         if plan is not None:
             v = list(plan.verify_ms) + [None] * MAX_T
@@ -137,12 +116,12 @@ class Costs:
             self.prior_rho = [1.0] + [v[t - 1] / base if v[t - 1] else 1 + slope * (t - 1) for t in range(2, MAX_T + 1)]
             self.v1 = base
             self.draft_ms = dict(plan.draft_ms)
-            self.catchup_ms = plan.mtp_catchup_ms
+            self.catchup_ms = dict(plan.catchup_ms)
         else:
             self.prior_rho = [1.0 + cfg.default_slope * (t - 1) for t in range(1, MAX_T + 1)]
             self.v1 = None  # seeded by the first plain step
             self.draft_ms = {}
-            self.catchup_ms = 0.0
+            self.catchup_ms = {}
         self.rho_sum = [0.0] * MAX_T  # decayed sums of measured V(T)/V(1), per T
         self.rho_n = [0.0] * MAX_T
         self.kappa_sum = 0.0  # decayed sums of measured / prior growth (rho - 1) over every T >= 2 window
@@ -167,6 +146,9 @@ class Costs:
     def draft(self, strategy: str) -> float:
         return self.draft_ms.get(strategy, 0.0)
 
+    def catchup(self, strategy: str) -> float:
+        return self.catchup_ms.get(strategy, 0.0)
+
     def observe_verify(self, t: int, ms: float) -> None:
         g = self.cfg.cost_decay
         if not self.v1_n:
@@ -186,8 +168,8 @@ class Costs:
         self.kappa_n = g * self.kappa_n + 1
 
     def observe_draft(self, strategy: str, ms: float) -> None:
-        if strategy == "mtp":  # a measured MTP propose includes its catch-up: the plan's separate term retires
-            self.catchup_ms = 0.0
+        if drafter(strategy).follows_rows:  # a measured propose includes its catch-up: the plan's term retires
+            self.catchup_ms.pop(strategy, None)
         old = self.draft_ms.get(strategy)
         self.draft_ms[strategy] = ms if old is None else 0.9 * old + 0.1 * ms
 
@@ -220,7 +202,7 @@ class AdaptiveScheduler:
     two zero-acceptance windows send the mode back to normal and mute that strategy for clamp(2r, 2, 6)
     windows (r = its consecutive back-offs); nothing is latched off for good."""
 
-    def __init__(self, cfg: SchedulerConfig | None = None, costs: SpecCosts | None = None):
+    def __init__(self, cfg: SchedulerConfig | None = None, costs: DraftCosts | None = None):
         self.cfg = cfg or SchedulerConfig()
         self.acc = Acceptance(self.cfg)
         self.costs = Costs(self.cfg, costs)
@@ -233,7 +215,7 @@ class AdaptiveScheduler:
         self.emp_n: dict[str, float] = {}
         self.emp_w: dict[str, float] = {}  # decayed window counts
         self.last: Decision | None = None
-        self.mtp_buckets = dict.fromkeys(PRIORS["mtp"], 1.0)  # decayed counts of the head's confidence buckets
+        self.lazy_buckets: dict[str, dict[str, float]] = {}  # decayed counts of each lazy drafter's buckets
         self.unasked: dict[str, int] = {}  # windows since each lazy drafter was last asked
         self.probe_gap: dict[str, int] = {}  # windows between probes of each lazy drafter
 
@@ -259,7 +241,7 @@ class AdaptiveScheduler:
         return out
 
     def _kmax(self, strategy: str, n_tokens: int, room: int) -> int:
-        cap = self.cfg.mtp_cap_k if strategy == "mtp" else self.cfg.max_draft
+        cap = self.cfg.mtp_cap_k if drafter(strategy).uses_head else self.cfg.max_draft
         return min(n_tokens, cap, room, MAX_T - 1)
 
     def candidate_costs(self, p: Proposal, room: int) -> list[float]:
@@ -267,7 +249,7 @@ class AdaptiveScheduler:
         kmax = self._kmax(p.strategy, len(p.tokens), room)
         if kmax <= 0:
             return []
-        extra = self.costs.draft(p.strategy) + (self.costs.catchup_ms if p.strategy == "mtp" else 0.0)
+        extra = self.costs.draft(p.strategy) + self.costs.catchup(p.strategy)
         curve = self._curve(p.strategy, bucket(p.strategy, p.signals), kmax)
         return [self._blend(p.strategy, (extra + v) / e) for v, e in curve]
 
@@ -277,12 +259,17 @@ class AdaptiveScheduler:
         forward is paid whatever it says; then it drafts only in the confidence buckets where that pays
         (docs/adaptive.md "MTP confidence"). Buckets are weighted by their recent shares of its proposals."""
         kmax = self._kmax(strategy, MAX_T, room)
-        shares = self.mtp_buckets
+        shares = self._shares(strategy)
         total = sum(shares.values())
         gain = 0.0
         for b, w in shares.items():
             gain += w / total * max([0.0] + [best * e - v for v, e in self._curve(strategy, b, kmax)])
-        return gain - self.costs.draft(strategy) - self.costs.catchup_ms
+        return gain - self.costs.draft(strategy) - self.costs.catchup(strategy)
+
+    def _shares(self, strategy: str) -> dict[str, float]:
+        if strategy not in self.lazy_buckets:
+            self.lazy_buckets[strategy] = dict.fromkeys(drafter(strategy).priors, 1.0)
+        return self.lazy_buckets[strategy]
 
     def ask(self, strategy: str, proposals: Sequence[Proposal], room: int) -> bool:
         """Whether to run a lazy drafter (MTP: a head forward) this window: when its expected saving (ask_value)
@@ -387,8 +374,10 @@ class AdaptiveScheduler:
     def observe_draft_ms(self, strategy: str, ms: float) -> None:
         self.costs.observe_draft(strategy, ms)
 
-    def observe_mtp_prob(self, p: float) -> None:
-        """The MTP head's top-1 probability of the draft it just proposed (docs/adaptive.md "MTP confidence")."""
-        for b in self.mtp_buckets:
-            self.mtp_buckets[b] *= self.cfg.decay
-        self.mtp_buckets[bucket("mtp", {"prob": p})] += 1.0
+    def observe_lazy(self, strategy: str, signals: dict) -> None:
+        """The signals of the draft a lazy drafter just proposed (MTP: the head's top-1 probability,
+        docs/adaptive.md "MTP confidence"): the bucket shares `ask_value` weighs."""
+        shares = self._shares(strategy)
+        for b in shares:
+            shares[b] *= self.cfg.decay
+        shares[bucket(strategy, signals)] += 1.0

@@ -1,4 +1,4 @@
-"""Pass 4 of `guild optimize`: the speculative costs, measured with the real model.
+"""Pass 4 of `guild optimize`: the drafting costs, measured with the real model.
 
 - V(T), T = 1..8: one verification window (forward, greedy accept rule, KV commit) at the target context.
   The context is filled with real calibration text up to `fill_cap` tokens; the KV rows beyond are copies of
@@ -7,12 +7,13 @@
   cache (hybrid recurrent models) are measured at the filled length; `context` records what was measured.
 - the CPU-expert share of V(T): the time inside the MoE FFN kernel (kernels/cpu/moe.moe_ffn) in those windows.
 - U(T)/U(1): the union of routed experts per layer over the window's T rows (ForwardResult.distinct_experts), mean.
-- lookup / retrieval propose latency: the session's drafters replayed over `context` tokens of history.
+- propose latency of every registered drafter that needs no MTP head (lookup, retrieval): replayed over
+  `context` tokens of history as a session calls it.
 - KV commit: committing a rejected 8-row window (the rows are cleared).
 - noise: the coefficient of variation of the window times.
-- MTP (when the model has a head, guild/models/mtp.py): one draft step (a head row with its LM head) and one
-  catch-up row (a committed row through the head's block, no LM head), with the head's cache at the context.
-  Null without a head.
+- MTP (when the model has a head, guild/models/mtp.py): one draft step (a head row with its LM head), the
+  propose cost of the drafters that need the head, and one catch-up row (a committed row through the head's
+  block, no LM head) for those that follow rows, with the head's cache at the context. Absent without a head.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from ..engine.sampling import GREEDY
 from ..engine.state import DeviceKVCache, KVCache
 from ..engine.verify import Verifier
 from ..kernels.cpu import moe
-from ..plans.plan import MAX_T, SpecCalibration
-from ..spec import make_drafter
+from ..plans.plan import MAX_T, DraftCalibration
+from ..speculative.build import make_drafter
+from ..speculative.registry import DRAFTERS
 from ..workloads import default_root
 from .timing import median
 
@@ -125,26 +127,30 @@ def replay(drafter, hist, src_list, src, steps, seed):
     return lat, hits, drafted
 
 
-def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> tuple[float, float]:
-    """Median propose latency (ms) of the lookup and retrieval drafters over `context` tokens of history, as a
-    session calls them (1-4 committed tokens appended before each call); retrieval has the text as corpus."""
+def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> dict[str, float]:
+    """Median propose latency (ms) of each registered drafter that needs no MTP head, over `context` tokens of
+    history, as a session calls them (1-4 committed tokens appended before each call); those that use a corpus
+    have the text as one."""
     need = context + 5 * steps + 8
     stream = (tokens * (need // len(tokens) + 1))[:need]
-    out = []
-    for name in ("lookup", "retrieval"):
+    out = {}
+    for name, cls in DRAFTERS.items():
+        if cls.needs_head:
+            continue
         d = make_drafter(name)
-        if name == "retrieval":
+        if cls.uses_corpus:
             d.ingest(tokens[: min(len(tokens), 65536)])
         hist = list(stream[:context])
         d.start(hist, 0)
         d.propose(hist, 4)  # indexes the history (and compiles), outside the timings
         lat, _, _ = replay(d, hist, stream, context, steps, 0)
-        out.append(median(lat) * 1e3)
-    return out[0], out[1]
+        out[name] = median(lat) * 1e3
+    return out
 
 
-def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, repeats: int = 9,
-                   fill_cap: int = 1024, draft_steps: int = 400, mtp_note: str = "", mtp_head=None) -> SpecCalibration:
+def calibrate_draft_costs(model, tokenizer, *, context: int, prefill_batch: int = 512, repeats: int = 9,
+                          fill_cap: int = 1024, draft_steps: int = 400, mtp_note: str = "",
+                          mtp_head=None) -> DraftCalibration:
     """Pass 4 on a loaded model (see the module docstring)."""
     state = model.new_state(context + MAX_T + 1)
     ctx = max(1, min(context, state.n_ctx - MAX_T - 1))
@@ -194,22 +200,26 @@ def calibrate_spec(model, tokenizer, *, context: int, prefill_batch: int = 512, 
                 e_ms[T].append(e * 1e3)
                 if T == MAX_T:
                     commit_ms.append((t1 - tc) * 1e3)
-    lookup_ms, retrieval_ms = drafter_latency_ms(toks, ctx, draft_steps)
+    draft_ms = {name: round(ms, 5) for name, ms in drafter_latency_ms(toks, ctx, draft_steps).items()}
+    catchup_ms = {}
+    if mtp is not None:
+        for name, cls in DRAFTERS.items():
+            if cls.needs_head:
+                draft_ms[name] = round(mtp[0], 4)
+                if cls.follows_rows:
+                    catchup_ms[name] = round(mtp[1], 4)
     verify = tuple(round(median(v_ms[T]), 4) for T in range(1, MAX_T + 1))
     experts = tuple(round(median(e_ms[T]), 4) for T in range(1, MAX_T + 1)) if moe else None
     if experts is not None and not any(experts):  # this model's MoE does not go through kernels/cpu/moe
         experts = None
     u = tuple(round(statistics.fmean(distinct[T]), 4) for T in range(1, MAX_T + 1)) if moe else None
-    return SpecCalibration(
+    return DraftCalibration(
         context=ctx, filled_tokens=fill, repeats=repeats, verify_window_ms=verify,
         verify_cpu_expert_ms=experts,
         distinct_experts=u, distinct_expert_ratio=tuple(round(x / u[0], 4) for x in u) if moe else None,
-        lookup_draft_ms=round(lookup_ms, 5), retrieval_draft_ms=round(retrieval_ms, 5),
-        kv_commit_ms=round(median(commit_ms), 5),
+        draft_ms=draft_ms, kv_commit_ms=round(median(commit_ms), 5),
         noise_cv=round(median([_cv(v_ms[T]) for T in range(1, MAX_T + 1)]), 4),
-        prefill_tok_s=round(prefill_tok_s, 2), mtp_note=mtp_note,
-        mtp_draft_step_ms=None if mtp is None else round(mtp[0], 4),
-        mtp_kv_catchup_ms=None if mtp is None else round(mtp[1], 4),
+        prefill_tok_s=round(prefill_tok_s, 2), catchup_ms=catchup_ms, mtp_note=mtp_note,
     )
 
 
