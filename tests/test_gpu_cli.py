@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from guild.cli import app
-from guild.engine.cuda import GpuSplit, HostBackend, default_placement, gpu_sizes, place, spill_report
 from guild.engine.device import Device
+from guild.engine.gpu import GpuSplit, HostBackend, default_placement, gpu_sizes, place, spill_report
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
@@ -92,6 +92,6 @@ def test_a_gtx_1070_budget_and_a_tiny_budget_force_a_split(tmp_path):
     toks = [5, 77, 12, 200, 31, 9]
     assert (m.forward(toks, a) == eng.forward(toks, b)).all()
     with pytest.raises(Exception, match="nothing fits"):
-        from guild.engine.cuda import build
+        from guild.engine.gpu import build
 
         build(m, Device("cuda", "Tiny GPU", 61, 2**20, 2**20), 256)

@@ -9,7 +9,8 @@ import types
 import numpy as np
 import pytest
 
-from guild.engine.cuda import (
+from guild.engine.device import Device, DeviceUnavailableError, probe_cuda, resolve_device
+from guild.engine.gpu import (
     DeviceKVCache,
     GpuPathError,
     GpuSplit,
@@ -20,7 +21,6 @@ from guild.engine.cuda import (
     place,
     placement_from_plan,
 )
-from guild.engine.device import Device, DeviceUnavailableError, probe_cuda, resolve_device
 from guild.engine.session import GuildSession
 from guild.errors import BadFlagError, ContextOverflowError
 from guild.models import load_model
@@ -259,8 +259,8 @@ def test_probe_here_is_consistent():
 def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
     """load.place end to end with a fake CUDA device: the default placement from the free VRAM, the
     engine swapped in, the device said in words; auto falls back when the architecture has no GPU path."""
-    import guild.engine.cuda as ec
     import guild.engine.device as d
+    import guild.engine.gpu as eg
     from guild.load import LoadedModel as Loaded
     from guild.load import place as use_device
 
@@ -269,7 +269,7 @@ def test_use_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
     m = load_model(str(path))
     gpu = Device("cuda", "Fake GPU", 61, 2**31, 2**31)
     monkeypatch.setattr(d, "probe_cuda", lambda index=0: (gpu, ""))
-    monkeypatch.setattr(ec, "CudaBackend", lambda index=0: HostBackend.fake_device())
+    monkeypatch.setattr(eg, "CudaBackend", lambda index=0: HostBackend.fake_device())
     lm = Loaded(str(path), m.gguf, m, None, 0.0)
     use_device(lm, "auto", 64)
     assert type(lm.model) is type(m) and lm.model.placement == GpuSplit(2, True, True)

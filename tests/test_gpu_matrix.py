@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from guild.engine.backends import DeviceRows
-from guild.engine.cuda import GpuSplit, HostBackend, place
+from guild.engine.gpu import GpuSplit, HostBackend, place
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.models import load_model

@@ -5,7 +5,7 @@ signatures, allocation and staged transfers, plus the Layout that says which bac
 arrays are the caller's, its weights the CPU model's packed matrices), and `HostBackend.fake_device()` is a
 stand-in GPU for CPU tests whose transfers copy and are counted, so the same orchestration must give bitwise
 the CPU model's logits. `CudaBackend` runs the kernels of kernels/cuda/ on CuPy arrays (one non-blocking stream,
-pinned staging buffers). A model placed by guild.engine.cuda is the same model object with a device Layout and
+pinned staging buffers). A model placed by guild.engine.gpu is the same model object with a device Layout and
 device twins of the layers placed there; its forward is the CPU model's, line for line.
 """
 
@@ -355,7 +355,7 @@ class _Staging:
 class Layout:
     """Where a model's parts run: a backend per layer, for the embedding lookup and for the output head (the
     final norm and LM head), rope tables per backend, and the staging buffers of the transfers between them.
-    A CPU model's layout is HOST everywhere (`Layout.host`) and moves nothing; guild.engine.cuda builds a
+    A CPU model's layout is HOST everywhere (`Layout.host`) and moves nothing; guild.engine.gpu builds a
     device layout from a placement. Transfers happen only here: the window's indices (one H2D per device),
     the residual rows at a placement boundary, the MoE rows to the CPU experts and back, the logits, and the
     final hidden rows when a consumer reads them (DeviceRows)."""

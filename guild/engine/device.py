@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
 from ..machine import FAKE_GPU_NAME, fake_gpu_mib
 from ..options import DEVICES
-from . import cuda
+from . import gpu
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,8 @@ def place_model(model, spec: str | None, context: int, placement=None) -> tuple[
     if not dev.is_cuda:
         return model, dev, dev.note
     try:
-        split = cuda.placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
-        return cuda.build(model, dev, context, split), dev, ""
+        split = gpu.placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
+        return gpu.build(model, dev, context, split), dev, ""
     except GuildError as e:
         if (spec or "auto").strip().lower() == "cuda":
             raise

@@ -40,7 +40,7 @@ class Linear:
 
     def __init__(self, tensors):
         self.n_out, self.n_in, self.parts = fuse(tensors, pack)
-        self.tensors = tuple(tensors)  # the GGUF tensors, for a device twin (guild.engine.cuda)
+        self.tensors = tuple(tensors)  # the GGUF tensors, for a device twin (guild.engine.gpu)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((x.shape[0], self.n_out), np.float32)
@@ -172,7 +172,7 @@ class Llama:
 
     @property
     def layout(self) -> Layout:
-        """Where each part runs: the CPU everywhere unless guild.engine.cuda placed this model."""
+        """Where each part runs: the CPU everywhere unless guild.engine.gpu placed this model."""
         lay = self.__dict__.get("_layout")
         if lay is None:
             lay = self._layout = Layout.host(self.args.n_layers, self.cos, self.sin)
