@@ -53,7 +53,7 @@ def gpu(request, tmp_path_factory):
             pytest.skip(f"no usable CUDA GPU: {WHY}")
         import cupy
 
-        from guild.engine.gpu import CudaBackend
+        from guild.engine.backends import CudaBackend
         from guild.kernels.cuda import ops
 
         yield types.SimpleNamespace(cp=cupy, g=ops, h=cupy.asnumpy, backend=lambda: CudaBackend(DEV.index), emu=False)
@@ -240,7 +240,8 @@ def test_attention_rows_invariant(gpu):
 
 # -- the engine -------------------------------------------------------------------------------------------
 def _engine(gpu, model):
-    from guild.engine.gpu import GpuSplit, place
+    from guild.engine.gpu import place
+    from guild.engine.placement import GpuSplit
 
     return place(model, gpu.backend(), GpuSplit(model.args.n_layers))
 
