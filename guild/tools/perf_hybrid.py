@@ -25,6 +25,7 @@ import numpy as np
 
 from ..engine import state as state_mod
 from ..engine.session import GuildSession
+from ..engine.timing import time_windows
 from ..kernels.cpu import deltanet as gdn
 from ..models import load_model
 from ..spec.lookup import SuffixDrafter
@@ -41,29 +42,6 @@ def _median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-class _Timer:
-    """Wraps a module-level function and sums the seconds spent in it."""
-
-    def __init__(self, module, name: str):
-        self.module, self.name, self.fn, self.s = module, name, getattr(module, name), 0.0
-
-    def __enter__(self):
-        fn = self.fn
-
-        def timed(*a, **kw):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.s += time.perf_counter() - t
-
-        setattr(self.module, self.name, timed)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.fn)
-
-
 def build(dirpath: Path, qtype: str, copy_bias: float = 0.0) -> str:
 
     name = f"bench-{qtype}{'-copy' if copy_bias else ''}.gguf"
@@ -78,19 +56,11 @@ def window_costs(model, reps: int, rng) -> dict:
     st = model.new_state(BENCH_MODEL["context"])  # the default rollback (snapshot)
     model.forward(rng.integers(0, vocab, 32), st)
     st.commit(32)
-    for T in range(1, 9):
-        ts, rs = [], []
-        for _ in range(reps + 2):
-            toks = rng.integers(0, vocab, T)
-            with _Timer(gdn, "gdn_recurrence") as rec:
-                t = time.perf_counter()
-                model.forward(toks, st)
-                st.commit(T)
-                ts.append(time.perf_counter() - t)
-            rs.append(rec.s)
-            if st.pos > BENCH_MODEL["context"] - 16:
-                st = model.new_state(BENCH_MODEL["context"])
-        v, r = _median(ts[2:]) * 1e3, _median(rs[2:]) * 1e3
+    Ts = range(1, 9)
+    times = time_windows(model, st, lambda r, T: rng.integers(0, vocab, T), Ts, reps, warmup=2,
+                         keep=lambda T: T, clock=True)
+    for T in Ts:
+        v, r = _median(times.window_ms(T)), _median(times.kernel("gdn_recurrence", T))
         out["V_ms"][T], out["recurrence_ms"][T] = round(v, 3), round(r, 3)
         out["recurrence_share"][T] = round(r / v, 4)
 
@@ -104,18 +74,15 @@ def window_costs(model, reps: int, rng) -> dict:
                 st = model.new_state(256, rollback=mode)
                 model.forward(rng.integers(0, vocab, 16), st)
                 st.commit(16)
-                with _Timer(gdn, "gdn_recurrence") as rec:
-                    t = time.perf_counter()
-                    model.forward(rng.integers(0, vocab, T), st)
-                    fwd.append(time.perf_counter() - t)
-                rec_t.append(rec.s)
-                t = time.perf_counter()
-                st.commit(keep)
-                commit[keep].append(time.perf_counter() - t)
+                w = time_windows(model, st, lambda r, T: rng.integers(0, vocab, T), [T], 1,
+                                 keep=lambda T, keep=keep: keep, clock=True)
+                fwd += w.forward_ms[T]
+                rec_t += w.kernel("gdn_recurrence", T)
+                commit[keep] += w.commit_ms[T]
         ov[mode] = {
-            "forward_ms": round(_median(fwd) * 1e3, 3),
-            "recurrence_ms": round(_median(rec_t) * 1e3, 3),
-            "commit_ms": {k: round(_median(v) * 1e3, 4) for k, v in commit.items()},
+            "forward_ms": round(_median(fwd), 3),
+            "recurrence_ms": round(_median(rec_t), 3),
+            "commit_ms": {k: round(_median(v), 4) for k, v in commit.items()},
         }
     v5 = out["V_ms"][T]
     rep, snap = ov["replay"], ov["snapshot"]
@@ -238,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--edit-every", type=int, default=12, help="copy workload: every n-th token of the copy edited")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
+    if 32 + (a.reps + 2) * 36 > BENCH_MODEL["context"]:  # the V(T) windows all advance one state
+        ap.error(f"--reps {a.reps}: at most {(BENCH_MODEL['context'] - 32) // 36 - 2}")
 
 
 
