@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 
 from ..errors import GuildError
 from ..plan import GpuInfo, Placement, PlacementGroup, group_of
-from ..window import MAX_WINDOW
 
 VRAM_SHARE = 0.90
 VRAM_RESERVE = 256 * 2**20
-STATE_BYTES = 4  # the KV cache and recurrent state are float32 (guild.engine.state)
 
 # the plan's groups, in the order it lists them; the per-layer ones are what a layer unit holds
 _ORDER = ("attention", "recurrent", "kv_cache", "norms", "router", "dense_ffn", "shared_experts", "mtp", "output",
@@ -100,21 +98,10 @@ class Parts:
 
     @classmethod
     def of_model(cls, model, n_ctx: int) -> Parts:
-        """A loaded model's parts with its state at a context of n_ctx tokens: a KV cache per attention layer, a
-        snapshot pool of 1 + MAX_WINDOW states and the conv history per Gated-DeltaNet layer."""
-        a = model.args
-        n_ctx = min(n_ctx, a.context_length)  # what new_state allocates
-        kv = 2 * a.n_kv_heads * a.head_dim * n_ctx * STATE_BYTES
-        d = getattr(model, "d", None)
-        state = {}
-        for i in range(a.n_layers):
-            if d is not None and d.recurrent[i]:
-                state[i] = ((1 + MAX_WINDOW) * d.v_heads * d.head_dim * d.head_dim
-                            + (d.conv_kernel - 1) * d.conv_dim) * STATE_BYTES
-            else:
-                state[i] = kv
+        """A loaded model's parts with its state at a context of n_ctx tokens (as its architecture declares it:
+        Architecture.state_bytes)."""
         tensors = [(t.name, int(t.data.nbytes)) for t in model.gguf.tensors.values()]
-        return cls.from_table(tensors, state, a.n_layers)
+        return cls.from_table(tensors, dict(enumerate(model.state_bytes(n_ctx))), model.args.n_layers)
 
     def bytes(self, grp: str, lay: int) -> int:
         return self.table.get((grp, lay), (0, 0))[0]

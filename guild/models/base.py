@@ -116,7 +116,7 @@ class Architecture(ABC):
     """The declarations the rest of guild reads off an architecture class (guild/models/__init__.py REGISTRY):
     whether guild.engine.gpu can place it (`GPU`: kernels/cuda has every op its forward calls), the arguments
     and per-layer tensor rules the validator checks a file against (models/validate.py), and what one block
-    holds, for the GPU placement to make its device twin."""
+    holds and what its state costs, for the GPU placement and the device twins."""
 
     GPU = False
     returns_hidden = True  # forwards return the final residual rows (ForwardResult.hidden)
@@ -133,6 +133,11 @@ class Architecture(ABC):
     @abstractmethod
     def layer_rules(cls, g: GGUFFile, prefix: str, args: ModelArgs, extra, layer: int | None) -> list:
         """models/validate.py rules for block `layer` (None: an MTP head's block) under prefix."""
+
+    @abstractmethod
+    def state_bytes(self, n_ctx: int) -> list[int]:
+        """Bytes of each layer's state in a session of n_ctx tokens, as new_state allocates it (what the
+        placement, guild/engine/placement.py, puts on a GPU with the layer)."""
 
     @abstractmethod
     def blocks(self) -> list:

@@ -19,6 +19,7 @@ from ..errors import GuildError, MetadataError
 from ..gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import pack
 from ..kernels.ref import rope_tables
+from ..window import MAX_WINDOW
 from .base import Architecture, ForwardResult, ModelArgs
 from .llama import Linear, Window, _expert, output_logits
 from .validate import hybrid_layer_rules
@@ -209,6 +210,14 @@ class HybridMoe(Architecture):
     def layer_rules(cls, g: GGUFFile, prefix: str, args: ModelArgs, extra, layer: int | None) -> list:
         recurrent = layer is not None and extra.recurrent[layer]  # an MTP block is full attention
         return hybrid_layer_rules(g, prefix, recurrent, cls.BA_FUSED)
+
+    def state_bytes(self, n_ctx: int) -> list[int]:
+        """float32: a KV cache per attention layer; per DeltaNet layer a snapshot pool of 1 + MAX_WINDOW
+        states and the conv history."""
+        a, d = self.args, self.d
+        kv = 2 * a.n_kv_heads * a.head_dim * min(n_ctx, a.context_length) * 4
+        rec = ((1 + MAX_WINDOW) * d.v_heads * d.head_dim * d.head_dim + (d.conv_kernel - 1) * d.conv_dim) * 4
+        return [rec if r else kv for r in d.recurrent]
 
     def blocks(self) -> list:
         return list(zip(self.norms, self.mixers, self.ffns, strict=True))

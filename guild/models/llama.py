@@ -117,6 +117,10 @@ class Llama(Architecture):
     def layer_rules(cls, g: GGUFFile, prefix: str, args: ModelArgs, extra, layer: int | None) -> list:
         return llama_layer_rules(g, prefix, args)
 
+    def state_bytes(self, n_ctx: int) -> list[int]:
+        a = self.args
+        return [2 * a.n_kv_heads * a.head_dim * min(n_ctx, a.context_length) * 4] * a.n_layers  # float32 K, V
+
     def blocks(self) -> list:
         return self.layers
 
