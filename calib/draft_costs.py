@@ -5,7 +5,8 @@
   those rows (attention costs the same whatever the keys hold), so a 32k-token target costs seconds, not
   minutes. Window tokens are real consecutive text, so the routing is real. States other than a plain KV
   cache (hybrid recurrent models) are measured at the filled length; `context` records what was measured.
-- the CPU-expert share of V(T): the time inside the MoE FFN kernel (kernels/cpu/moe.moe_ffn) in those windows.
+- the CPU-expert share of V(T): the time inside the routed experts (kernels/cpu/moe) in those windows, from the
+  host's KernelClock (guild.engine.timing times the windows).
 - U(T)/U(1): the union of routed experts per layer over the window's T rows (ForwardResult.distinct_experts), mean.
 - propose latency of every registered drafter that needs no MTP head (lookup, retrieval): replayed over
   `context` tokens of history as a session calls it.
@@ -20,18 +21,16 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import textwrap
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from ..engine.sampling import GREEDY
 from ..engine.state import DeviceKVCache, KVCache
+from ..engine.timing import time_windows
 from ..engine.verify import Verifier
-from ..kernels.cpu import moe
 from ..plans.plan import MAX_T, DraftCalibration
 from ..speculative.build import make_drafter
 from ..speculative.registry import DRAFTERS
@@ -56,38 +55,6 @@ def calibration_tokens(tokenizer, n: int) -> list[int]:
     while len(toks) < n:
         toks += base
     return toks
-
-
-@contextmanager
-def timed_experts(acc: list[float]):
-    """Add the seconds spent in the CPU expert kernels (kernels/cpu/moe: moe_ffn, or experts_ffn for rows
-    routed elsewhere) to acc[0] while active, wherever a guild module outside the kernels imported them."""
-    def wrap(orig):
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return orig(*a, **kw)
-            finally:
-                acc[0] += time.perf_counter() - t0
-
-        return timed
-
-    patched = []
-    for fname in ("moe_ffn", "experts_ffn"):
-        orig = getattr(moe, fname, None)
-        if orig is None:
-            continue
-        timed = wrap(orig)
-        for name, m in list(sys.modules.items()):
-            if (m is not None and name.startswith("guild.") and not name.startswith("guild.kernels")
-                    and getattr(m, fname, None) is orig):
-                setattr(m, fname, timed)
-                patched.append((m, fname, orig))
-    try:
-        yield
-    finally:
-        for m, fname, orig in patched:
-            setattr(m, fname, orig)
 
 
 def _fill_copies(state: KVCache | DeviceKVCache, filled: int, target: int) -> None:
@@ -173,33 +140,21 @@ def calibrate_draft_costs(model, tokenizer, *, context: int, prefill_batch: int 
     history = (toks * (ctx // len(toks) + 1))[:ctx]  # what the accept rule copies per window, as in a session
     verifier = Verifier(GREEDY)
     moe = model.args.is_moe
-    v_ms = {T: [] for T in range(1, MAX_T + 1)}
-    e_ms = {T: [] for T in range(1, MAX_T + 1)}
-    distinct = {T: [] for T in range(1, MAX_T + 1)}
-    commit_ms = []
-    acc = [0.0]
     pos0 = state.pos
-    with timed_experts(acc):
-        for r in range(repeats):
-            order = list(range(1, MAX_T + 1))
-            order = order[r % MAX_T:] + order[: r % MAX_T]  # rotate, so no T always runs first
-            for T in order:
-                o = fill + (r * MAX_T + T) * 2  # real consecutive text after the fill, a new place each time
-                window = toks[o : o + T]
-                acc[0] = 0.0
-                t0 = time.perf_counter()
-                out = model.forward_batch([(window, state)])[0]
-                e = acc[0]
-                verifier.verify(out.logits, window, history, pos0, T)
-                if moe:
-                    distinct[T].append(float(np.mean(out.distinct_experts)))
-                tc = time.perf_counter()
-                state.commit(0)
-                t1 = time.perf_counter()
-                v_ms[T].append((t1 - t0) * 1e3)
-                e_ms[T].append(e * 1e3)
-                if T == MAX_T:
-                    commit_ms.append((t1 - tc) * 1e3)
+    Ts = range(1, MAX_T + 1)
+
+    def window(r: int, T: int) -> list[int]:
+        o = fill + (r * MAX_T + T) * 2  # real consecutive text after the fill, a new place each time
+        return toks[o : o + T]
+
+    def accept(out, window, T):  # the verifier's accept rule, inside each window's time as in a session
+        verifier.verify(out.logits, window, history, pos0, T)
+
+    times = time_windows(model, state, window, Ts, repeats, rotate=True, after=accept, clock=True)
+    v_ms = {T: times.window_ms(T) for T in Ts}
+    e_ms = {T: times.kernel("experts", T) for T in Ts}
+    distinct = times.distinct
+    commit_ms = times.commit_ms[MAX_T]
     draft_ms = {name: round(ms, 5) for name, ms in drafter_latency_ms(toks, ctx, draft_steps).items()}
     catchup_ms = {}
     if mtp is not None:

@@ -15,13 +15,13 @@ from rich.markup import escape
 
 from .. import __version__
 from ..engine.device import place_model
+from ..engine.placement import placement_for
 from ..errors import BadFlagError, PlanMismatchError
 from ..models.mtp import find_mtp_head
 from ..plans.plan import MODES, Header, ModelIdentity, Plan, load_plan, read_plan, write_plan
 from ..speculative.registry import DRAFTERS
 from .cpu import tune_cpu
 from .draft_costs import calibrate_draft_costs
-from .placement import placement_for
 from .probe import hardware_identity, memory_bandwidth_gbs
 
 err = Console(stderr=True, highlight=False)
@@ -116,7 +116,7 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
         return hardware_identity(), memory_bandwidth_gbs(k.bandwidth_mib)
 
     hw, bw = p.run(1, "probe", probe, _probe_summary)
-    placement = p.run(2, "placement", lambda: placement_for(g, hw.gpu, context), lambda pl: (
+    placement = p.run(2, "placement", lambda: placement_for(lm.model, hw.gpu, context), lambda pl: (
         f"{size(pl.gpu_bytes)} on the GPU, {size(pl.cpu_bytes)} on the CPU · {pl.note}"))
     cpu = p.run(3, "CPU kernels", lambda: tune_cpu(lm.model, repeats=k.cpu_repeats, per_type=k.per_type,
                                                    bandwidth_gbs=bw), lambda c: (

@@ -11,6 +11,7 @@ import numba
 
 from .calib.optimize import plan_for
 from .engine.device import place_model, resolve_device
+from .engine.gpu import describe as describe_placement
 from .engine.session import GuildSession
 from .errors import BadFlagError
 from .formats.gguf import GGUFFile
@@ -92,7 +93,7 @@ def move_to_device(lm: LoadedModel, device: str | None, context: int, placement=
     t0 = time.perf_counter()
     lm.model, dev, lm.device_reason = place_model(lm.model, device, context, placement)
     lm.load_s += time.perf_counter() - t0
-    lm.device = f"{dev.describe()} · {lm.model.describe()}" if dev.is_cuda else "cpu"
+    lm.device = f"{dev.describe()} · {describe_placement(lm.model)}" if dev.is_cuda else "cpu"
 
 
 def load(model: str | None, plan: str | Path | None = None, threads: int | None = None, device: str | None = "cpu",

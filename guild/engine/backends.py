@@ -5,13 +5,15 @@ signatures, allocation and staged transfers, plus the Layout that says which bac
 arrays are the caller's, its weights the CPU model's packed matrices), and `HostBackend.fake_device()` is a
 stand-in GPU for CPU tests whose transfers copy and are counted, so the same orchestration must give bitwise
 the CPU model's logits. `CudaBackend` runs the kernels of kernels/cuda/ on CuPy arrays (one non-blocking stream,
-pinned staging buffers). A model placed by guild.engine.cuda is the same model object with a device Layout and
+pinned staging buffers). A model placed by guild.engine.gpu is the same model object with a device Layout and
 device twins of the layers placed there; its forward is the CPU model's, line for line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -29,9 +31,123 @@ def _align(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+class KernelClock:
+    """Seconds the host spends in its costliest kernels, by name: "experts" (the routed experts,
+    kernels/cpu/moe) and "gdn_recurrence". Counted while attached to the host (`HOST.clock`, by
+    guild.engine.timing); HOST.clock is None otherwise and nothing is timed."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.seconds.clear()
+
+    def ms(self) -> dict[str, float]:
+        return {k: v * 1e3 for k, v in self.seconds.items()}
+
+    @contextlib.contextmanager
+    def span(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+_UNTIMED = contextlib.nullcontext()  # reusable: it holds no state
+
+
+def _span(clock: KernelClock | None, name: str):
+    return _UNTIMED if clock is None else clock.span(name)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What an architecture's forward and the Layout call on a backend: allocation, staged transfers and the
+    kernels, with the CPU kernels' signatures. HostBackend and CudaBackend implement exactly these
+    (tests/test_gpu_host.py checks both against this list); arrays are NumPy on the host, CuPy on a GPU."""
+
+    name: str  # the key of a layout's rope tables and window metadata
+    device: bool  # False: the host itself, whose arrays are the caller's
+    h2d: int
+    d2h: int
+    h2d_bytes: int
+    d2h_bytes: int
+
+    def activate(self): ...
+
+    def counters(self) -> tuple[int, int, int, int]: ...
+
+    # arrays
+    def empty(self, shape, dtype=np.float32): ...
+
+    def zeros(self, shape, dtype=np.float32): ...
+
+    def upload(self, a: np.ndarray): ...
+
+    def contiguous(self, a): ...
+
+    def concat(self, arrays): ...
+
+    def linear(self, cpu_weights, tensors, name: str): ...
+
+    def view(self, buf, offset: int, shape, dtype): ...
+
+    def bytes_of(self, a): ...
+
+    def take_rows(self, x, rows_host: np.ndarray, rows_dev): ...
+
+    # transfers
+    def pinned(self, nbytes: int) -> np.ndarray: ...
+
+    def to_host(self, src, dst: np.ndarray) -> None: ...
+
+    def to_device(self, src: np.ndarray, dst) -> None: ...
+
+    def wait(self) -> None: ...
+
+    # kernels
+    def matmul(self, w, x, out, accumulate: bool = False) -> None: ...
+
+    def dequantize_rows(self, w, rows, out) -> None: ...
+
+    def rmsnorm(self, x, w, eps, out) -> None: ...
+
+    def rmsnorm_heads(self, x, w, eps) -> None: ...
+
+    def rope(self, x, positions, cos, sin, n_rot, neox) -> None: ...
+
+    def attention(self, q, kt, vc, pos0, scale, out, scores=None) -> None: ...
+
+    def swiglu(self, gu, out) -> None: ...
+
+    def softmax_topk(self, logits, k, renorm, ids, weights) -> None: ...
+
+    def add(self, x, y) -> None: ...
+
+    def kv_write(self, kt, vc, k, v, pos0) -> None: ...
+
+    def split_qkv(self, qkv, H, Hkv, hd): ...
+
+    # Gated DeltaNet
+    def gdn_gates(self, alpha, b, dt_bias, a, g, beta) -> None: ...
+
+    def conv1d_silu(self, x, hist, wt, out) -> None: ...
+
+    def l2norm_heads(self, x, eps) -> None: ...
+
+    def gdn_recurrence(self, q, k, v, g, beta, kmap, scale, pool, src, dst, out) -> None: ...
+
+    def gated_rmsnorm(self, x, z, w, eps, out) -> None: ...
+
+    def sigmoid_mul(self, x, gate, out) -> None: ...
+
+
 class HostBackend:
     """NumPy arrays and the CPU kernels. `device=False`: the host itself (arrays are shared with the caller);
     `device=True` (`fake_device()`): a stand-in GPU whose transfers copy and are counted, for CPU tests."""
+
+    clock: KernelClock | None = None  # set only while guild.engine.timing measures a window
 
     def __init__(self, name: str = "cpu", device: bool = False):
         self.name, self.device = name, device
@@ -165,7 +281,8 @@ class HostBackend:
         cpu_gdn.l2norm_heads(x, eps)
 
     def gdn_recurrence(self, q, k, v, g, beta, kmap, scale, pool, src, dst, out) -> None:
-        cpu_gdn.gdn_recurrence(q, k, v, g, beta, kmap, scale, pool, src, dst, out)
+        with _span(self.clock, "gdn_recurrence"):
+            cpu_gdn.gdn_recurrence(q, k, v, g, beta, kmap, scale, pool, src, dst, out)
 
     def gated_rmsnorm(self, x, z, w, eps, out) -> None:
         cpu_gdn.gated_rmsnorm(x, z, w, eps, out)
@@ -266,14 +383,14 @@ class CudaBackend:
     def wait(self) -> None:
         self.stream.synchronize()
 
-    def matmul(self, w: DeviceLinear, x, out, accumulate: bool = False) -> None:
+    def matmul(self, w, x, out, accumulate: bool = False) -> None:
         parts = w.parts if isinstance(w, DeviceLinear) else [w]
         off = 0
         for p in parts:
             self.k.matmul(p, x, out if len(parts) == 1 else out[:, off : off + p.n_rows], accumulate)
             off += p.n_rows
 
-    def dequantize_rows(self, w: DeviceLinear, rows, out) -> None:
+    def dequantize_rows(self, w, rows, out) -> None:
         self.k.dequantize_rows(w.parts[0] if isinstance(w, DeviceLinear) else w, rows, out)
 
     def rmsnorm(self, x, w, eps, out) -> None:
@@ -355,7 +472,7 @@ class _Staging:
 class Layout:
     """Where a model's parts run: a backend per layer, for the embedding lookup and for the output head (the
     final norm and LM head), rope tables per backend, and the staging buffers of the transfers between them.
-    A CPU model's layout is HOST everywhere (`Layout.host`) and moves nothing; guild.engine.cuda builds a
+    A CPU model's layout is HOST everywhere (`Layout.host`) and moves nothing; guild.engine.gpu builds a
     device layout from a placement. Transfers happen only here: the window's indices (one H2D per device),
     the residual rows at a placement boundary, the MoE rows to the CPU experts and back, the logits, and the
     final hidden rows when a consumer reads them (DeviceRows)."""
@@ -452,7 +569,8 @@ class Layout:
         R, D = h.shape
         if not be.device:
             out = np.empty((R, D), np.float32)
-            return out, moe_ffn(h, router, experts_gu, experts_down, k, renorm, out)
+            with _span(HOST.clock, "experts"):
+                return out, moe_ffn(h, router, experts_gu, experts_down, k, renorm, out)
         o_w = _align(R * k * 8)
         o_h = o_w + _align(R * k * 4)
         nbytes = o_h + R * D * 4
@@ -469,7 +587,8 @@ class Layout:
         ii = host[: R * k * 8].view(np.int64).reshape(R, k)
         fdev, fhost = self.stage("ffn").get(be, R * D * 4)
         out = fhost[: R * D * 4].view(np.float32).reshape(R, D)
-        n = experts_ffn(hh, ii, ww, experts_gu, experts_down, out)
+        with _span(HOST.clock, "experts"):
+            n = experts_ffn(hh, ii, ww, experts_gu, experts_down, out)
         be.to_device(fhost[: R * D * 4], fdev[: R * D * 4])
         return fdev[: R * D * 4].view(np.float32).reshape(R, D), n
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from ..cli.options import DEVICES
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
 from ..plans.machine import FAKE_GPU_NAME, fake_gpu_mib
-from . import cuda
+from .gpu import build
+from .placement import placement_from_plan
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,8 @@ def place_model(model, spec: str | None, context: int, placement=None) -> tuple[
     if not dev.is_cuda:
         return model, dev, dev.note
     try:
-        split = cuda.placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
-        return cuda.build(model, dev, context, split), dev, ""
+        split = placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
+        return build(model, dev, context, split), dev, ""
     except GuildError as e:
         if (spec or "auto").strip().lower() == "cuda":
             raise

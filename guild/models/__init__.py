@@ -13,7 +13,8 @@ from .qwen35moe import Qwen35Moe
 from .validate import validate_file
 
 REGISTRY = {"llama": Llama, "qwen3": Qwen3, "qwen3moe": Qwen3Moe, "qwen3next": Qwen3Next, "qwen35moe": Qwen35Moe}
-__all__ = ["REGISTRY", "ForwardResult", "ModelArgs", "load_model"]
+GPU_ARCHS = tuple(name for name, cls in REGISTRY.items() if cls.GPU)  # what guild.engine.gpu can place
+__all__ = ["GPU_ARCHS", "REGISTRY", "ForwardResult", "ModelArgs", "load_model"]
 
 
 def load_model(path_or_file, **overrides):

@@ -1,12 +1,15 @@
-"""What every architecture shares: its hyperparameters (ModelArgs, from GGUF metadata) and what a forward
-returns (ForwardResult)."""
+"""What every architecture shares: its hyperparameters (ModelArgs, from GGUF metadata), what a forward
+returns (ForwardResult), and what an architecture class declares for the loader, the validator and the GPU
+placement (Architecture)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.backends import Layout
 from ..errors import GuildError, UnsupportedArchitectureError
 from ..formats.gguf import GGUFFile
 
@@ -107,3 +110,53 @@ def check_finite(x: np.ndarray, where: str) -> None:
     if not np.isfinite(x).all():
         raise NumericsError(f"{where}: the model produced non-finite (NaN/inf) values; the weights overflow "
                             "in float32")
+
+
+class Architecture(ABC):
+    """The declarations the rest of guild reads off an architecture class (guild/models/__init__.py REGISTRY):
+    whether guild.engine.gpu can place it (`GPU`: kernels/cuda has every op its forward calls), the arguments
+    and per-layer tensor rules the validator checks a file against (models/validate.py), and what one block
+    holds and what its state costs, for the GPU placement and the device twins."""
+
+    GPU = False
+    returns_hidden = True  # forwards return the final residual rows (ForwardResult.hidden)
+    hosts_mtp_head = True  # an MTP head can run its block with this model's layers (mtp_block)
+    placement = None  # the GpuSplit guild.engine.gpu placed this model with; None on the CPU
+
+    @classmethod
+    @abstractmethod
+    def validation_args(cls, g: GGUFFile, overrides: dict) -> tuple[ModelArgs, object]:
+        """(ModelArgs, the architecture's extra arguments or None) as from_gguf will build them, loading
+        nothing."""
+
+    @classmethod
+    @abstractmethod
+    def layer_rules(cls, g: GGUFFile, prefix: str, args: ModelArgs, extra, layer: int | None) -> list:
+        """models/validate.py rules for block `layer` (None: an MTP head's block) under prefix."""
+
+    @abstractmethod
+    def state_bytes(self, n_ctx: int) -> list[int]:
+        """Bytes of each layer's state in a session of n_ctx tokens, as new_state allocates it (what the
+        placement, guild/engine/placement.py, puts on a GPU with the layer)."""
+
+    @abstractmethod
+    def blocks(self) -> list:
+        """The model's blocks in layer order, as `map_block` and `set_blocks` take them."""
+
+    @abstractmethod
+    def set_blocks(self, blocks: list) -> None:
+        """Replace the model's blocks (a placed copy's device twins)."""
+
+    @staticmethod
+    @abstractmethod
+    def map_block(blk, layer_object, vector):
+        """The block with each layer object (a class holding weights) passed through layer_object and each bare
+        float32 vector through vector: how guild.engine.gpu makes a block's device twin."""
+
+    @property
+    def layout(self) -> Layout:
+        """Where each part runs: the CPU everywhere unless guild.engine.gpu placed this model."""
+        lay = self.__dict__.get("_layout")
+        if lay is None:
+            lay = self._layout = Layout.host(self.args.n_layers, self.cos, self.sin)
+        return lay

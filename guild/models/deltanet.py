@@ -14,13 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.state import HybridState
+from ..engine.state import DeviceHybridState, HybridState
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import pack
 from ..kernels.ref import rope_tables
-from .base import ForwardResult, ModelArgs
-from .llama import Linear, Llama, Window, _expert, output_logits
+from ..window import MAX_WINDOW
+from .base import Architecture, ForwardResult, ModelArgs
+from .llama import Linear, Window, _expert, output_logits
+from .validate import hybrid_layer_rules
 
 
 @dataclass(frozen=True)
@@ -132,9 +134,10 @@ class MoeLayer:
         self.shexp_gate = Linear([Tensor(sg.name, sg.qtype, (1, args.dim), sg.data.reshape(1, -1))])
 
 
-class HybridMoe:
+class HybridMoe(Architecture):
     """Window forward of a hybrid DeltaNet/attention MoE; `V_TILED`, `BA_FUSED` set by the architecture."""
 
+    GPU = True
     V_TILED = False
     BA_FUSED = True
 
@@ -186,11 +189,55 @@ class HybridMoe:
         norms = (f32(g.tensor(p + "attn_norm.weight")), f32(g.tensor(p + "post_attention_norm.weight")))
         return norms, AttentionLayer(g, p), MoeLayer(g, p, self.args)
 
+    @classmethod
+    def validation_args(cls, g: GGUFFile, overrides: dict) -> tuple[ModelArgs, DeltaNetArgs]:
+        a = g.architecture
+        n_mtp = g.get(f"{a}.nextn_predict_layers", int, 0)
+        n_layers = g.get(f"{a}.block_count", int) - n_mtp
+        if n_mtp < 0 or not 0 < n_layers <= len(g.tensors):
+            raise MetadataError(f"{g.path}: {a}.block_count minus nextn_predict_layers ({n_layers}) must be "
+                                f"in 1..{len(g.tensors)}")
+        args = ModelArgs.from_gguf(g, **{"n_layers": n_layers, "qk_norm": True, **overrides})
+        if not args.is_moe:
+            raise MetadataError(f"{g.path}: {a} needs {a}.expert_count > 0")
+        d = DeltaNetArgs.from_gguf(g, args.n_layers, cls.V_TILED)
+        if len(d.recurrent) != args.n_layers:
+            raise MetadataError(f"{g.path}: {a}.attention.recurrent_layers has {len(d.recurrent)} entries "
+                                f"for {args.n_layers} layers")
+        return args, d
+
+    @classmethod
+    def layer_rules(cls, g: GGUFFile, prefix: str, args: ModelArgs, extra, layer: int | None) -> list:
+        recurrent = layer is not None and extra.recurrent[layer]  # an MTP block is full attention
+        return hybrid_layer_rules(g, prefix, recurrent, cls.BA_FUSED)
+
+    def state_bytes(self, n_ctx: int) -> list[int]:
+        """float32: a KV cache per attention layer; per DeltaNet layer a snapshot pool of 1 + MAX_WINDOW
+        states and the conv history."""
+        a, d = self.args, self.d
+        kv = 2 * a.n_kv_heads * a.head_dim * min(n_ctx, a.context_length) * 4
+        rec = ((1 + MAX_WINDOW) * d.v_heads * d.head_dim * d.head_dim + (d.conv_kernel - 1) * d.conv_dim) * 4
+        return [rec if r else kv for r in d.recurrent]
+
+    def blocks(self) -> list:
+        return list(zip(self.norms, self.mixers, self.ffns, strict=True))
+
+    def set_blocks(self, blocks: list) -> None:
+        self.norms, self.mixers, self.ffns = ([b[j] for b in blocks] for j in range(3))
+
+    @staticmethod
+    def map_block(blk, layer_object, vector):
+        (n_in, n_post), mixer, ffn = blk
+        return (vector(n_in), vector(n_post)), layer_object(mixer), layer_object(ffn)
+
     def new_state(self, n_ctx: int | None = None, rollback: str | None = None) -> HybridState:
         a, d = self.args, self.d
         n_ctx = min(n_ctx or a.context_length, a.context_length)
         rec = [i for i, r in enumerate(d.recurrent) if r]
         att = [i for i, r in enumerate(d.recurrent) if not r]
+        if self.placement is not None:  # each layer's state where guild.engine.gpu placed the layer
+            return DeviceHybridState(self.layout.layer_be, att, rec, a.n_kv_heads, a.head_dim, n_ctx, d.kmap,
+                                     d.head_dim, d.head_dim, d.conv_dim, d.conv_kernel, rollback or self.rollback)
         return HybridState(a.n_layers, att, rec, a.n_kv_heads, a.head_dim, n_ctx, d.kmap, d.head_dim, d.head_dim,
                            d.conv_dim, d.conv_kernel, rollback or self.rollback)
 
@@ -208,8 +255,6 @@ class HybridMoe:
             x = w.enter(li, x)
             self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, w.be(li).empty(x.shape), w)
         return output_logits(self, x, w, last_only)
-
-    layout = Llama.layout
 
     def block(self, li: int, blk, x, h, w: Window) -> None:
         """One block (norms, mixer, MoE) over the residual rows x in place, on the layer's backend; `li` is its

@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.backends import HOST, DeviceRows, Layout
-from ..engine.state import KVCache
+from ..engine.state import DeviceKVCache, KVCache
 from ..errors import UnsupportedQuantTypeError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import matmul, pack
 from ..kernels.ref import rope_tables
-from .base import ForwardResult, ModelArgs, check_finite
+from .base import Architecture, ForwardResult, ModelArgs, check_finite
+from .validate import llama_layer_rules
 
 
 def fuse(tensors, pack) -> tuple[int, int, list]:
@@ -40,7 +41,7 @@ class Linear:
 
     def __init__(self, tensors):
         self.n_out, self.n_in, self.parts = fuse(tensors, pack)
-        self.tensors = tuple(tensors)  # the GGUF tensors, for a device twin (guild.engine.cuda)
+        self.tensors = tuple(tensors)  # the GGUF tensors, for a device twin (guild.engine.gpu)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((x.shape[0], self.n_out), np.float32)
@@ -84,7 +85,8 @@ class Layer:
             self.down = Linear([g.tensor(p + "ffn_down.weight")])
 
 
-class Llama:
+class Llama(Architecture):
+    GPU = True
     ROPE_NEOX = False
     QK_NORM = False
     n_mtp = 0  # nextn (MTP) blocks the file appends after the trunk (hybrids read it from the metadata)
@@ -107,9 +109,33 @@ class Llama:
         overrides.setdefault("qk_norm", cls.QK_NORM)
         return cls(g, ModelArgs.from_gguf(g, **overrides))
 
-    def new_state(self, n_ctx: int | None = None) -> KVCache:
+    @classmethod
+    def validation_args(cls, g: GGUFFile, overrides: dict) -> tuple[ModelArgs, None]:
+        return ModelArgs.from_gguf(g, **{"qk_norm": cls.QK_NORM, **overrides}), None
+
+    @classmethod
+    def layer_rules(cls, g: GGUFFile, prefix: str, args: ModelArgs, extra, layer: int | None) -> list:
+        return llama_layer_rules(g, prefix, args)
+
+    def state_bytes(self, n_ctx: int) -> list[int]:
+        a = self.args
+        return [2 * a.n_kv_heads * a.head_dim * min(n_ctx, a.context_length) * 4] * a.n_layers  # float32 K, V
+
+    def blocks(self) -> list:
+        return self.layers
+
+    def set_blocks(self, blocks: list) -> None:
+        self.layers = list(blocks)
+
+    @staticmethod
+    def map_block(blk, layer_object, vector):
+        return layer_object(blk)
+
+    def new_state(self, n_ctx: int | None = None) -> KVCache | DeviceKVCache:
         a = self.args
         n_ctx = min(n_ctx or a.context_length, a.context_length)
+        if self.placement is not None:  # each layer's cache where guild.engine.gpu placed the layer
+            return DeviceKVCache(self.layout.layer_be, a.n_kv_heads, a.head_dim, n_ctx)
         return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx)
 
     def mtp_block(self, g: GGUFFile, bid: int) -> Layer:
@@ -167,14 +193,6 @@ class Llama:
             x = w.enter(li, x)
             self.block(li, L, x, w.be(li).empty(x.shape), w)
         return output_logits(self, x, w, last_only)
-
-    @property
-    def layout(self) -> Layout:
-        """Where each part runs: the CPU everywhere unless guild.engine.cuda placed this model."""
-        lay = self.__dict__.get("_layout")
-        if lay is None:
-            lay = self._layout = Layout.host(self.args.n_layers, self.cos, self.sin)
-        return lay
 
 
 class Window:

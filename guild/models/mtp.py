@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.backends import Layout, rows_on
+from ..engine.gpu import place_head
 from ..engine.state import DeviceKVCache, KVCache
 from ..errors import GuildError
 from ..formats.gguf import GGUFFile, f32
@@ -82,10 +83,8 @@ class MtpHead:
             self.vocab_ids = ids
         acc = g.get("guild.mtp.train.heldout_acceptance", float, None)
         self.info = MtpInfo(str(g.path), kind, ffn, acc, self.output.n_rows)
-        self.w = self  # the weights the forward reads: these, or their device twins where the base placed the head
-        place = getattr(base, "place_head", None)
-        if place is not None:
-            self.w = place(self, g, bid, p)
+        # the weights the forward reads: these, or their device twins where the base placed the head
+        self.w = place_head(base, self, g, bid, p)
 
     @property
     def be(self):

@@ -20,8 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from numba import njit
 
 from ..errors import GuildError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
-from .base import ModelArgs, NumericsError, check_finite  # noqa: F401  (re-exported)
-from .deltanet import DeltaNetArgs, HybridMoe
+from .base import NumericsError, check_finite  # noqa: F401  (re-exported)
 
 
 class ModelValidationError(GuildError):
@@ -185,7 +184,8 @@ def hybrid_layer_rules(g, prefix: str, recurrent: bool, ba_fused: bool) -> list:
 
 
 def check_model(g, cls, a, d=None) -> None:
-    """The whole file against its architecture (cls: the model class; d: DeltaNetArgs of a hybrid)."""
+    """The whole file against its architecture (cls: the model class, whose layer_rules name each block's
+    tensors; d: its extra arguments, e.g. a hybrid's DeltaNetArgs)."""
 
     check_args(g.path, a, len(g.tensors))
     env = symbols(a, d)
@@ -193,35 +193,16 @@ def check_model(g, cls, a, d=None) -> None:
     check_tensors(g, GLOBAL, "", env, free)
     for i in range(a.n_layers):
         p = f"blk.{i}."
-        if issubclass(cls, HybridMoe):
-            rules = hybrid_layer_rules(g, p, d.recurrent[i], cls.BA_FUSED)
-        else:
-            rules = llama_layer_rules(g, p, a)
-        check_tensors(g, rules, p, env, free)
+        check_tensors(g, cls.layer_rules(g, p, a, d, i), p, env, free)
     scan_finite(g)
 
 
 def validate_file(g, cls, overrides: dict) -> None:
-    """Build the arguments the way cls.from_gguf will (without loading anything), then check the file."""
+    """Build the arguments the way cls.from_gguf will (cls.validation_args: without loading anything), then
+    check the file."""
 
-    a = g.architecture
-    d = None
     try:
-        if issubclass(cls, HybridMoe):
-            n_mtp = g.get(f"{a}.nextn_predict_layers", int, 0)
-            n_layers = g.get(f"{a}.block_count", int) - n_mtp
-            if n_mtp < 0 or not 0 < n_layers <= len(g.tensors):
-                raise MetadataError(f"{g.path}: {a}.block_count minus nextn_predict_layers ({n_layers}) must be "
-                                    f"in 1..{len(g.tensors)}")
-            args = ModelArgs.from_gguf(g, **{"n_layers": n_layers, "qk_norm": True, **overrides})
-            if not args.is_moe:
-                raise MetadataError(f"{g.path}: {a} needs {a}.expert_count > 0")
-            d = DeltaNetArgs.from_gguf(g, args.n_layers, cls.V_TILED)
-            if len(d.recurrent) != args.n_layers:
-                raise MetadataError(f"{g.path}: {a}.attention.recurrent_layers has {len(d.recurrent)} entries "
-                                    f"for {args.n_layers} layers")
-        else:
-            args = ModelArgs.from_gguf(g, **{"qk_norm": cls.QK_NORM, **overrides})
+        args, d = cls.validation_args(g, overrides)
     except GuildError as e:
         if str(e).startswith(str(g.path)):
             raise
@@ -238,11 +219,7 @@ def check_mtp_head(g, base, bid: int) -> None:
     free: dict = {}
     p = f"blk.{bid}."
     check_tensors(g, MTP_HEAD, p, env, free)
-    if isinstance(base, HybridMoe):
-        rules = hybrid_layer_rules(g, p, False, type(base).BA_FUSED)
-    else:
-        rules = llama_layer_rules(g, p, a)
-    check_tensors(g, rules, p, env, free)
+    check_tensors(g, type(base).layer_rules(g, p, a, d, None), p, env, free)
     if g.has("mtp.draft_vocab"):
         t = g.tensors["mtp.draft_vocab"]
         if t.qtype != Q.I32 or len(t.shape) != 1:

@@ -21,6 +21,7 @@ from numba import njit, prange
 from ..calib.timing import median
 from ..engine.sampling import SamplingParams
 from ..engine.session import GuildSession
+from ..engine.timing import time_windows
 from ..engine.verify import Verifier
 from ..kernels.cpu import moe as moe_mod
 from ..kernels.cpu import ops as ops_mod
@@ -103,22 +104,16 @@ def window_costs(model, ids, repeats=7, max_T=8, text=None):
     s = GuildSession(model, n_ctx=len(ids) + max_T + 16)
     s.prefill(ids)
     rng = np.random.default_rng(0)
-    times = {T: [] for T in range(1, max_T + 1)}
-    d = {T: [] for T in times}
-    for r in range(repeats + 1):
-        for T in times:
-            if text is not None and len(text) > T:
-                j = (7 * r) % (len(text) - T)
-                win = np.asarray(text[j : j + T], np.int64)
-            else:
-                win = rng.integers(min(100, model.args.vocab_size // 2), min(20000, model.args.vocab_size), T)
-            t0 = time.perf_counter()
-            out = model.forward_batch([(win, s.state)])[0]
-            if r:
-                times[T].append((time.perf_counter() - t0) * 1e3)
-                d[T].append(out.distinct_experts.mean())
-            s.state.commit(0)
-    return {T: median(v) for T, v in times.items()}, {T: float(np.mean(v)) for T, v in d.items()}
+
+    def window(r: int, T: int):
+        if text is not None and len(text) > T:
+            j = (7 * r) % (len(text) - T)
+            return np.asarray(text[j : j + T], np.int64)
+        return rng.integers(min(100, model.args.vocab_size // 2), min(20000, model.args.vocab_size), T)
+
+    Ts = range(1, max_T + 1)
+    t = time_windows(model, s.state, window, Ts, repeats, warmup=1)
+    return {T: median(t.forward_ms[T]) for T in Ts}, {T: float(np.mean(t.distinct[T])) for T in Ts}
 
 
 # -- the bound: what a window of T rows cannot beat on this machine ------------------------------------------

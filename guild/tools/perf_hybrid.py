@@ -25,6 +25,7 @@ import numpy as np
 from ..calib.timing import median
 from ..engine import state as state_mod
 from ..engine.session import GuildSession
+from ..engine.timing import time_windows
 from ..kernels.cpu import deltanet as gdn
 from ..models import load_model
 from ..speculative.lookup import SuffixDrafter
@@ -35,29 +36,6 @@ BENCH_MODEL = dict(
     ffn=1024, n_experts=64, top_k=8, expert_ffn=128, shared_ffn=128, ssm_k_heads=4, ssm_v_heads=8,
     ssm_head_dim=64, vocab=512, context=2048, seed=11,
 )
-
-
-class _Timer:
-    """Wraps a module-level function and sums the seconds spent in it."""
-
-    def __init__(self, module, name: str):
-        self.module, self.name, self.fn, self.s = module, name, getattr(module, name), 0.0
-
-    def __enter__(self):
-        fn = self.fn
-
-        def timed(*a, **kw):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.s += time.perf_counter() - t
-
-        setattr(self.module, self.name, timed)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.fn)
 
 
 def build(dirpath: Path, qtype: str, copy_bias: float = 0.0) -> str:
@@ -74,19 +52,11 @@ def window_costs(model, reps: int, rng) -> dict:
     st = model.new_state(BENCH_MODEL["context"])  # the default rollback (snapshot)
     model.forward(rng.integers(0, vocab, 32), st)
     st.commit(32)
-    for T in range(1, 9):
-        ts, rs = [], []
-        for _ in range(reps + 2):
-            toks = rng.integers(0, vocab, T)
-            with _Timer(gdn, "gdn_recurrence") as rec:
-                t = time.perf_counter()
-                model.forward(toks, st)
-                st.commit(T)
-                ts.append(time.perf_counter() - t)
-            rs.append(rec.s)
-            if st.pos > BENCH_MODEL["context"] - 16:
-                st = model.new_state(BENCH_MODEL["context"])
-        v, r = median(ts[2:]) * 1e3, median(rs[2:]) * 1e3
+    Ts = range(1, 9)
+    times = time_windows(model, st, lambda r, T: rng.integers(0, vocab, T), Ts, reps, warmup=2,
+                         keep=lambda T: T, clock=True)
+    for T in Ts:
+        v, r = median(times.window_ms(T)), median(times.kernel("gdn_recurrence", T))
         out["V_ms"][T], out["recurrence_ms"][T] = round(v, 3), round(r, 3)
         out["recurrence_share"][T] = round(r / v, 4)
 
@@ -100,18 +70,15 @@ def window_costs(model, reps: int, rng) -> dict:
                 st = model.new_state(256, rollback=mode)
                 model.forward(rng.integers(0, vocab, 16), st)
                 st.commit(16)
-                with _Timer(gdn, "gdn_recurrence") as rec:
-                    t = time.perf_counter()
-                    model.forward(rng.integers(0, vocab, T), st)
-                    fwd.append(time.perf_counter() - t)
-                rec_t.append(rec.s)
-                t = time.perf_counter()
-                st.commit(keep)
-                commit[keep].append(time.perf_counter() - t)
+                w = time_windows(model, st, lambda r, T: rng.integers(0, vocab, T), [T], 1,
+                                 keep=lambda T, keep=keep: keep, clock=True)
+                fwd += w.forward_ms[T]
+                rec_t += w.kernel("gdn_recurrence", T)
+                commit[keep] += w.commit_ms[T]
         ov[mode] = {
-            "forward_ms": round(median(fwd) * 1e3, 3),
-            "recurrence_ms": round(median(rec_t) * 1e3, 3),
-            "commit_ms": {k: round(median(v) * 1e3, 4) for k, v in commit.items()},
+            "forward_ms": round(median(fwd), 3),
+            "recurrence_ms": round(median(rec_t), 3),
+            "commit_ms": {k: round(median(v), 4) for k, v in commit.items()},
         }
     v5 = out["V_ms"][T]
     rep, snap = ov["replay"], ov["snapshot"]
@@ -234,6 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--edit-every", type=int, default=12, help="copy workload: every n-th token of the copy edited")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
+    if 32 + (a.reps + 2) * 36 > BENCH_MODEL["context"]:  # the V(T) windows all advance one state
+        ap.error(f"--reps {a.reps}: at most {(BENCH_MODEL['context'] - 32) // 36 - 2}")
 
 
 

@@ -56,7 +56,7 @@ class Emulator:
         return _Kernel(self, name)
 
     def fake_cupy(self) -> types.ModuleType:
-        """The part of CuPy that kernels/cuda/ops.py and guild.engine.cuda.CudaBackend use, on NumPy."""
+        """The part of CuPy that kernels/cuda/ops.py and guild.engine.backends.CudaBackend use, on NumPy."""
         m = types.ModuleType("cupy")
         for n in ("empty", "zeros", "empty_like", "take", "ascontiguousarray", "concatenate", "float32", "int64",
                   "uint8"):
@@ -121,7 +121,7 @@ class _Kernel:
 
 def emu_backend_class():
     """CudaBackend with host pointers for the copies (NumPy arrays have no .data.ptr)."""
-    from guild.engine.cuda import CudaBackend
+    from guild.engine.backends import CudaBackend
 
     class EmuBackend(CudaBackend):
         @staticmethod

@@ -55,7 +55,7 @@ def gpu(request, tmp_path_factory):
             pytest.skip(f"no usable CUDA GPU: {WHY}")
         import cupy
 
-        from guild.engine.cuda import CudaBackend
+        from guild.engine.backends import CudaBackend
         from guild.kernels.cuda import ops
 
         yield types.SimpleNamespace(cp=cupy, g=ops, h=cupy.asnumpy, backend=lambda: CudaBackend(DEV.index), emu=False)
@@ -242,7 +242,8 @@ def test_attention_rows_invariant(gpu):
 
 # -- the engine -------------------------------------------------------------------------------------------
 def _engine(gpu, model):
-    from guild.engine.cuda import GpuSplit, split_onto_device
+    from guild.engine.gpu import split_onto_device
+    from guild.engine.placement import GpuSplit
 
     return split_onto_device(model, gpu.backend(), GpuSplit(model.args.n_layers))
 

@@ -11,8 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from guild.cli import app
-from guild.engine.cuda import GpuSplit, HostBackend, default_placement, gpu_sizes, spill_report, split_onto_device
+from guild.engine.backends import HostBackend
 from guild.engine.device import Device
+from guild.engine.gpu import describe, split_onto_device
+from guild.engine.placement import VRAM_RESERVE, VRAM_SHARE, GpuSplit, Parts, default_placement, spill_report
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
@@ -79,19 +81,19 @@ def test_a_gtx_1070_budget_and_a_tiny_budget_force_a_split(tmp_path):
     m = load_model(str(path))
     gtx1070 = 8 * 2**30
     assert default_placement(m, gtx1070, 4096) == GpuSplit(4, True, True)
-    s = gpu_sizes(m, 256)
-    assert s["mtp"] > 0 and all(b > 0 for b in s["layers"])
-    budget = 512 * 2**20 + s["layers"][0] + s["layers"][1] + s["layers"][2] // 2
-    split = default_placement(m, budget, 256)
+    s = Parts.of_model(m, 256)
+    assert s.mtp > 0 and all(s.layer(i) > 0 for i in range(4))
+    free = int((VRAM_RESERVE + s.layer(0) + s.layer(1) + s.layer(2) // 2) / VRAM_SHARE)
+    split = default_placement(m, free, 256)
     assert split == GpuSplit(2, False, False)
     report = spill_report(m, split, 256)
     assert "layers 2..3" in report and "output head" in report and "MTP head" in report and "embeddings" in report
     eng = split_onto_device(m, HostBackend.fake_device(), split)
-    assert "spilled to the CPU" in eng.describe()
+    assert "spilled to the CPU" in describe(eng)
     a, b = m.new_state(64), eng.new_state(64)
     toks = [5, 77, 12, 200, 31, 9]
     assert (m.forward(toks, a) == eng.forward(toks, b)).all()
     with pytest.raises(Exception, match="nothing fits"):
-        from guild.engine.cuda import build
+        from guild.engine.gpu import build
 
         build(m, Device("cuda", "Tiny GPU", 61, 2**20, 2**20), 256)

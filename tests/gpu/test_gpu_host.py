@@ -9,21 +9,24 @@ import types
 import numpy as np
 import pytest
 
-from guild.engine.cuda import (
-    DeviceKVCache,
-    GpuPathError,
-    GpuSplit,
-    HostBackend,
-    build,
-    default_placement,
-    gpu_sizes,
-    placement_from_plan,
-    split_onto_device,
-)
+from guild.engine.backends import HostBackend
 from guild.engine.device import Device, DeviceUnavailableError, probe_cuda, resolve_device
+from guild.engine.gpu import build, split_onto_device
+from guild.engine.placement import (
+    VRAM_RESERVE,
+    VRAM_SHARE,
+    GpuSplit,
+    Parts,
+    default_placement,
+    placement_for,
+    placement_from_plan,
+    vram_budget,
+)
 from guild.engine.session import GuildSession
-from guild.errors import BadFlagError, ContextOverflowError
+from guild.engine.state import DeviceKVCache
+from guild.errors import BadFlagError, ContextOverflowError, GpuPathError
 from guild.models import load_model
+from guild.plans.plan import GpuInfo
 from guild.speculative.build import make_drafter
 from guild.tools.tiny import write_tiny_model
 
@@ -191,15 +194,22 @@ def test_kv_state_errors(tiny):
 
 
 # -- placement --------------------------------------------------------------------------------------------
+def _free_for(budget: int) -> int:
+    """VRAM free that leaves exactly `budget` bytes to the placement."""
+    free = int((budget + VRAM_RESERVE) / VRAM_SHARE)
+    while vram_budget(free) < budget:
+        free += 1
+    return free
+
+
 def test_default_placement_fills_layers_then_output_then_embeddings(tiny):
-    s = gpu_sizes(tiny, 64)
-    layers = sum(s["layers"])
-    reserve = 512 * 2**20
-    assert default_placement(tiny, reserve + layers + s["output"] + s["embed"], 64) == GpuSplit(2, True, True)
-    assert default_placement(tiny, reserve + layers + s["output"], 64).output_gpu
-    assert default_placement(tiny, reserve + s["layers"][0], 64) == GpuSplit(1, False, False)
-    assert default_placement(tiny, reserve, 64) == GpuSplit(0, False, False)
-    assert s["kv_per_layer"] == 2 * tiny.args.n_kv_heads * tiny.args.head_dim * 64 * 4
+    s = Parts.of_model(tiny, 64)
+    layers = s.layer(0) + s.layer(1)
+    assert default_placement(tiny, _free_for(layers + s.output + s.embed), 64) == GpuSplit(2, True, True)
+    assert default_placement(tiny, _free_for(layers + s.output), 64).output_gpu
+    assert default_placement(tiny, _free_for(s.layer(0)), 64) == GpuSplit(1, False, False)
+    assert default_placement(tiny, _free_for(0), 64) == GpuSplit(0, False, False)
+    assert s.bytes("kv_cache", 0) == 2 * tiny.args.n_kv_heads * tiny.args.head_dim * 64 * 4
 
 
 def test_placement_from_section():
@@ -211,18 +221,44 @@ def test_placement_from_section():
 
 
 def test_placement_from_plan(tiny):
-    placement_for = pytest.importorskip("guild.calib.placement").placement_for
-    GpuInfo = pytest.importorskip("guild.plans.plan").GpuInfo
-
-    g = tiny.gguf
-    everything = placement_for(g, GpuInfo("Big GPU", "8.9", 2**34), 64)
+    everything = placement_for(tiny, GpuInfo("Big GPU", "8.9", 2**34), 64)
     assert placement_from_plan(everything, tiny, 64) == GpuSplit(2, True, True)
-    assert placement_from_plan(placement_for(g, None, 64), tiny, 64) == GpuSplit(0, False, False)
-    # a budget for about one layer's hot path: never more on the GPU than the plan budgeted
-    s = gpu_sizes(tiny, 64)
-    small = placement_for(g, GpuInfo("Small GPU", "6.1", int((s["layers"][0] * 1.5 + 256 * 2**20) / 0.9)), 64)
+    assert placement_from_plan(placement_for(tiny, None, 64), tiny, 64) == GpuSplit(0, False, False)
+    s = Parts.of_model(tiny, 64)
+    small = placement_for(tiny, GpuInfo("Small GPU", "6.1", _free_for(int(s.layer(0) * 1.5))), 64)
     p = placement_from_plan(small, tiny, 64)
-    assert p.gpu_layers <= 1 and not p.embed_gpu
+    assert p == GpuSplit(1, False, False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35moe"])
+def test_the_engine_places_what_the_plan_says(tmp_path, arch):
+    """One algorithm: for every VRAM size, the split the engine reads from a plan is the one it computes for
+    that VRAM itself, the model it places holds exactly the plan's GPU bytes, and the plan's groups add up."""
+    from guild.tools.tiny_hybrid import write_tiny_hybrid
+
+    path = tmp_path / "m.gguf"
+    if arch == "llama":
+        write_tiny_model(path, arch="llama", n_experts=4, top_k=2, qtype="Q8_0", seed=6)
+    else:
+        write_tiny_hybrid(path, arch="qwen35moe", n_layers=4, nextn=True, seed=2)
+    m = load_model(str(path))
+    s = Parts.of_model(m, 64)
+    n = m.args.n_layers
+    steps = [0] + [sum(s.layer(i) for i in range(k)) for k in range(1, n + 1)]
+    budgets = [b + d for b in steps for d in (0, s.layer(0) // 2)] + [steps[-1] + s.output + s.mtp,
+                                                                     steps[-1] + s.output + s.mtp + s.embed]
+    seen = set()
+    for budget in budgets:
+        vram = _free_for(budget)
+        pl = placement_for(m, GpuInfo("G", "8.9", vram), 64)
+        sp = placement_from_plan(pl, m, 64)
+        assert sp == default_placement(m, vram, 64), budget
+        on_gpu = sum(s.layer(i) for i in range(sp.gpu_layers)) + (s.output + s.mtp if sp.output_gpu else 0) + (
+            s.embed if sp.embed_gpu and not s.tied else 0)
+        assert pl.gpu_bytes == on_gpu <= pl.vram_budget_bytes
+        assert sum(g.bytes for g in pl.groups) == sum(b for b, _ in s.table.values())
+        seen.add(sp)
+    assert GpuSplit(0, False, False) in seen and GpuSplit(n, True, True) in seen and len(seen) >= n + 1
 
 
 # -- device resolution ------------------------------------------------------------------------------------
@@ -258,8 +294,8 @@ def test_probe_here_is_consistent():
 def test_move_to_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
     """load.move_to_device end to end with a fake CUDA device: the default placement from the free VRAM, the
     engine swapped in, the device said in words; auto falls back when the architecture has no GPU path."""
-    import guild.engine.cuda as ec
     import guild.engine.device as d
+    import guild.engine.gpu as eg
     from guild.load import LoadedModel as Loaded
     from guild.load import move_to_device
 
@@ -268,7 +304,7 @@ def test_move_to_device_builds_the_engine_or_falls_back(tmp_path, monkeypatch):
     m = load_model(str(path))
     gpu = Device("cuda", "Fake GPU", 61, 2**31, 2**31)
     monkeypatch.setattr(d, "probe_cuda", lambda index=0: (gpu, ""))
-    monkeypatch.setattr(ec, "CudaBackend", lambda index=0: HostBackend.fake_device())
+    monkeypatch.setattr(eg, "CudaBackend", lambda index=0: HostBackend.fake_device())
     lm = Loaded(str(path), m.gguf, m, None, 0.0)
     move_to_device(lm, "auto", 64)
     assert type(lm.model) is type(m) and lm.model.placement == GpuSplit(2, True, True)
@@ -289,3 +325,20 @@ def test_nothing_fits_is_a_clear_error(tiny):
     tiny_gpu = Device("cuda", "Tiny GPU", 61, 2**20, 2**20)
     with pytest.raises(GpuPathError, match="nothing fits on Tiny GPU"):
         build(tiny, tiny_gpu, 64)
+
+
+def test_both_backends_implement_the_backend_protocol():
+    """Every op of engine.backends.Backend exists on HostBackend and CudaBackend with the Protocol's signature,
+    and neither has a public op the Protocol lacks (fake_device, a constructor, is not an op)."""
+    import inspect
+
+    from guild.engine.backends import Backend, CudaBackend
+
+    ops = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
+    assert len(ops) >= 30
+    for cls in (HostBackend, CudaBackend):
+        for n in ops:
+            assert inspect.signature(getattr(cls, n)) == inspect.signature(getattr(Backend, n)), f"{cls.__name__}.{n}"
+        public = {n for n, v in vars(cls).items() if not n.startswith("_") and callable(v)}
+        assert public - ops == set(), cls.__name__
+    assert isinstance(HostBackend.fake_device(), Backend)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from guild.engine.backends import DeviceRows
-from guild.engine.cuda import GpuSplit, HostBackend, split_onto_device
+from guild.engine.backends import DeviceRows, HostBackend
+from guild.engine.gpu import split_onto_device
+from guild.engine.placement import GpuSplit
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.models import load_model

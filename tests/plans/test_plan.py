@@ -7,8 +7,8 @@ import sys
 import pytest
 import yaml
 
-from guild.calib.placement import plan_placement, vram_budget
 from guild.calib.probe import _cpuinfo, gpu_info, hardware_identity
+from guild.engine.placement import Parts, plan_placement, vram_budget
 from guild.errors import (
     CpuIsaMismatch,
     GpuArchitectureMismatch,
@@ -208,6 +208,10 @@ def _big_moe(n_layers=48):
     return t, {i: 16 * 2**20 for i in range(n_layers)}
 
 
+def place(tensors, kv, gpu, context, n_layers=48):
+    return plan_placement(Parts.from_table(tensors, kv, n_layers), gpu, context)
+
+
 def test_placement_cpu_only_says_so():
     t, kv = _big_moe()
     p = plan_placement(t, kv, None, 8192)
@@ -224,30 +228,30 @@ def test_placement_8gib_takes_everything_but_the_routed_experts():
     assert dev["routed_experts"].device == "cpu" and dev["routed_experts"].gpu_bytes == 0
     for name in ("attention", "kv_cache", "norms", "router", "shared_experts", "output", "embeddings"):
         assert dev[name].device == "gpu", name
-    assert p.gpu_bytes <= vram_budget(gpu) == p.vram_budget_bytes
+    assert p.gpu_bytes <= vram_budget(gpu.vram_bytes) == p.vram_budget_bytes
 
 
-def test_placement_1gib_fills_the_hot_path_layer_by_layer():
+def test_placement_1gib_fills_whole_layers_in_order():
     t, kv = _big_moe()
     gpu = GpuInfo("fake", "6.1", 2**30)
     p = plan_placement(t, kv, gpu, 8192)
     dev = {g.name: g for g in p.groups}
-    assert p.gpu_bytes <= vram_budget(gpu)
+    assert p.gpu_bytes <= vram_budget(gpu.vram_bytes)
     assert dev["attention"].device == "split" and dev["kv_cache"].device == "split"
-    # a layer's attention goes with its KV cache: the same share of each is on the GPU
-    assert dev["attention"].gpu_bytes / dev["attention"].bytes == pytest.approx(
-        dev["kv_cache"].gpu_bytes / dev["kv_cache"].bytes)
+    # a layer goes whole, with its KV cache and its shared expert: the same share of each is on the GPU
+    for name in ("kv_cache", "norms", "router", "shared_experts"):
+        assert dev[name].gpu_bytes / dev[name].bytes == pytest.approx(
+            dev["attention"].gpu_bytes / dev["attention"].bytes), name
     assert dev["output"].device == "cpu" and dev["routed_experts"].gpu_bytes == 0
-    # nothing else that would have fitted is left out: the remaining budget is smaller than any unit left
-    assert vram_budget(gpu) - p.gpu_bytes < 40 * 2**20 + 16 * 2**20
+    # layers fill the budget in order: what is left is smaller than the next layer (about 61 MiB)
+    assert vram_budget(gpu.vram_bytes) - p.gpu_bytes < 40 * 2**20 + 16 * 2**20 + 5 * 2**20 + 3 * 8192
 
 
-def test_placement_of_the_tiny_model_from_its_gguf(tiny):
-    from guild.calib.placement import placement_for
-    from guild.formats.gguf import GGUFFile
+def test_placement_of_the_tiny_model(tiny):
+    from guild.engine.placement import placement_for
+    from guild.models import load_model
 
-    g = GGUFFile(tiny)
-    p = placement_for(g, GpuInfo("fake", "9.0", 2**30), 64)
+    p = placement_for(load_model(str(tiny)), GpuInfo("fake", "9.0", 2**30), 64)
     dev = {x.name: x for x in p.groups}
     assert dev["routed_experts"].device == "cpu" and dev["attention"].device == "gpu"
     assert dev["kv_cache"].bytes == 2 * 2 * 2 * 16 * 64 * 4  # layers x (K+V) x kv heads x head_dim x ctx x f32

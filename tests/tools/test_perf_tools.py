@@ -70,3 +70,34 @@ def test_guild_side_and_compare(tiny):
     assert c["same_tokens"] == c["tokens"] == 10 and c["top1_agree"] == 1.0 and c["max_abs"] == 0.0
     assert "| Q2_K | 10/10 | 100.0% |" in quant_compare.table({"Q2_K": c})
     assert set(quant_compare.FTYPES) == {"Q2_K", "Q3_K_M", "IQ3_XXS", "IQ3_S", "Q5_1"}
+
+
+def test_one_window_timing_routine_times_the_host_kernels(tiny, tmp_path):
+    """guild.engine.timing: windows of every T, warm-up rounds unrecorded, the experts' and the recurrence's
+    time from the host's clock (detached afterwards), the state where it was unless the commit keeps rows; and
+    the benchmarks' window costs built on it run."""
+    from guild.engine.backends import HOST
+    from guild.engine.timing import time_windows
+    from guild.models import load_model
+    from guild.tools import perf, perf_hybrid
+    from guild.tools.tiny_hybrid import write_tiny_hybrid
+
+    m = load_model(tiny)
+    st = m.new_state(64)
+    m.forward(np.arange(8), st)
+    st.commit(8)
+    t = time_windows(m, st, lambda r, T: np.arange(r, r + T), [1, 3], 2, warmup=1, rotate=True, clock=True)
+    assert st.pos == 8 and HOST.clock is None
+    for T in (1, 3):
+        assert len(t.forward_ms[T]) == len(t.commit_ms[T]) == len(t.distinct[T]) == 2
+        assert all(0 < e < f for e, f in zip(t.kernel("experts", T), t.forward_ms[T], strict=True))
+        assert t.window_ms(T)[0] == t.forward_ms[T][0] + t.commit_ms[T][0]
+    time_windows(m, st, lambda r, T: np.arange(T), [2], 1, keep=lambda T: T)
+    assert st.pos == 10
+    ms, distinct = perf.window_costs(m, list(range(16)), repeats=1, max_T=3)
+    assert set(ms) == set(distinct) == {1, 2, 3} and all(v > 0 for v in ms.values())
+
+    h = load_model(str(write_tiny_hybrid(tmp_path / "h.gguf", seed=2)))
+    w = perf_hybrid.window_costs(h, 1, np.random.default_rng(0))
+    assert all(0 < w["recurrence_ms"][T] < w["V_ms"][T] for T in range(1, 9))
+    assert set(w["rollback_T5"]["replay"]["commit_ms"]) == {1, 2, 3, 4, 5}
