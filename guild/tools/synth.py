@@ -421,34 +421,48 @@ def shape(preset: str, layers: int | None = None, scale: float = 1.0, context: i
 def synth(preset: str, out: str | os.PathLike, *, layers: int | None = None, type_name: str = "Q4_K_M",
           quantizer: str = "random", routing: str = "uniform", seed: int = 0, scale: float = 1.0,
           context: int | None = None, progress: bool = False) -> dict:
-    """Write the synthetic model to `out`; returns what was written (path, bytes, tensors, per-type counts)."""
+    """Write the synthetic model to `out`; returns what was written (path, bytes, tensors, per-type counts).
+    Every flag is checked before anything is written."""
     p = shape(preset, layers, scale, context)
     zipf_s = parse_routing(routing)
     if zipf_s and not p.n_experts:
         raise BadFlagError(f"--routing {routing}: {preset} has no experts")
     if seed < 0:
         raise BadFlagError(f"--seed {seed}: expected a non-negative integer")
-    out = check_writable(out, "-o/--out", BadFlagError)
     if quantizer == "random":
         if type_name not in type_names():
             raise BadFlagError(f"--type {type_name}: expected one of {', '.join(type_names())}")
-        if zipf_s:
-            zipf_scales(p.n_experts, p.top_k, zipf_s)  # a bad combination fails before anything is written
-        entries = plan_tensors(p, TypeRule(type_name, p.n_layers), seed, zipf_s)
-        with atomic_path(out, "the synthetic model") as tmp:
-            _stream(tmp, preset, p, type_name, entries, progress)
+        llama_cpp = None
     elif quantizer == "llama.cpp":
-        _llama_cpp(preset, p, out, type_name, seed, zipf_s, progress)
+        llama_cpp = _llama_cpp_for(type_name)
     else:
         raise BadFlagError(f"--quantizer {quantizer}: expected random or llama.cpp")
+    out = check_writable(out, "-o/--out", BadFlagError)
+    entries = plan_tensors(p, TypeRule(type_name if llama_cpp is None else "F16", p.n_layers), seed, zipf_s)
+    if llama_cpp is None:
+        with atomic_path(out, "the synthetic model") as tmp:
+            _stream(tmp, preset, p, type_name, entries, progress)
+    else:
+        src = temp_beside(out)  # the F16 model llama.cpp quantizes
+        try:
+            _stream(src, preset, p, "F16", entries, progress)
+            with atomic_path(out, "the synthetic model") as tmp:
+                try:
+                    quantize(llama_cpp, src, tmp, type_name, os.cpu_count() or 1)
+                except RuntimeError as e:
+                    raise GuildError(f"llama.cpp could not quantize to {type_name}: {e}") from None
+                finally:
+                    tmp.with_name(tmp.name + ".part").unlink(missing_ok=True)
+        finally:
+            src.unlink(missing_ok=True)
     g = GGUFFile(out)
     return {"path": str(out), "bytes": g.size, "tensors": len(g.tensors), "preset": preset, "type": type_name,
             "arch": p.arch, "layers": p.n_layers, "quantizer": quantizer, "routing": routing, "seed": seed,
             "types": dict(sorted(Counter(t.qtype.name for t in g.tensors.values()).items()))}
 
 
-def _llama_cpp(preset: str, p: Preset, out: Path, type_name: str, seed: int, zipf_s: float, progress: bool) -> None:
-    """F16 first, then llama.cpp's quantizer into the file type `type_name`."""
+def _llama_cpp_for(type_name: str):
+    """The llama_cpp module, once it is known to quantize into the file type `type_name` without an imatrix."""
     llama_cpp = llama_cpp_module()
     if llama_cpp is None:
         raise BadFlagError("--quantizer llama.cpp: the llama_cpp module is not importable "
@@ -458,21 +472,7 @@ def _llama_cpp(preset: str, p: Preset, out: Path, type_name: str, seed: int, zip
                            "have none; pick a K-quant, IQ4_XS, IQ3_S or Q8_0")
     if not hasattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}"):
         raise BadFlagError(f"--type {type_name}: not a llama.cpp file type (LLAMA_FTYPE_MOSTLY_{type_name})")
-    if zipf_s:
-        zipf_scales(p.n_experts, p.top_k, zipf_s)
-    entries = plan_tensors(p, TypeRule("F16", p.n_layers), seed, zipf_s)
-    src = temp_beside(out)
-    try:
-        _stream(src, preset, p, "F16", entries, progress)
-        with atomic_path(out, "the synthetic model") as tmp:
-            try:
-                quantize(llama_cpp, src, tmp, type_name, os.cpu_count() or 1)
-            except RuntimeError as e:
-                raise GuildError(f"llama.cpp could not quantize to {type_name}: {e}") from None
-            finally:
-                tmp.with_name(tmp.name + ".part").unlink(missing_ok=True)
-    finally:
-        src.unlink(missing_ok=True)
+    return llama_cpp
 
 
 def main(argv=None) -> int:
