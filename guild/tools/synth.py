@@ -31,7 +31,7 @@ Weights: random valid blocks (kernels/ref_quant.random_raw) whose f16 scales (MX
 so that a matrix's weights have a std of gain/sqrt(fan_in), as guild.tools.tiny draws them: activations stay O(1)
 through any depth. Each tensor is generated and written in chunks of rows (at most CHUNK_BYTES, seeded per seed,
 tensor name and chunk), so memory stays bounded whatever the model's size (a 48-layer Q4_K_M qwen3-30b-a3b is
-~19 GB with this vocabulary), and the same arguments give the same bytes.
+~18 GB with this vocabulary), and the same arguments give the same bytes.
 
 --quantizer llama.cpp (needs the llama_cpp module): the model is written in F16 first (same weight std), then
 quantised by llama_cpp.llama_model_quantize into --type, a llama.cpp file type (LLAMA_FTYPE_MOSTLY_<TYPE>:
