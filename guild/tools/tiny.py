@@ -238,6 +238,60 @@ def _layer(matrix, norm, p: str, dim: int, n_heads: int, n_kv_heads: int, hd: in
         matrix(p + "ffn_down.weight", (dim, ffn), gain=0.5)
 
 
+def file_type(qtype: str) -> LlamaFileType:
+    """general.file_type of a file whose matrices are `qtype` (a ggml type name, or a llama.cpp mixture such as
+    Q4_K_M)."""
+    return _FILE_TYPE[qtype] if qtype in _FILE_TYPE else LlamaFileType[f"MOSTLY_{qtype}"]
+
+
+def llama_keys(w: GGUFWriter, arch: str, *, name: str, n_layers: int, context: int, dim: int, ffn: int,
+               n_heads: int, n_kv_heads: int, head_dim: int, n_experts: int, top_k: int, expert_ffn: int,
+               vocab: int, file_type: int, rope_base: float, eps: float) -> None:
+    """The model keys of a llama-family file (llama, qwen3, qwen3moe) as llama.cpp's converter writes them;
+    n_experts 0 = dense. A Mixtral-style llama MoE gives its expert size as feed_forward_length."""
+    w.add_type("model")
+    w.add_name(name)
+    w.add_block_count(n_layers)
+    w.add_context_length(context)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(expert_ffn if n_experts and arch == "llama" else ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(eps)
+    if head_dim != dim // n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if n_experts:
+        w.add_expert_count(n_experts)
+        w.add_expert_used_count(top_k)
+    if arch == "qwen3moe":
+        w.add_expert_feed_forward_length(expert_ffn)
+        # llama.cpp hard-codes renormalised top-k for qwen3moe; the key exists in gguf.constants, so say it.
+        w.add_expert_weights_norm(True)
+    if arch == "llama":
+        w.add_vocab_size(vocab)
+        w.add_rope_dimension_count(head_dim)
+    w.add_file_type(int(file_type))
+    w.add_quantization_version(GGML_QUANT_VERSION)
+
+
+def tiny_tokenizer_keys(w: GGUFWriter, vocab: int) -> None:
+    """The tokenizer keys of tiny_vocab(vocab) and the ChatML template."""
+    tokens, token_types, merges = tiny_vocab(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for the GPT-2 regex
+    w.add_token_list(list(tokens))
+    w.add_token_types(list(token_types))
+    w.add_token_merges(list(merges))
+    eot, im_end = vocab - 3, vocab - 1
+    w.add_bos_token_id(eot)
+    w.add_eos_token_id(im_end)
+    w.add_pad_token_id(eot)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
 def write_tiny_model(
     path: str | PathLike,
     arch: str = "llama",
@@ -286,49 +340,14 @@ def write_tiny_model(
         raise ValueError(f"head_dim={hd} must be even (rope)")
     moe = n_experts > 0
     eff = expert_ffn or ffn
-    tokens, token_types, merges = tiny_vocab(vocab)
-    d = _ARCH_DEFAULTS[arch]
 
     path = Path(path)
     w = GGUFWriter(path, arch)
-    w.add_type("model")
-    w.add_name(f"guild tiny {arch}{f' {n_experts}x{top_k}' if moe else ''} seed {seed}")
-    w.add_block_count(n_layers)
-    w.add_context_length(context)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(eff if moe and arch == "llama" else ffn)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv_heads)
-    w.add_rope_freq_base(d["rope_base"])
-    w.add_layer_norm_rms_eps(d["eps"])
-    if hd != dim // n_heads:
-        w.add_key_length(hd)
-        w.add_value_length(hd)
-    if moe:
-        w.add_expert_count(n_experts)
-        w.add_expert_used_count(top_k)
-    if arch == "qwen3moe":
-        w.add_expert_feed_forward_length(eff)
-        # llama.cpp hard-codes renormalised top-k for qwen3moe; the key exists in gguf.constants, so say it.
-        w.add_expert_weights_norm(True)
-    if arch == "llama":
-        w.add_vocab_size(vocab)
-        w.add_rope_dimension_count(hd)
-    ft = _FILE_TYPE[qt.name] if qt.name in _FILE_TYPE else LlamaFileType[f"MOSTLY_{qt.name}"]
-    w.add_file_type(int(ft))
-    w.add_quantization_version(GGML_QUANT_VERSION)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for the GPT-2 regex
-    w.add_token_list(list(tokens))
-    w.add_token_types(list(token_types))
-    w.add_token_merges(list(merges))
-    eot, im_start, im_end = (vocab - 3, vocab - 2, vocab - 1)
-    del im_start
-    w.add_bos_token_id(eot)
-    w.add_eos_token_id(im_end)
-    w.add_pad_token_id(eot)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    llama_keys(w, arch, name=f"guild tiny {arch}{f' {n_experts}x{top_k}' if moe else ''} seed {seed}",
+               n_layers=n_layers, context=context, dim=dim, ffn=ffn, n_heads=n_heads, n_kv_heads=n_kv_heads,
+               head_dim=hd, n_experts=n_experts if moe else 0, top_k=top_k, expert_ffn=eff, vocab=vocab,
+               file_type=file_type(qt.name), **_ARCH_DEFAULTS[arch])
+    tiny_tokenizer_keys(w, vocab)
 
     def matrix(name: str, shape: tuple[int, ...], gain: float = 1.0, typ=qt) -> None:
         std = gain / np.sqrt(shape[-1])
