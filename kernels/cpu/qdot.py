@@ -1,24 +1,32 @@
-"""The int8-activation path ("i8" numerics): llama.cpp-style GEMV with integer dot products.
+"""The int8-activation path ("i8" numerics): integer dot products for every quant type it covers, one kernel per
+type, batch-invariant.
 
-Each row of activations is quantised in blocks of 32 (Q8_0's rule: d = max|x| / 127, q = rint(x / d) computed as
-x * (1 / d) in float32), and every weight block is dotted with it in 32-bit integers (`simd.dpbusd`: vpdpbusd on
-AVX-512 VNNI, four u8 × s8 products per lane, 64 per instruction); the block's integer sum is then scaled in
-float32. One decoded weight group serves every row of the window at the integer multiply rate, which is what
-makes the extra rows of a verification window cheap (issue 21; seed 001 "window cost").
+Activations. Each row is quantised in blocks of 32 (Q8_0's rule: d = max|x| / 127, q = rint(x * (1 / d)) in
+float32), with the block's Σq and the sums of its two halves (the 16-element sub-blocks of Q2_K, Q3_K, Q6_K).
 
-Layout ("quad tiles"). Features in tiles of NT = 64 like the f32 path, but the four bytes of consecutive k of one
-feature are adjacent, `qs[tile, block, quad, feature, 4]`, so one 64-byte load holds 16 features × 4 k: the
-operand shape of vpdpbusd. Q4_0/Q4_1 bytes keep their nibble pairing (low nibble → element j, high → j + 16);
-Q8_0 bytes are stored as q + 128 (vpdpbusd multiplies an unsigned byte by a signed one), undone in the sum with
-the activation block's own Σx̂; a packed matrix holds exactly the GGUF bytes.
+Weights ("quad tiles"). Features in tiles of NT = 64; per 32-element block, the four bytes of consecutive k of
+one feature are adjacent, so one 64-byte load holds 16 features × 4 k: the operand of a 4-byte integer dot
+(`simd.dot4`: vpdpbusd on AVX-512 VNNI, vpmaddubsw + vpmaddwd on AVX2). Every type is repacked at load into
+nibble quads (byte i of quad q: low nibble = element 4q + i, high nibble = element 16 + 4q + i) or 2-bit
+quads, plus bit planes for the bits above (one 32-bit word per feature and block, laid out so that a shift and
+a mask give the bits of one quad), integer sub-block scales as bytes, and the f16 scales of the block or
+super-block. The packed bytes per weight stay those of the GGUF type (within 3 %; Q3_K +3.6 %).
 
-Arithmetic per output feature n of row t, block b (x̂ = the row's quantised block, dx its scale, s = Σ x̂):
-  Q4_0: y = fma(float(Σ q·x̂ − 8 s), d·dx, y)
-  Q4_1: y = fma(float(Σ q·x̂), d·dx, y); y = fma(m, dx·s, y)
-  Q8_0: y = fma(float(Σ (q+128)·x̂ − 128 s), d·dx, y)
-The integer sums are exact; the float chain over b is fixed per (row, feature), the same whichever path (one row
-× 64 features, two rows × 64 features) computes it and however many rows or threads there are: row
-invariance holds for any T. Twin: kernels/ref.py `quantize_act_q8`, `matmul_q8act`.
+Arithmetic per output feature n of row t, block b (x̂ the row's quantised block, dx its scale, s = Σx̂, s_A and
+s_B the sums of its halves, a = Σ u·x̂ over the block's unsigned quants u, a_A, a_B over each half; D, M the
+super-block's f16 scale and min scale):
+  Q4_0: y = fma(a − 8s, d·dx, y)             Q5_0: y = fma(a − 16s, d·dx, y)
+  Q4_1, Q5_1: y = fma(a, d·dx, y); y = fma(m, dx·s, y)
+  Q8_0: y = fma(Σ q·x̂, d·dx, y)
+  Q4_K, Q5_K: y = fma(sc·a, D·dx, y); y = fma(−mn·s, M·dx, y)
+  Q6_K: y = fma(sc_A·(a_A − 32 s_A) + sc_B·(a_B − 32 s_B), D·dx, y)
+  Q3_K: y = fma(sc_A·(a_A − 4 s_A) + sc_B·(a_B − 4 s_B), D·dx, y)
+  Q2_K: y = fma(sc_A·a_A + sc_B·a_B, D·dx, y); y = fma(−(mn_A·s_A + mn_B·s_B), M·dx, y)
+(integer terms exact in int32 and converted exactly; each product of two f32 scales rounded once). The float
+chain over b is fixed per (row, feature), whichever path computes it and however many rows or threads there
+are: every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking
+Machines, "Defeating Nondeterminism in LLM Inference", 2025: a fixed reduction order per output element).
+Twin: kernels/ref.py `quantize_act_q8`, `matmul_ref(q8act=True)`.
 """
 
 from __future__ import annotations
@@ -27,85 +35,314 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from numba import carray, njit
 
+from ..blocks import k_scale_min, q3k_scales
 from .drivers import NT
-from .intrinsics import _pf32, _pi32, h2f, i2f
+from .intrinsics import _pf32, _pi32
 from .simd import (
+    AVX2,
+    VNNI512,
     abs_f,
     add_i,
     bc_i32,
+    bits_i,
     cvt,
+    dot4ss,
+    dot8,
     dpbusd,
     fma_f,
     hi4,
     hmax_f,
     hsum_i,
+    inline_here,
     lane,
     ld_f32,
     ld_h2f,
     ld_i32,
+    ld_s8,
+    ld_u8,
     lo4,
     max_f,
     mul_f,
+    mul_i,
+    neg_i,
+    or_i,
     rint_i,
     splat_f,
     splat_i,
     st_f32,
     st_i8,
     sub_i,
+    xor80,
     zero_f,
     zero_i,
 )
 
 QB = 32  # activation block (elements)
-Q4_0, Q4_1, Q8_0 = 0, 1, 2  # kernel kinds
+SB = 8  # activation blocks per K-quant super-block (256 elements)
+ACT_EXTRA = 20  # bytes per row and block besides the quants: scale, Σq, scale·Σq, the two half sums
+# kernel kinds
+Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K = range(10)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the table: which types have an int8 kernel, and their packed fields (name, dtype, per-block dims)
-I8_TYPES = {
-    int(Q.Q4_0): (Q4_0, (("qs", np.uint8, (4,)), ("d", np.uint16, ()))),
-    int(Q.Q4_1): (Q4_1, (("qs", np.uint8, (4,)), ("d", np.uint16, ()), ("m", np.uint16, ()))),
-    int(Q.Q8_0): (Q8_0, (("qs", np.uint8, (8,)), ("d", np.uint16, ()))),
-}
+# the table: one record per type (kernel kind, packed fields); field shapes by role, for [nt tiles, nb blocks]:
+#   q4: nibble quads [nt, nb, 4, NT, 4] u8      q8: byte quads [nt, nb, 8, NT, 4] u8 (q + 128)
+#   w:  bit-plane word [nt, nb, NT] u32         w2: two words (block halves) [nt, nb, 2, NT] u32
+#   b2: two bytes [nt, nb, 2, NT]               h: f16 per block [nt, nb, NT]   hs: f16 per 256 [nt, nb/8, NT]
+class I8Type:
+    __slots__ = ("qtype", "kind", "fields")
+
+    def __init__(self, qtype, kind: int, fields: tuple):
+        self.qtype, self.kind, self.fields = int(qtype), kind, fields
+
+
+_U8, _I8, _U16, _U32 = np.uint8, np.int8, np.uint16, np.uint32
+I8_TYPES = {t.qtype: t for t in (
+    I8Type(Q.Q4_0, Q4_0, (("qs", "q4", _U8), ("d", "h", _U16))),
+    I8Type(Q.Q4_1, Q4_1, (("qs", "q4", _U8), ("d", "h", _U16), ("m", "h", _U16))),
+    I8Type(Q.Q8_0, Q8_0, (("qs", "q8", _U8), ("d", "h", _U16))),
+    I8Type(Q.Q5_0, Q5_0, (("qs", "q4", _U8), ("qh", "w", _U32), ("d", "h", _U16))),
+    I8Type(Q.Q5_1, Q5_1, (("qs", "q4", _U8), ("qh", "w", _U32), ("d", "h", _U16), ("m", "h", _U16))),
+    I8Type(Q.Q4_K, Q4_K, (("qs", "q4", _U8), ("sm", "b2", _U8), ("d", "hs", _U16), ("dmin", "hs", _U16))),
+    I8Type(Q.Q5_K, Q5_K, (("qs", "q4", _U8), ("qh", "w", _U32), ("sm", "b2", _U8), ("d", "hs", _U16),
+                          ("dmin", "hs", _U16))),
+    I8Type(Q.Q6_K, Q6_K, (("qs", "q4", _U8), ("qh", "w2", _U32), ("sc", "b2", _I8), ("d", "hs", _U16))),
+    I8Type(Q.Q2_K, Q2_K, (("q2", "w2", _U32), ("sm", "b2", _U8), ("d", "hs", _U16), ("dmin", "hs", _U16))),
+    I8Type(Q.Q3_K, Q3_K, (("q2", "w2", _U32), ("qh", "w", _U32), ("sc", "b2", _I8), ("d", "hs", _U16))),
+)}
+
+
+def _shape(role: str, nt: int, nb: int) -> tuple:
+    return {"q4": (nt, nb, 4, NT, 4), "q8": (nt, nb, 8, NT, 4), "w": (nt, nb, NT), "w2": (nt, nb, 2, NT),
+            "b2": (nt, nb, 2, NT), "h": (nt, nb, NT), "hs": (nt, nb // SB, NT)}[role]
 
 
 def layout(qtype: int, n_rows: int, n_cols: int) -> tuple:
-    """(dtype, shape) of each packed array; quad fields are [tiles, blocks, quads, NT, 4]."""
+    """(dtype, shape) of each packed array."""
     nt, nb = -(-int(n_rows) // NT), -(-int(n_cols) // QB)
-    out = []
-    for _, dt, dims in I8_TYPES[int(qtype)][1]:
-        shape = (nt, nb, dims[0], NT, 4) if dims else (nt, nb, NT)
-        out.append((np.dtype(dt), shape))
-    return tuple(out)
-
-
-def pack(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
-    """Packed arrays from the raw blocks [N, nb, block bytes] of a Q4_0 / Q4_1 / Q8_0 matrix, written tile by
-    tile (no whole-matrix temporaries: the loader's peak memory stays near the file's size)."""
-    q = int(qtype)
-    N, nb = blk.shape[:2]
-    qs_at = {int(Q.Q8_0): 2, int(Q.Q4_1): 4, int(Q.Q4_0): 2}[q]
-    nq = 8 if q == int(Q.Q8_0) else 4
-    nt = -(-N // NT)
-    qs = np.zeros((nt, nb, nq, NT, 4), np.uint8)
-    scales = [np.zeros((nt, nb, NT), np.uint16) for _ in range(2 if q == int(Q.Q4_1) else 1)]
-    for g in range(nt):
-        n0, n1 = g * NT, min(g * NT + NT, N)
-        b = blk[n0:n1]  # [rows, nb, bytes]
-        qs[g, :, :, : n1 - n0] = b[..., qs_at : qs_at + 4 * nq].reshape(n1 - n0, nb, nq, 4).transpose(1, 2, 0, 3)
-        for i, sc in enumerate(scales):  # d at byte 0, Q4_1's m at byte 2
-            sc[g, :, : n1 - n0] = np.ascontiguousarray(b[..., 2 * i : 2 * i + 2]).view(np.uint16)[..., 0].T
-    if q == int(Q.Q8_0):
-        qs ^= np.uint8(0x80)  # q + 128 as u8 (the padding rows' zeros become 128 with d = 0: no contribution)
-    return (qs, *scales)
+    return tuple((np.dtype(dt), _shape(role, nt, nb)) for _, role, dt in I8_TYPES[int(qtype)].fields)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# activations: [T, K] float32 → one buffer holding q [T, Kp] i8, scale [T, nb] f32, Σq [T, nb] i32 and
-# scale·Σq [T, nb] f32 (Kp = nb · 32, zero padded)
+# packing: native blocks → planes (unsigned quants u [n, nb, 32] and scale fields per block / super-block)
+# → the roles above. NumPy, in chunks of rows, so the loader's peak memory stays near the file's size.
+def _f16bits(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.uint16)[..., 0]
+
+
+def _nib32(qs16: np.ndarray) -> np.ndarray:
+    """16 bytes per 32-element block (element j: low nibble of byte j, j + 16: high nibble) → u [.., 32]."""
+    return np.concatenate([qs16 & 15, qs16 >> 4], axis=-1)
+
+
+def _bits32(word: np.ndarray) -> np.ndarray:
+    """u32 [..] → its 32 bits [.., 32] (bit j → element j)."""
+    return ((word[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+def _planes(qt: int, blk: np.ndarray) -> dict:
+    """Native blocks [n, nbn, bytes] → 'u' (unsigned quants [n, nb, 32]) and the fields other than the quants."""
+    n = blk.shape[0]
+    if qt in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
+        qs_at, hi = {Q.Q4_0: (2, None), Q.Q4_1: (4, None), Q.Q5_0: (6, 2), Q.Q5_1: (8, 4)}[Q(qt)]
+        u = _nib32(blk[..., qs_at : qs_at + 16])
+        p = {"d": _f16bits(blk[..., 0:2])}
+        if qt in (Q.Q4_1, Q.Q5_1):
+            p["m"] = _f16bits(blk[..., 2:4])
+        if hi is not None:
+            u = u | (_bits32(np.ascontiguousarray(blk[..., hi : hi + 4]).view(np.uint32)[..., 0]) << 4)
+        p["u"] = u
+        return p
+    nsb = blk.shape[1]
+    if qt in (Q.Q4_K, Q.Q5_K):
+        sc, mn = k_scale_min(blk[..., 4:16])  # [n, nsb, 8]
+        qs = blk[..., 16:144] if qt == Q.Q4_K else blk[..., 48:176]
+        qs = qs.reshape(n, nsb, 4, 32)
+        u = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, nsb, 8, 32)  # sub-block 2i: low nibbles of chunk i
+        if qt == Q.Q5_K:
+            qh = blk[..., 16:48]  # bit s of qh[j] → element 32 s + j
+            u = u | ((((qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1)) << 4)
+        return {"u": u.reshape(n, nsb * 8, 32), "sm": np.stack([sc, mn], axis=-1).reshape(n, nsb * 8, 2),
+                "d": _f16bits(blk[..., 0:2]), "dmin": _f16bits(blk[..., 2:4])}
+    if qt == Q.Q6_K:
+        ql = blk[..., 0:128].reshape(n, nsb, 2, 64)
+        qh = blk[..., 128:192].reshape(n, nsb, 2, 32)
+        q4 = np.concatenate([ql & 15, ql >> 4], axis=-1).reshape(n, nsb, 2, 4, 32)
+        h2 = (qh[:, :, :, None, :] >> (2 * np.arange(4, dtype=np.uint8))[None, None, None, :, None]) & 3
+        u = (q4 | (h2 << 4)).reshape(n, nsb * 8, 32)
+        sc = blk[..., 192:208].view(np.int8).reshape(n, nsb * 8, 2)
+        return {"u": u, "sc": sc, "d": _f16bits(blk[..., 208:210])}
+    if qt == Q.Q2_K:
+        qs = blk[..., 16:80].reshape(n, nsb, 2, 1, 32)
+        u = ((qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3).reshape(n, nsb * 8, 32)
+        return {"u": u, "sm": blk[..., 0:16].reshape(n, nsb * 8, 2), "d": _f16bits(blk[..., 80:82]),
+                "dmin": _f16bits(blk[..., 82:84])}
+    if qt == Q.Q3_K:
+        hm = blk[..., 0:32]
+        qs = blk[..., 32:96].reshape(n, nsb, 2, 1, 32)
+        lo = ((qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3).reshape(n, nsb, 8, 32)
+        hb = (hm[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # bit 4h + s → sub-block
+        u = (lo | (hb << 2)).reshape(n, nsb * 8, 32)
+        return {"u": u, "sc": q3k_scales(blk[..., 96:108]).reshape(n, nsb * 8, 2), "d": _f16bits(blk[..., 108:110])}
+    raise NotImplementedError(Q(qt).name)
+
+
+_SH_Q = (8 * np.arange(4)[None, :] + np.arange(4)[:, None]).astype(np.uint32)  # [quad, byte]: bit of a 1-bit plane
+
+
+def _quads4(u: np.ndarray) -> np.ndarray:
+    lo = u & 15
+    return (lo[..., 0:16] | (lo[..., 16:32] << 4)).reshape(u.shape[:-1] + (4, 4))
+
+
+def _word1(hb: np.ndarray) -> np.ndarray:
+    """Bits hb [.., 32] → one u32: byte i, bit q = element 4q + i; bit 4 + q = element 16 + 4q + i."""
+    a = hb[..., 0:16].reshape(hb.shape[:-1] + (4, 4)).astype(np.uint32) << _SH_Q
+    b = hb[..., 16:32].reshape(hb.shape[:-1] + (4, 4)).astype(np.uint32) << (_SH_Q + np.uint32(4))
+    return (a.sum(axis=(-2, -1), dtype=np.uint32) + b.sum(axis=(-2, -1), dtype=np.uint32)).astype(np.uint32)
+
+
+def _words2(v: np.ndarray) -> np.ndarray:
+    """2-bit values v [.., 32] → u32 [.., 2]: word h, byte i, bits 2q..2q+1 = element 16h + 4q + i."""
+    sh = (8 * np.arange(4)[None, :] + 2 * np.arange(4)[:, None]).astype(np.uint32)
+    w = v.reshape(v.shape[:-1] + (2, 4, 4)).astype(np.uint32) << sh
+    return w.sum(axis=(-2, -1), dtype=np.uint32).astype(np.uint32)
+
+
+def _encode(qt: int, p: dict) -> dict:
+    """Planes → the packed fields of the type, per row [n, ...] (the feature axis first)."""
+    u = p["u"]
+    out = {k: v for k, v in p.items() if k != "u"}
+    if qt == Q.Q6_K:
+        out["qs"], out["qh"] = _quads4(u), _words2(u >> 4)
+    elif qt in (Q.Q2_K, Q.Q3_K):
+        out["q2"] = _words2(u & 3)
+        if qt == Q.Q3_K:
+            out["qh"] = _word1(u >> 2)
+    else:
+        out["qs"] = _quads4(u)
+        if qt in (Q.Q5_0, Q.Q5_1, Q.Q5_K):
+            out["qh"] = _word1(u >> 4)
+    return out
+
+
+def _tile_into(dst: np.ndarray, a: np.ndarray, g0: int, role: str) -> None:
+    """Write per-row a [n, nb, *rest] (n <= the tiles' rows) into dst[g0:...] with the feature axis moved to
+    its place (second to last for quads, last otherwise); padding features stay zero."""
+    n = a.shape[0]
+    ntc = -(-n // NT)
+    pad = np.zeros((ntc * NT,) + a.shape[1:], a.dtype)
+    pad[:n] = a
+    t = pad.reshape((ntc, NT) + a.shape[1:])
+    t = np.moveaxis(t, 1, -2 if role in ("q4", "q8") else -1)
+    dst[g0 : g0 + ntc] = t
+
+
+_CHUNK = 1024  # rows packed at a time (a multiple of NT)
+
+
+def pack(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
+    """Packed arrays from the raw blocks [N, nb, block bytes] of a matrix, written chunk by chunk."""
+    q = int(qtype)
+    rec = I8_TYPES[q]
+    N = int(n_rows)
+    nbn = blk.shape[1]
+    K = nbn * (256 if q in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K) else QB)
+    outs = [np.zeros(shape, dt) for dt, shape in layout(q, N, K)]
+    for r0 in range(0, N, _CHUNK):
+        b = blk[r0 : r0 + _CHUNK]
+        if q == Q.Q8_0:  # the GGUF bytes as they are, q + 128 (vpdpbusd multiplies an unsigned byte)
+            f = {"qs": b[..., 2:34].reshape(b.shape[0], nbn, 8, 4) ^ np.uint8(0x80), "d": _f16bits(b[..., 0:2])}
+        else:
+            f = _encode(q, _planes(q, b))
+        for (name, role, _), dst in zip(rec.fields, outs, strict=True):
+            _tile_into(dst, f[name], r0 // NT, role)
+    return tuple(outs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# get_rows: the packed fields back to ggml's dequantize_row_* values, bit for bit (float32, ggml's order)
+def _row_fields(rec: I8Type, arrays: tuple, rows: np.ndarray) -> dict:
+    g, n = rows // NT, rows % NT
+    out = {}
+    for (name, role, _), a in zip(rec.fields, arrays, strict=True):
+        if role in ("q4", "q8"):
+            out[name] = a[g, :, :, n, :]  # [R, nb, nq, 4]
+        elif role in ("w", "h", "hs"):
+            out[name] = a[g, :, n]  # [R, nb]
+        else:
+            out[name] = a[g, :, :, n]  # [R, nb, 2]
+    return out
+
+
+def _unquad4(qs: np.ndarray) -> np.ndarray:
+    b = qs.reshape(qs.shape[:-2] + (16,))
+    return np.concatenate([b & 15, b >> 4], axis=-1)
+
+
+def _unword1(w: np.ndarray) -> np.ndarray:
+    bits = (w[..., None, None] >> _SH_Q) & 1  # [.., q, i]
+    hi = (w[..., None, None] >> (_SH_Q + np.uint32(4))) & 1
+    return np.concatenate([bits.reshape(w.shape + (16,)), hi.reshape(w.shape + (16,))], axis=-1).astype(np.uint8)
+
+
+def _unwords2(w: np.ndarray) -> np.ndarray:
+    sh = (8 * np.arange(4)[None, :] + 2 * np.arange(4)[:, None]).astype(np.uint32)
+    v = (w[..., None, None] >> sh) & 3  # [.., 2, q, i]
+    return v.reshape(w.shape[:-1] + (32,)).astype(np.uint8)
+
+
+def _h2f(bits: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(bits).view(np.float16).astype(np.float32)
+
+
+def get_rows(kind: int, qtype: int, arrays: tuple, rows: np.ndarray, out: np.ndarray) -> None:
+    """out[r] = W[rows[r]] as float32, bit-exact with gguf.quants.dequantize."""
+    if rows.size == 0:
+        return
+    q = Q(int(qtype))
+    f = _row_fields(I8_TYPES[int(q)], arrays, rows)
+    f32 = np.float32
+    R, K = out.shape
+    if q == Q.Q8_0:
+        v = (f["qs"].reshape(R, -1, 32) ^ np.uint8(0x80)).view(np.int8).astype(f32)
+        y = v * _h2f(f["d"])[..., None]
+    elif q in (Q.Q6_K, Q.Q2_K, Q.Q3_K):
+        if q == Q.Q6_K:
+            u = (_unquad4(f["qs"]) | (_unwords2(f["qh"]) << 4)).astype(np.int32) - 32
+            sc, mn = f["sc"].astype(f32), None
+        elif q == Q.Q2_K:
+            u = _unwords2(f["q2"]).astype(np.int32)
+            sc, mn = (f["sm"] & 15).astype(f32), (f["sm"] >> 4).astype(f32)
+        else:
+            u = (_unwords2(f["q2"]) | (_unword1(f["qh"]) << 2)).astype(np.int32) - 4
+            sc, mn = f["sc"].astype(f32), None
+        d = np.repeat(_h2f(f["d"]), SB, axis=1)[..., None]  # [R, nb, 1]
+        y = (d * sc)[..., None] * u.reshape(R, -1, 2, 16).astype(f32)
+        if mn is not None:
+            y = y - (np.repeat(_h2f(f["dmin"]), SB, axis=1)[..., None] * mn)[..., None]
+    else:
+        u = _unquad4(f["qs"]).astype(np.int32)
+        if "qh" in f:
+            u = u | (_unword1(f["qh"]).astype(np.int32) << 4)
+        if q in (Q.Q4_K, Q.Q5_K):
+            d = np.repeat(_h2f(f["d"]), SB, axis=1)
+            dm = np.repeat(_h2f(f["dmin"]), SB, axis=1)
+            sm = f["sm"].astype(f32)
+            y = (d * sm[..., 0])[..., None] * u.astype(f32) - (dm * sm[..., 1])[..., None]
+        elif q in (Q.Q4_1, Q.Q5_1):
+            y = _h2f(f["d"])[..., None] * u.astype(f32) + _h2f(f["m"])[..., None]
+        else:
+            y = _h2f(f["d"])[..., None] * (u - (8 if q == Q.Q4_0 else 16)).astype(f32)
+    out[...] = y.reshape(R, -1)[:, :K]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# activations: [T, K] float32 → one buffer holding q [T, Kp] i8, scale [T, nb] f32, Σq [T, nb] i32,
+# scale·Σq [T, nb] f32 and the half sums [T, nb, 2] i32 (Kp = nb · 32, zero padded)
 def act_bytes(T: int, n_cols: int) -> int:
     nb = -(-n_cols // QB)
-    return T * (nb * QB + 12 * nb)
+    return T * nb * (QB + ACT_EXTRA)
 
 
 @njit(cache=True)
@@ -120,6 +357,7 @@ def quantize_acts(x, buf):
     xd = buf[o : o + 4 * T * nb].view(np.float32).reshape(T, nb)
     sx = buf[o + 4 * T * nb : o + 8 * T * nb].view(np.int32).reshape(T, nb)
     xs = buf[o + 8 * T * nb : o + 12 * T * nb].view(np.float32).reshape(T, nb)
+    sh = buf[o + 12 * T * nb : o + 20 * T * nb].view(np.int32).reshape(T, nb, 2)
     vec = K % QB == 0 and x.strides[1] == 4
     pq = buf.ctypes.data
     for t in range(T):
@@ -141,16 +379,23 @@ def quantize_acts(x, buf):
                 q1 = rint_i(mul_f(v1, splat_f(inv)))
                 st_i8(pq + t * Kp + k0, q0)
                 st_i8(pq + t * Kp + k0 + 16, q1)
-                s = hsum_i(add_i(q0, q1))
+                s0 = hsum_i(q0)
+                s1 = hsum_i(q1)
             else:
-                s = 0
+                s0 = 0
+                s1 = 0
                 for k in range(k0, k0 + QB):
                     v = np.int32(np.rint(x[t, k] * inv)) if k < K else np.int32(0)
                     xq[t, k] = v
-                    s += v
+                    if k < k0 + 16:
+                        s0 += v
+                    else:
+                        s1 += v
             xd[t, b] = d
-            sx[t, b] = s
-            xs[t, b] = d * np.float32(s)
+            sx[t, b] = s0 + s1
+            xs[t, b] = d * np.float32(s0 + s1)
+            sh[t, b, 0] = s0
+            sh[t, b, 1] = s1
 
 
 @njit(cache=True)
@@ -158,36 +403,157 @@ def quantize_groups(x, offs, buf):
     """quantize_acts of each row group x[offs[g]:offs[g+1]] into its own region of buf, group after group (the
     region of group g starts at act_bytes(offs[g], K))."""
     K = x.shape[1]
-    per_row = -(-K // QB) * (QB + 12)
+    per_row = -(-K // QB) * (QB + ACT_EXTRA)
     for g in range(offs.shape[0] - 1):
         a, b = offs[g], offs[g + 1]
         quantize_acts(x[a:b], buf[a * per_row : b * per_row])
 
 
 # ---------------------------------------------------------------------------------------------------------
-# kernels
-@njit(cache=True, inline="always")
-def _blk(kind, p0, p1, p2, bq, off, xa, xd, sx, xs, y):
-    """y + the contribution of one block to 16 features (quad bytes from p0 + bq, scales at index off) for one
-    row (its quantised block at xa, scale xd, Σq sx, xd·Σq xs)."""
-    a0 = zero_i()
-    a1 = zero_i()
-    if kind == Q8_0:
-        for q in range(0, 8, 2):
-            a0 = dpbusd(a0, ld_i32(p0 + bq + q * NT * 4), bc_i32(xa + 4 * q))
-            a1 = dpbusd(a1, ld_i32(p0 + bq + (q + 1) * NT * 4), bc_i32(xa + 4 * q + 4))
-        acc = sub_i(add_i(a0, a1), splat_i(128 * sx))
-        return fma_f(cvt(acc), mul_f(ld_h2f(p1 + 2 * off), splat_f(xd)), y)
+# kernels: one 32-element block of 16 features (group j of tile g) for one row → y
+_M1, _M2 = 0x01010101, 0x03030303
+
+
+@njit(cache=True)
+def _hoff(g, nb, b, j):
+    inline_here()
+    return ((g * nb + b) * NT + 16 * j) * 2  # an f16 per block [nt, nb, NT]
+
+
+@njit(cache=True)
+def _hsoff(g, nb, b, j):
+    inline_here()
+    return ((g * (nb // SB) + b // SB) * NT + 16 * j) * 2  # an f16 per super-block [nt, nb / 8, NT]
+
+
+@njit(cache=True)
+def _b2off(g, nb, b, h, j):
+    inline_here()
+    return ((g * nb + b) * 2 + h) * NT + 16 * j  # two bytes per block [nt, nb, 2, NT]
+
+
+@njit(cache=True)
+def _nibbles(kind, p0, ph, g, nb, b, j, xa):
+    """Σ u·x̂ over the block for the nibble types (the 5th bit from the plane at ph for Q5_*)."""
+    inline_here()
+    oq = ((g * nb + b) * 4 * NT + 16 * j) * 4
+    five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K
+    hw = ld_i32(ph + ((g * nb + b) * NT + 16 * j) * 4) if five else zero_i()
+    a = zero_i()
     for q in range(4):
-        w = ld_i32(p0 + bq + q * NT * 4)
-        a0 = dpbusd(a0, lo4(w), bc_i32(xa + 4 * q))
-        a1 = dpbusd(a1, hi4(w), bc_i32(xa + 16 + 4 * q))
-    acc = add_i(a0, a1)
-    if kind == Q4_0:
-        acc = sub_i(acc, splat_i(8 * sx))
-        return fma_f(cvt(acc), mul_f(ld_h2f(p1 + 2 * off), splat_f(xd)), y)
-    y = fma_f(cvt(acc), mul_f(ld_h2f(p1 + 2 * off), splat_f(xd)), y)
-    return fma_f(ld_h2f(p2 + 2 * off), splat_f(xs), y)
+        w = ld_i32(p0 + oq + q * NT * 4)
+        lo = lo4(w)
+        hi = hi4(w)
+        if five:
+            lo = or_i(lo, bits_i(hw, q, _M1, 4))
+            hi = or_i(hi, bits_i(hw, 4 + q, _M1, 4))
+        a = dot8(a, lo, bc_i32(xa + 4 * q), hi, bc_i32(xa + 16 + 4 * q))
+    return a
+
+
+@njit(cache=True)
+def _halves2(kind, p0, ph, g, nb, b, j, xa):
+    """(Σ_A, Σ_B) of u·x̂ over the block's two halves for the 2-bit-quad types (Q3_K's 3rd bit from ph)."""
+    inline_here()
+    o = ((g * nb + b) * 2 * NT + 16 * j) * 4
+    hw = ld_i32(ph + ((g * nb + b) * NT + 16 * j) * 4) if kind == Q3_K else zero_i()
+    aA = zero_i()
+    aB = zero_i()
+    for h in range(2):
+        w = ld_i32(p0 + o + h * NT * 4)
+        a = zero_i()
+        for q in range(0, 4, 2):
+            u0 = bits_i(w, 2 * q, _M2, 0)
+            u1 = bits_i(w, 2 * q + 2, _M2, 0)
+            if kind == Q3_K:
+                u0 = or_i(u0, bits_i(hw, 4 * h + q, _M1, 2))
+                u1 = or_i(u1, bits_i(hw, 4 * h + q + 1, _M1, 2))
+            a = dot8(a, u0, bc_i32(xa + 16 * h + 4 * q), u1, bc_i32(xa + 16 * h + 4 * q + 4))
+        if h == 0:
+            aA = a
+        else:
+            aB = a
+    return aA, aB
+
+
+@njit(cache=True)
+def _q6(p0, ph, g, nb, b, j, xa):
+    """(Σ_A, Σ_B) of u·x̂ for Q6_K: low nibbles from the quads, the two high bits from the planes."""
+    inline_here()
+    oq = ((g * nb + b) * 4 * NT + 16 * j) * 4
+    oh = ((g * nb + b) * 2 * NT + 16 * j) * 4
+    h0 = ld_i32(ph + oh)
+    h1 = ld_i32(ph + oh + NT * 4)
+    aA = zero_i()
+    aB = zero_i()
+    for q in range(0, 4, 2):
+        w0 = ld_i32(p0 + oq + q * NT * 4)
+        w1 = ld_i32(p0 + oq + (q + 1) * NT * 4)
+        aA = dot8(aA, or_i(lo4(w0), bits_i(h0, 2 * q, _M2, 4)), bc_i32(xa + 4 * q),
+                  or_i(lo4(w1), bits_i(h0, 2 * q + 2, _M2, 4)), bc_i32(xa + 4 * q + 4))
+        aB = dot8(aB, or_i(hi4(w0), bits_i(h1, 2 * q, _M2, 4)), bc_i32(xa + 16 + 4 * q),
+                  or_i(hi4(w1), bits_i(h1, 2 * q + 2, _M2, 4)), bc_i32(xa + 20 + 4 * q))
+    return aA, aB
+
+
+@njit(cache=True)
+def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
+    """y + the contribution of block b to the 16 features of group j (fields p0.. in the type's order) for one
+    row (its quantised block at xa, scale xd, Σq sx, half sums sA, sB, xd·Σq xs)."""
+    inline_here()
+    dx = splat_f(xd)
+    if kind == Q8_0:
+        o = ((g * nb + b) * 8 * NT + 16 * j) * 4
+        a = zero_i()
+        if AVX2 and not VNNI512:  # signed bytes: |w| · sign(x, w) pairs stay within i16
+            for q in range(8):
+                a = dot4ss(a, xor80(ld_i32(p0 + o + q * NT * 4)), bc_i32(xa + 4 * q))
+        else:
+            for q in range(8):
+                a = dpbusd(a, ld_i32(p0 + o + q * NT * 4), bc_i32(xa + 4 * q))
+            a = sub_i(a, splat_i(128 * sx))
+        return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+    if kind == Q4_0 or kind == Q4_1:
+        a = _nibbles(kind, p0, p0, g, nb, b, j, xa)
+        if kind == Q4_0:
+            return fma_f(cvt(sub_i(a, splat_i(8 * sx))), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+        y = fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+        return fma_f(ld_h2f(p2 + _hoff(g, nb, b, j)), splat_f(xs), y)
+    if kind == Q5_0 or kind == Q5_1:
+        a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
+        if kind == Q5_0:
+            return fma_f(cvt(sub_i(a, splat_i(16 * sx))), mul_f(ld_h2f(p2 + _hoff(g, nb, b, j)), dx), y)
+        y = fma_f(cvt(a), mul_f(ld_h2f(p2 + _hoff(g, nb, b, j)), dx), y)
+        return fma_f(ld_h2f(p3 + _hoff(g, nb, b, j)), splat_f(xs), y)
+    if kind == Q4_K or kind == Q5_K:
+        if kind == Q4_K:
+            a = _nibbles(kind, p0, p0, g, nb, b, j, xa)
+            ps, pd, pm = p1, p2, p3
+        else:
+            a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
+            ps, pd, pm = p2, p3, p4
+        sc = ld_u8(ps + _b2off(g, nb, b, 0, j))
+        mn = ld_u8(ps + _b2off(g, nb, b, 1, j))
+        y = fma_f(cvt(mul_i(sc, a)), mul_f(ld_h2f(pd + _hsoff(g, nb, b, j)), dx), y)
+        return fma_f(cvt(mul_i(mn, splat_i(-sx))), mul_f(ld_h2f(pm + _hsoff(g, nb, b, j)), dx), y)
+    if kind == Q6_K:
+        aA, aB = _q6(p0, p1, g, nb, b, j, xa)
+        acc = add_i(mul_i(ld_s8(p2 + _b2off(g, nb, b, 0, j)), sub_i(aA, splat_i(32 * sA))),
+                    mul_i(ld_s8(p2 + _b2off(g, nb, b, 1, j)), sub_i(aB, splat_i(32 * sB))))
+        return fma_f(cvt(acc), mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), y)
+    if kind == Q3_K:
+        aA, aB = _halves2(kind, p0, p1, g, nb, b, j, xa)
+        acc = add_i(mul_i(ld_s8(p2 + _b2off(g, nb, b, 0, j)), sub_i(aA, splat_i(4 * sA))),
+                    mul_i(ld_s8(p2 + _b2off(g, nb, b, 1, j)), sub_i(aB, splat_i(4 * sB))))
+        return fma_f(cvt(acc), mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), y)
+    # Q2_K: scale in the low nibble of each byte, min in the high nibble
+    aA, aB = _halves2(kind, p0, p0, g, nb, b, j, xa)
+    vA = ld_u8(p1 + _b2off(g, nb, b, 0, j))
+    vB = ld_u8(p1 + _b2off(g, nb, b, 1, j))
+    acc = add_i(mul_i(bits_i(vA, 0, 15, 0), aA), mul_i(bits_i(vB, 0, 15, 0), aB))
+    macc = add_i(mul_i(bits_i(vA, 4, 15, 0), splat_i(sA)), mul_i(bits_i(vB, 4, 15, 0), splat_i(sB)))
+    y = fma_f(cvt(acc), mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), y)
+    return fma_f(cvt(neg_i(macc)), mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), y)
 
 
 @njit(cache=True, inline="always")
@@ -195,119 +561,87 @@ def _put(pout, out, t, N, n0, y):
     """out[t, n0:n0 + 16] = y, clipped at N."""
     if n0 + 16 <= N:
         st_f32(pout + 4 * (t * N + n0), y)
-    else:
+    elif n0 < N:
         for i in range(N - n0):
             out[t, n0 + i] = lane(y, i)
 
 
 @njit(cache=True, inline="always")
-def _drive(kind, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    """Tiles g0..g1 of out [T, N]: rows two at a time, then a last one alone, each over the tile's 64 features
-    with the blocks in memory order (a sequential stream the prefetchers follow; a second pair re-reads the tile
-    from L2). Wider row groups measured no faster in the model and compiled two to three times slower."""
-    nq = 8 if kind == Q8_0 else 4
+def _drive(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N):
+    """Tiles g0..g1 of out [T, N], 16 features at a time: rows two at a time (one weight load and decode for
+    both), then a last one alone, the blocks in memory order. Two accumulators a pass fit AVX2's registers,
+    and three inlined block bodies keep the compile short."""
     o = pxp + T * Kp
     xd = carray(_pf32(o), (T, nb))
     sx = carray(_pi32(o + 4 * T * nb), (T, nb))
     xs = carray(_pf32(o + 8 * T * nb), (T, nb))
+    sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
     out = carray(_pf32(pout), (T, N))
     for g in range(g0, g1):
-        for t in range(0, T - 1, 2):  # pairs of rows over the tile's 64 features (one weight load for both)
-            y0 = y1 = y2 = y3 = z0 = z1 = z2 = z3 = zero_f()
-            for b in range(nb):
-                bq = (g * nb + b) * nq * NT * 4
-                off = (g * nb + b) * NT
-                xa = pxp + t * Kp + b * QB
-                y0, y1, y2, y3 = _blk4(kind, p0, p1, p2, bq, off, xa, xd[t, b], sx[t, b], xs[t, b], y0, y1, y2, y3)
-                z0, z1, z2, z3 = _blk4(kind, p0, p1, p2, bq, off, xa + Kp, xd[t + 1, b], sx[t + 1, b], xs[t + 1, b],
-                                       z0, z1, z2, z3)
-            _put4(pout, out, t, N, g * NT, y0, y1, y2, y3)
-            _put4(pout, out, t + 1, N, g * NT, z0, z1, z2, z3)
-        if T % 2 == 1:  # the last row alone
-            t = T - 1
-            y0 = y1 = y2 = y3 = zero_f()
-            for b in range(nb):
-                bq = (g * nb + b) * nq * NT * 4
-                off = (g * nb + b) * NT
-                y0, y1, y2, y3 = _blk4(kind, p0, p1, p2, bq, off, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
-                                       xs[t, b], y0, y1, y2, y3)
-            _put4(pout, out, t, N, g * NT, y0, y1, y2, y3)
+        for j in range(4):
+            n0 = g * NT + 16 * j
+            if n0 >= N:
+                break
+            for t in range(0, T - 1, 2):
+                y = z = zero_f()
+                u = t + 1
+                for b in range(nb):
+                    xa = pxp + t * Kp + b * QB
+                    y = _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd[t, b], sx[t, b], sh[t, b, 0],
+                             sh[t, b, 1], xs[t, b], y)
+                    z = _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], sh[u, b, 0],
+                             sh[u, b, 1], xs[u, b], z)
+                _put(pout, out, t, N, n0, y)
+                _put(pout, out, u, N, n0, z)
+            if T % 2 == 1:  # the last row alone
+                t = T - 1
+                y = zero_f()
+                for b in range(nb):
+                    y = _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
+                             sh[t, b, 0], sh[t, b, 1], xs[t, b], y)
+                _put(pout, out, t, N, n0, y)
 
 
-@njit(cache=True, inline="always")
-def _blk4(kind, p0, p1, p2, bq, off, xa, xd, sx, xs, y0, y1, y2, y3):
-    """_blk for the four 16-feature groups of a tile (one row)."""
-    return (_blk(kind, p0, p1, p2, bq, off, xa, xd, sx, xs, y0),
-            _blk(kind, p0, p1, p2, bq + 64, off + 16, xa, xd, sx, xs, y1),
-            _blk(kind, p0, p1, p2, bq + 128, off + 32, xa, xd, sx, xs, y2),
-            _blk(kind, p0, p1, p2, bq + 192, off + 48, xa, xd, sx, xs, y3))
-
-
-@njit(cache=True, inline="always")
-def _put4(pout, out, t, N, n0, y0, y1, y2, y3):
-    """out[t, n0:n0 + 64] = y0..y3, clipped at N."""
-    _put(pout, out, t, N, n0, y0)
-    if n0 + 16 < N:
-        _put(pout, out, t, N, n0 + 16, y1)
-    if n0 + 32 < N:
-        _put(pout, out, t, N, n0 + 32, y2)
-    if n0 + 48 < N:
-        _put(pout, out, t, N, n0 + 48, y3)
-
-
-# C entry points (signature intrinsics._KSIG: the f32 kernels' arguments, xp → the activation buffer)
+# C entry points (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp, g0, g1, out, N)
 def _k_q4_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q4_0, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N)
+    _drive(Q4_0, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
 def _k_q4_1(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q4_1, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N)
+    _drive(Q4_1, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
 def _k_q8_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q8_0, p0, p1, p2, nt, nb, pxp, T, Kp, g0, g1, pout, N)
+    _drive(Q8_0, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
-KERNELS = {Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q8_0: _k_q8_0}
+def _k_q5_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(Q5_0, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# get_rows (bit-exact with gguf.quants.dequantize: ggml's dequantize_row_* arithmetic)
-@njit(cache=True)
-def _rows_q4(qs, d, m, has_m, rows, out):
-    nb = qs.shape[1]
-    for r in range(rows.shape[0]):
-        g, n = divmod(rows[r], NT)
-        for b in range(nb):
-            dd = h2f(d[g, b, n])
-            mm = h2f(m[g, b, n])
-            for q in range(4):
-                for i in range(4):
-                    v = qs[g, b, q, n, i]
-                    k = b * QB + 4 * q + i
-                    if has_m:
-                        out[r, k] = dd * i2f(v & 15) + mm
-                        out[r, k + 16] = dd * i2f(v >> 4) + mm
-                    else:
-                        out[r, k] = dd * i2f((v & 15) - 8)
-                        out[r, k + 16] = dd * i2f((v >> 4) - 8)
+def _k_q5_1(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(Q5_1, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
-@njit(cache=True)
-def _rows_q8(qs, d, rows, out):
-    nb = qs.shape[1]
-    for r in range(rows.shape[0]):
-        g, n = divmod(rows[r], NT)
-        for b in range(nb):
-            dd = h2f(d[g, b, n])
-            for q in range(8):
-                for i in range(4):
-                    out[r, b * QB + 4 * q + i] = dd * i2f(np.int32(qs[g, b, q, n, i]) - 128)
+def _k_q4_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(Q4_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
-def get_rows(kind: int, arrays: tuple, rows: np.ndarray, out: np.ndarray) -> None:
-    if kind == Q8_0:
-        _rows_q8(arrays[0], arrays[1], rows, out)
-    else:
-        m = arrays[2] if kind == Q4_1 else arrays[1]
-        _rows_q4(arrays[0], arrays[1], m, kind == Q4_1, rows, out)
+def _k_q5_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(Q5_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_q6_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(Q6_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_q2_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(Q2_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_q3_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(Q3_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+KERNELS = {Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q8_0: _k_q8_0, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q4_K: _k_q4_k,
+           Q5_K: _k_q5_k, Q6_K: _k_q6_k, Q2_K: _k_q2_k, Q3_K: _k_q3_k}

@@ -2,9 +2,10 @@
 
 Numeric modes (`NUMERICS`, chosen when a matrix is packed: `numerics()` context, `set_default_numerics`, the
 CLI's --numerics):
-- "i8" (default): for Q4_0, Q4_1 and Q8_0 weights, activations quantised per row in blocks of 32 and integer dot
-  products (kernels/cpu/qdot.py; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with
-  the activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/test_qdot.py). Other types: as "f32".
+- "i8" (default): for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights, activations
+  quantised per row in blocks of 32 and integer dot products at every row count, prefill included
+  (kernels/cpu/qdot.py; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with the
+  activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/test_qdot.py). Other types: as "f32".
 - "f32": fp32 dequant-dot. Weights are dequantised to float32 in registers (or a per-thread scratch) and
   multiplied with float32 activations; every product is accumulated with a fused multiply-add (llvm.fma).
   Accuracy vs a float64 reference: |err| <= 1e-4 * (|W| @ |x|) elementwise (tests/test_quant.py).
@@ -114,10 +115,12 @@ class PackedMatrix:
         self.n_rows = int(n_rows)
         self.n_cols = int(n_cols)
         self.numerics = numerics_for(self.qtype, numerics)  # "i8": int8 activations (kernels/cpu/qdot.py)
-        self.kind = qdot.I8_TYPES[self.qtype][0] if self.numerics == "i8" else _KIND[self.qtype]
+        self.kind = qdot.I8_TYPES[self.qtype].kind if self.numerics == "i8" else _KIND[self.qtype]
         self.arrays = arrays
         flat = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
         self.flat = tuple(flat + [_EMPTY] * (6 - len(flat)))
+        if self.numerics == "i8":  # the int8 kernels count 32-element blocks whatever the type's own block
+            n_blocks = -(-self.n_cols // qdot.QB)
         self.dims = np.array([arrays[0].shape[0], n_blocks], np.int64)
         self.perm = np.ascontiguousarray(perm, dtype=np.int64)
         self.nbytes = int(sum(a.nbytes for a in arrays))
@@ -325,7 +328,7 @@ def _launch_one(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out):
 
 
 @njit(parallel=True, cache=True)
-def _launch_i8(fn, a0, a1, a2, dims, T, buf, out, nchunks):
+def _launch_i8(fn, a0, a1, a2, a3, a4, a5, dims, T, buf, out, nchunks):
     """out [T, N] = W x on the int8 path, x already quantised into buf (qdot.quantize_acts): as _launch."""
     N = out.shape[1]
     nt, nb = dims[0], dims[1]
@@ -334,17 +337,20 @@ def _launch_i8(fn, a0, a1, a2, dims, T, buf, out, nchunks):
     p0 = a0.ctypes.data
     p1 = a1.ctypes.data
     p2 = a2.ctypes.data
+    p3 = a3.ctypes.data
+    p4 = a4.ctypes.data
+    p5 = a5.ctypes.data
     pxp = buf.ctypes.data
     pout = out.ctypes.data
     for c in prange(nc):
-        _call_kernel(fn, p0, p1, p2, 0, 0, 0, nt, nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout, N)
+        _call_kernel(fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout, N)
 
 
 @njit(parallel=True, cache=True)
 def _launch_experts(addr, dims, eids, offs, buf, out, nchunks):
     """Every (expert, row group) product of a MoE layer in one parallel region: group g multiplies the rows
     offs[g]..offs[g+1] of the activations (already quantised into buf, group after group) by expert eids[g]
-    (addr[e] = kernel, three packed arrays; dims[e] = tiles, blocks). Each expert's tiles are cut into
+    (addr[e] = kernel, six packed arrays; dims[e] = tiles, blocks). Each expert's tiles are cut into
     nchunks ranges and task c*G + g is range c of group g, so prange's contiguous shares stay balanced."""
     G = eids.shape[0]
     N = out.shape[1]
@@ -360,8 +366,9 @@ def _launch_experts(addr, dims, eids, offs, buf, out, nchunks):
             continue
         T = offs[g + 1] - offs[g]
         Kp = nb * qdot.QB
-        pxp = pbuf0 + offs[g] * (Kp + 12 * nb)  # qdot.act_bytes of the groups before
-        _call_kernel(addr[e, 0], addr[e, 1], addr[e, 2], addr[e, 3], 0, 0, 0, nt, nb, pxp, T, Kp,
+        pxp = pbuf0 + offs[g] * (Kp + qdot.ACT_EXTRA * nb)  # qdot.act_bytes of the groups before
+        _call_kernel(addr[e, 0], addr[e, 1], addr[e, 2], addr[e, 3], addr[e, 4], addr[e, 5], addr[e, 6], nt, nb,
+                     pxp, T, Kp,
                      c * nt // nc, (c + 1) * nt // nc, pout0 + 4 * offs[g] * N, N)
 
 
@@ -378,7 +385,7 @@ class ExpertTable:
         w0 = ws[0]
         self.ok = all(w.numerics == "i8" and (w.n_rows, w.n_cols) == (w0.n_rows, w0.n_cols) for w in ws)
         if self.ok:
-            self.addr = np.array([[_kernel_address(w.kind + _I8)] + [a.ctypes.data for a in w.flat[:3]]
+            self.addr = np.array([[_kernel_address(w.kind + _I8)] + [a.ctypes.data for a in w.flat]
                                   for w in ws], np.int64)
             self.dims = np.array([w.dims for w in ws], np.int64)
             self.n_rows, self.n_cols = w0.n_rows, w0.n_cols
@@ -428,7 +435,7 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         buf = np.empty(qdot.act_bytes(T, w.n_cols), np.uint8)
         qdot.quantize_acts(x, buf)  # called from here: a kernel compiled into _launch_i8 would cache with it
         dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
-        _launch_i8(fn, w.flat[0], w.flat[1], w.flat[2], w.dims, T, buf, dst, _N_CHUNKS)
+        _launch_i8(fn, *w.flat, w.dims, T, buf, dst, _N_CHUNKS)
         if dst is not out:
             out[...] = dst
         return
@@ -515,7 +522,7 @@ def dequantize_rows(w: PackedMatrix, rows: np.ndarray, out: np.ndarray) -> None:
 
 def _get_rows(w: PackedMatrix, rows: np.ndarray, out: np.ndarray) -> None:
     if w.numerics == "i8":
-        qdot.get_rows(w.kind, w.arrays, rows, out)
+        qdot.get_rows(w.kind, w.qtype, w.arrays, rows, out)
     else:
         _ROWS[w.kind](*w.arrays, rows, out)
 

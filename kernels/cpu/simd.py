@@ -177,10 +177,15 @@ def _dpbusd_ir(b, acc, u, s):
     """Portable form: acc + sum over the 4 bytes of each lane of zext(u) * sext(s)."""
     b8 = ir.VectorType(ir.IntType(8), 64)
     w = ir.VectorType(_i32, 64)
-    p = b.mul(b.zext(b.bitcast(u, b8), w), b.sext(b.bitcast(s, b8), w))
+    return _sum4(b, acc, b.mul(b.zext(b.bitcast(u, b8), w), b.sext(b.bitcast(s, b8), w)))
+
+
+def _sum4(b, acc, p):
+    """acc + the sums of each four consecutive lanes of the <64 x i32> products p."""
     out = acc
+    undef = ir.Constant(p.type, None)
     for i in range(4):
-        out = b.add(out, b.shuffle_vector(p, ir.Constant(w, None), ir.Constant(_VI, [4 * j + i for j in range(16)])))
+        out = b.add(out, b.shuffle_vector(p, undef, ir.Constant(_VI, [4 * j + i for j in range(16)])))
     return out
 
 
@@ -293,3 +298,182 @@ def fma_f(typingctx, x, y, z):
         return b.call(fn, a)
 
     return _simple(F32(F32, F32, F32), body)(typingctx, x, y, z)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# integer dot products by ISA: VNNI's vpdpbusd sums four u8 x s8 products into each 32-bit lane without
+# intermediate saturation; AVX2 has vpmaddubsw (pairs into saturating i16) then vpmaddwd (pairs into i32), exact
+# while a pair's sum stays within i16, which the callers guarantee by the weights' range (u <= 127 for dot4).
+AVX2 = "+avx2" in _host_features() and os.environ.get("GUILD_NO_AVX2", "") in ("", "0")
+_b8x32 = ir.VectorType(ir.IntType(8), 32)
+_i16x16 = ir.VectorType(ir.IntType(16), 16)
+_i32x8 = ir.VectorType(_i32, 8)
+
+
+def _halves(b, v):
+    """<16 x i32> → its two 256-bit halves as <32 x i8>."""
+    v8 = b.bitcast(v, ir.VectorType(ir.IntType(8), 64))
+    undef = ir.Constant(v8.type, None)
+    return [b.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(_i32, 32), list(range(32 * h, 32 * h + 32))))
+            for h in (0, 1)]
+
+
+def _join(b, lo, hi):
+    """Two <8 x i32> → <16 x i32>."""
+    return b.shuffle_vector(lo, hi, ir.Constant(_VI, list(range(16))))
+
+
+def _maddubs(b, u, s):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_i16x16, [_b8x32, _b8x32]),
+                                        "llvm.x86.avx2.pmadd.ub.sw")
+    return b.call(fn, [u, s])
+
+
+def _madd_ones(b, p):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_i32x8, [_i16x16, _i16x16]),
+                                        "llvm.x86.avx2.pmadd.wd")
+    return b.call(fn, [p, ir.Constant(_i16x16, [1] * 16)])
+
+
+def _abs8(b, v):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_b8x32, [_b8x32, ir.IntType(1)]), "llvm.abs.v32i8")
+    return b.call(fn, [v, ir.Constant(ir.IntType(1), 0)])
+
+
+def _sign8(b, v, s):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_b8x32, [_b8x32, _b8x32]), "llvm.x86.avx2.psign.b")
+    return b.call(fn, [v, s])
+
+
+def _dot_avx2(b, acc, pairs):
+    """acc + Σ over (u, s) pairs of the 4-byte dot products per lane, the pairs' i16 partial sums added before
+    the widening (exact while each i16 sum fits: the callers' contract)."""
+    halves = []
+    for h in (0, 1):
+        p = None
+        for u, s in pairs:
+            m = _maddubs(b, _halves(b, u)[h], _halves(b, s)[h])
+            p = m if p is None else b.add(p, m)
+        halves.append(_madd_ones(b, p))
+    return b.add(acc, _join(b, *halves))
+
+
+def _dot_portable(b, acc, pairs):
+    for u, s in pairs:
+        acc = _dpbusd_ir(b, acc, u, s)
+    return acc
+
+
+def _vnni(b, acc, u, s):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_VI, [_VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
+    return b.call(fn, [acc, u, s])
+
+
+def _dot_isa(b, acc, pairs):
+    if VNNI512:
+        for u, s in pairs:
+            acc = _vnni(b, acc, u, s)
+        return acc
+    return _dot_avx2(b, acc, pairs) if AVX2 else _dot_portable(b, acc, pairs)
+
+
+@intrinsic
+def dot4(typingctx, acc, u, s):
+    """acc + Σ_{4 bytes of each lane} u8(u) · s8(s) for u <= 127 (exact on every ISA)."""
+    return _simple(I32(I32, I32, I32), lambda b, a: _dot_isa(b, a[0], [(a[1], a[2])]))(typingctx, acc, u, s)
+
+
+@intrinsic
+def dot8(typingctx, acc, u1, s1, u2, s2):
+    """dot4(dot4(acc, u1, s1), u2, s2) for u <= 63 (two products per pair, summed in i16 on AVX2: exact)."""
+    return _simple(I32(I32, I32, I32, I32, I32), lambda b, a: _dot_isa(b, a[0], [(a[1], a[2]), (a[3], a[4])]))(
+        typingctx, acc, u1, s1, u2, s2)
+
+
+@intrinsic
+def dot4ss(typingctx, acc, w, s):
+    """acc + Σ_{4 bytes of each lane} s8(w) · s8(s), for s != -128 (AVX2: |w| · sign(s, w), products <= 128·127
+    per byte, exact in the i16 pairs; elsewhere sign-extended products)."""
+
+    def body(b, a):
+        acc, w, s = a
+        if AVX2 and not VNNI512:
+            halves = []
+            for h in (0, 1):
+                wh, sh = _halves(b, w)[h], _halves(b, s)[h]
+                halves.append(_madd_ones(b, _maddubs(b, _abs8(b, wh), _sign8(b, sh, wh))))
+            return b.add(acc, _join(b, *halves))
+        b8 = ir.VectorType(ir.IntType(8), 64)
+        wv = ir.VectorType(_i32, 64)
+        return _sum4(b, acc, b.mul(b.sext(b.bitcast(w, b8), wv), b.sext(b.bitcast(s, b8), wv)))
+
+    return _simple(I32(I32, I32, I32), body)(typingctx, acc, w, s)
+
+
+def _ld_bytes(signed: bool):
+    @intrinsic
+    def ld(typingctx, addr):
+        def body(b, a):
+            vb = ir.VectorType(ir.IntType(8), 16)
+            v = b.load(_at(b, a[0], vb), align=1)
+            return b.sext(v, _VI) if signed else b.zext(v, _VI)
+
+        return _simple(I32(types.int64), body)(typingctx, addr)
+
+    return ld
+
+
+ld_u8 = _ld_bytes(False)
+"""16 bytes at addr, zero-extended to the 16 i32 lanes."""
+ld_s8 = _ld_bytes(True)
+"""16 bytes at addr, sign-extended to the 16 i32 lanes."""
+
+
+@intrinsic
+def mul_i(typingctx, x, y):
+    return _simple(I32(I32, I32), lambda b, a: b.mul(a[0], a[1]))(typingctx, x, y)
+
+
+@intrinsic
+def bits_i(typingctx, v, shift, mask, up):
+    """((v >> shift) & mask) << up, lane-wise (shift, up: integers; mask: a 32-bit pattern)."""
+    if not all(isinstance(t, types.Integer) for t in (shift, mask, up)):
+        return None
+
+    def body(b, a):
+        def lanes(x):
+            x = b.trunc(x, _i32) if x.type.width > 32 else (b.zext(x, _i32) if x.type.width < 32 else x)
+            return _splat(b, x, _VI)
+
+        return b.shl(b.and_(b.lshr(a[0], lanes(a[1])), lanes(a[2])), lanes(a[3]))
+
+    return _simple(I32(I32, shift, mask, up), body)(typingctx, v, shift, mask, up)
+
+
+@intrinsic
+def or_i(typingctx, x, y):
+    return _simple(I32(I32, I32), lambda b, a: b.or_(a[0], a[1]))(typingctx, x, y)
+
+
+@intrinsic
+def xor80(typingctx, v):
+    """Every byte XOR 0x80 (u8 q + 128 ↔ s8 q)."""
+    return _simple(I32(I32), lambda b, a: b.xor(a[0], ir.Constant(_VI, [0x80808080 - (1 << 32)] * 16)))(typingctx, v)
+
+
+@intrinsic
+def neg_i(typingctx, v):
+    return _simple(I32(I32), lambda b, a: b.neg(a[0]))(typingctx, v)
+
+
+@intrinsic
+def inline_here(typingctx):
+    """Marks the calling function `alwaysinline` for LLVM: helpers stay separate Numba functions (Numba's own
+    inliner copies their IR at every call site and made the kernels compile ten times slower) yet are inlined
+    into the kernel, where their vectors stay in registers."""
+
+    def body(b, a):
+        b.function.attributes.add("alwaysinline")
+        return ir.Constant(ir.IntType(8), 0)
+
+    return _simple(types.uint8(), body)(typingctx)

@@ -3,9 +3,10 @@
 1. packing keeps the GGUF bits: get_rows is bit-exact with gguf.quants.dequantize;
 2. matmul is within 1e-6 * (|W| @ |x̂|) of the float64 product with the activations quantised by the twin
    (ref_quant.quantize_act_q8): the integer sums are exact, only the float32 block scaling rounds;
-3. row invariance, bitwise: row t does not depend on T (1..8, 9, 37), on its neighbours, or on the threads;
+3. row invariance, bitwise: row t does not depend on T (1..8, 9, 37, prefill chunks up to 512), on its
+   neighbours, on a batch of sessions, or on the threads;
 4. experts_matmul (a MoE layer's experts in one parallel region) gives matmul's bits;
-5. the portable dpbusd equals the VNNI instruction, and the VNNI build emits vpdpbusd;
+5. the portable dpbusd equals the VNNI instruction; VNNI builds emit vpdpbusd, AVX2 builds vpmaddubsw;
 6. numerics "f32" keeps the fp32 dequant-dot kernels (and its own packed layout).
 """
 
@@ -24,7 +25,8 @@ from guild.kernels import ref_quant
 from guild.kernels.cpu import qdot, simd
 from guild.kernels.cpu import quant as kq
 
-TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+TYPES = [Q(t) for t in qdot.I8_TYPES]
+KQUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K}
 TOL = 1e-6
 
 
@@ -42,12 +44,13 @@ def _mm(w, x):
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
 def test_get_rows_bit_exact(qt):
-    raw, w = _pack(qt, 80, 96)
+    k = 256 if qt in KQUANTS else 96
+    raw, w = _pack(qt, 80, k)
     assert w.numerics == "i8"
-    want = np.asarray(quants.dequantize(raw, qt), np.float32).reshape(80, 96)
+    want = np.asarray(quants.dequantize(raw, qt), np.float32).reshape(80, k)
     assert np.array_equal(kq.dequantize(w).view(np.uint32), want.view(np.uint32))
     rows = np.array([79, 0, 64, 5], np.int64)
-    out = np.empty((4, 96), np.float32)
+    out = np.empty((4, k), np.float32)
     kq.dequantize_rows(w, rows, out)
     assert np.array_equal(out, want[rows])
 
@@ -55,6 +58,8 @@ def test_get_rows_bit_exact(qt):
 @pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("n, k", [(80, 512), (64, 32), (200, 96), (1100, 64)])
 def test_matmul_matches_twin(qt, n, k):
+    if qt in KQUANTS:
+        k = -(-k // 256) * 256
     raw, w = _pack(qt, n, k, seed=n + k)
     W = ref_quant.dequantize(qt, raw, (n, k)).astype(np.float64)
     rng = np.random.default_rng(1)
@@ -87,6 +92,33 @@ def test_row_invariance(qt):
             noisy = rows[:8].copy()
             noisy[1:] = rng.standard_normal((7, 256)).astype(np.float32) * 100  # other neighbours
             assert np.array_equal(_mm(w, noisy)[0], solo[0])
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
+def test_batch_invariance_up_to_prefill_chunks(qt):
+    """A row's output is bitwise the same alone, in a window, in a batch of sessions (experts_matmul's groups)
+    and in prefill chunks of up to 512 rows, on 1 and 2 threads."""
+    _, w = _pack(qt, 136, 256, seed=11)
+    rng = np.random.default_rng(12)
+    rows = rng.standard_normal((512, 256)).astype(np.float32)
+    picks = [0, 1, 63, 64, 255, 511]
+    solo = {i: _mm(w, rows[i : i + 1]) for i in picks}
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(threads)
+            for T in (64, 65, 256, 512):
+                got = _mm(w, rows[:T])
+                for i in picks:
+                    if i < T:
+                        assert np.array_equal(got[i : i + 1], solo[i]), (threads, T, i)
+            offs = np.array([0, 1, 9, 512], np.int64)  # three sessions' rows through one expert table
+            out = np.empty((512, 136), np.float32)
+            kq.experts_matmul([w], np.zeros(3, np.int64), offs, rows, out)
+            for i in picks:
+                assert np.array_equal(out[i : i + 1], solo[i]), (threads, "batch", i)
     finally:
         numba.set_num_threads(before)
 
@@ -128,15 +160,55 @@ def test_dpbusd_forms_agree():
         assert np.array_equal(out[1], want.astype(np.float32))
 
 
-def test_vnni_instruction_emitted():
-    """On an AVX-512 VNNI host the kernels use vpdpbusd; elsewhere the portable form (no such instruction)."""
+@njit(cache=True)
+def _isa_dots(a, u, s, w, out):
+    pa, pu, ps = a.ctypes.data, u.ctypes.data, s.ctypes.data
+    acc = simd.ld_i32(pa)
+    d4 = simd.dot4(acc, simd.ld_i32(pu), simd.ld_i32(ps))
+    d8 = simd.dot8(acc, simd.ld_i32(pu), simd.ld_i32(ps), simd.ld_i32(pu + 64), simd.ld_i32(ps + 64))
+    ss = simd.dot4ss(acc, simd.ld_i32(w.ctypes.data), simd.ld_i32(ps))
+    for i in range(16):
+        out[0, i] = simd.lane(simd.cvt(d4), i)
+        out[1, i] = simd.lane(simd.cvt(d8), i)
+        out[2, i] = simd.lane(simd.cvt(ss), i)
+
+
+def test_isa_dots_exact_in_their_ranges():
+    """dot4 (u <= 127), dot8 (u <= 63) and dot4ss (signed x signed) are exact at their ranges' extremes, on
+    whichever ISA this host compiles them for."""
+    rng = np.random.default_rng(6)
+    for trial in range(30):
+        a = rng.integers(-(1 << 20), 1 << 20, 16).astype(np.int32)
+        hi = 63 if trial % 2 else 127
+        u = rng.integers(0, hi + 1, 128).astype(np.uint8)
+        s = rng.integers(-127, 128, 128).astype(np.int8)
+        if trial < 3:  # the extremes
+            u[:], s[:] = hi, (-127, 127, -127)[trial]
+        w = rng.integers(-128, 128, 64).astype(np.int8)
+        if trial < 3:
+            w[:] = (-128, 127, -128)[trial]
+        out = np.empty((3, 16), np.float32)
+        _isa_dots(a, u, s, w, out)
+        p = u.astype(np.int64) * s
+        d4 = a + p[:64].reshape(16, 4).sum(1)
+        assert np.array_equal(out[0], d4.astype(np.float32))
+        if hi == 63:
+            assert np.array_equal(out[1], (d4 + p[64:].reshape(16, 4).sum(1)).astype(np.float32))
+        assert np.array_equal(out[2], (a + (w.astype(np.int64) * s[:64]).reshape(16, 4).sum(1)).astype(np.float32))
+
+
+@pytest.mark.parametrize("kernel", ["_k_q4_1", "_k_q6_k"])
+def test_isa_instructions_emitted(kernel):
+    """VNNI hosts use vpdpbusd; AVX2 hosts without it vpmaddubsw + vpmaddwd (not the portable widening)."""
     from numba import cfunc
 
     from guild.kernels.cpu.intrinsics import _KSIG
 
-    asm = cfunc(_KSIG)(qdot._k_q4_1)._library.get_asm_str()  # a fresh compile (cached code has no assembly)
+    asm = cfunc(_KSIG)(getattr(qdot, kernel))._library.get_asm_str()  # a fresh compile (cached code: no asm)
     n = len(re.findall(r"\bvpdpbusd\b", asm))
     assert (n > 0) == simd.VNNI512, f"{n} vpdpbusd instructions, VNNI512={simd.VNNI512}"
+    if simd.AVX2 and not simd.VNNI512:
+        assert re.search(r"\bvpmaddubsw\b", asm) and re.search(r"\bvpmaddwd\b", asm)
 
 
 def test_f32_numerics_keeps_fp32_kernels():
@@ -153,7 +225,7 @@ def test_f32_numerics_keeps_fp32_kernels():
             pass
     assert kq.layout(Q.Q4_1, 64, 64, "i8") == tuple((a.dtype, a.shape) for a in wi.arrays)
     assert kq.layout(Q.Q4_1, 64, 64, "f32") == tuple((a.dtype, a.shape) for a in wf.arrays)
-    assert qdot.act_bytes(3, 64) == 3 * (64 + 12 * 2)
+    assert qdot.act_bytes(3, 64) == 3 * (64 + qdot.ACT_EXTRA * 2)
 
 
 def test_expert_tables_are_bounded(monkeypatch):

@@ -189,11 +189,12 @@ def test_matmul_strided_arguments():
 
 
 def test_packed_memory_is_quantized():
-    """Packing keeps the weights quantized: about the GGUF bytes (plus the padded tail tile)."""
+    """Packing keeps the weights quantized: about the GGUF bytes (plus the padded tail tile; Q3_K's int8 layout
+    keeps a byte per 16-element scale where the GGUF packs them in 6 bits: +3.6 %)."""
     for qt in ALL:
         w = kq.pack(qt, _raw(qt, 128, K_TEST), 128, K_TEST)
         gguf_bytes = 128 * ref_quant.row_bytes(qt, K_TEST)
-        assert w.nbytes <= 1.03 * gguf_bytes, (qt.name, w.nbytes, gguf_bytes)
+        assert w.nbytes <= (1.04 if qt == Q.Q3_K else 1.03) * gguf_bytes, (qt.name, w.nbytes, gguf_bytes)
     with pytest.raises(NotImplementedError):
         kq.pack(Q.TQ2_0, np.zeros((1, 66), np.uint8), 1, 256)
 
