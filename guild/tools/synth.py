@@ -71,8 +71,8 @@ from gguf import GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 
 from ..errors import BadFlagError, GuildError
-from ..files import atomic_path, check_writable, temp_beside
-from ..gguf import SUPPORTED_QTYPES, GGUFFile
+from ..formats.files import atomic_path, check_writable, temp_beside
+from ..formats.gguf import SUPPORTED_QTYPES, GGUFFile
 from ..kernels.ref_quant import dequantize, random_raw
 from ..upcycle import _progress_bar, embedded_dense_path
 from .quant_compare import llama_cpp_module, quantize

@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from guild.errors import BadFlagError, GuildError
-from guild.gguf import GGUFFile, f32
+from guild.formats.gguf import GGUFFile, f32
 from guild.kernels.ref_quant import dequantize
 from guild.models import REGISTRY
 from guild.models.validate import validate_file
