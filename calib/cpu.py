@@ -21,7 +21,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..kernels.cpu import quant
-from ..kernels.cpu.simd import VNNI512
+from ..kernels.cpu.simd import AVX2, VNNI512
 from ..plans.plan import CpuTuning, KernelTuning
 
 ROWS = (1, 2)
@@ -30,7 +30,7 @@ ROWS = (1, 2)
 def kernel_variants(qtype: int, numerics: str = "f32") -> tuple[str, ...]:
     """The GEMV kernel a quant type's matrices run on this host under `numerics` (one per type and mode)."""
     if quant.numerics_for(qtype, numerics) == "i8":
-        return (f"int8-{'vnni512' if VNNI512 else 'portable'}",)
+        return (f"int8-{'vnni512' if VNNI512 else 'avx2' if AVX2 else 'portable'}",)
     return (f"tiled-fp32-{'avx512' if quant._AVX512 else 'avx2'}",)
 
 

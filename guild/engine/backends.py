@@ -65,7 +65,7 @@ def _span(clock: KernelClock | None, name: str):
 class Backend(Protocol):
     """What an architecture's forward and the Layout call on a backend: allocation, staged transfers and the
     kernels, with the CPU kernels' signatures. HostBackend and CudaBackend implement exactly these
-    (tests/test_gpu_host.py checks both against this list); arrays are NumPy on the host, CuPy on a GPU."""
+    (tests/gpu/test_gpu_host.py checks both against this list); arrays are NumPy on the host, CuPy on a GPU."""
 
     name: str  # the key of a layout's rope tables and window metadata
     device: bool  # False: the host itself, whose arrays are the caller's

@@ -12,7 +12,7 @@ when the output did. The budget is VRAM_SHARE of the VRAM less VRAM_RESERVE, kep
 memory pool's slack and the activations.
 
 A plan records the result per group of tensors (guild.plan.Placement); `from_plan` reads back exactly the split
-the plan was made from (tests/test_gpu_host.py).
+the plan was made from (tests/gpu/test_gpu_host.py).
 """
 
 from __future__ import annotations

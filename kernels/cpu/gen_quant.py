@@ -1,6 +1,6 @@
 """Writes kernels/cpu/quant_gen.py: the GEMV kernel `_k_<type>` and get_rows `_r_<type>` of every codec in
 kernels/cpu/codecs.py, from the one template below. Run `python -m guild.kernels.cpu.gen_quant` after editing a
-codec; tests/test_quant_codegen.py checks that the committed file is what this writes.
+codec; tests/kernels/test_quant_codegen.py checks that the committed file is what this writes.
 
 Why generated source and not a factory of closures: Numba's on-disk cache (cache=True) keys a function by its
 qualified name and source file, so closures made by one factory would share (and clobber) one cache entry.

@@ -5,10 +5,10 @@ CLI's --numerics):
 - "i8" (default): for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights, activations
   quantised per row in blocks of 32 and integer dot products at every row count, prefill included
   (kernels/cpu/qdot.py; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with the
-  activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/test_qdot.py). Other types: as "f32".
+  activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/kernels/test_qdot.py). Other types: as "f32".
 - "f32": fp32 dequant-dot. Weights are dequantised to float32 in registers (or a per-thread scratch) and
   multiplied with float32 activations; every product is accumulated with a fused multiply-add (llvm.fma).
-  Accuracy vs a float64 reference: |err| <= 1e-4 * (|W| @ |x|) elementwise (tests/test_quant.py).
+  Accuracy vs a float64 reference: |err| <= 1e-4 * (|W| @ |x|) elementwise (tests/kernels/test_quant.py).
 The rest of this docstring describes the f32 kernels; qdot.py describes its own layout and arithmetic.
 
 Layout ("feature tiles"). `pack` regroups the N output features into tiles of NT = 64 (N padded with zero
@@ -206,7 +206,7 @@ def numerics(mode: str | None) -> Iterator[None]:
         _NUMERICS.reset(token)
 
 
-# While a loader runs (guild.repack_cache), `pack` hands each matrix to its hook instead: the hook may return a
+# While a loader runs (guild.formats.repack_cache), `pack` hands each matrix to its hook instead: the hook may return a
 # matrix read from a cache, or repack and keep a copy. A context variable, so concurrent loads do not mix.
 _HOOK: ContextVar = ContextVar("guild_pack_hook", default=None)
 

@@ -3,7 +3,7 @@ with `cupy.RawModule`; `ops.py` wraps them with the CPU kernels' signatures.
 
 Compilation goes through NVRTC directly (`cupy_backends.cuda.libs.nvrtc`, the `nvidia-cuda-nvrtc-cu12` wheel)
 so that the same function serves the run-time build and the CI check, which has no GPU and no driver
-(tests/test_cuda_compile.py builds every source for sm_61 and sm_120). At run time the architecture comes
+(tests/gpu/test_cuda_compile.py builds every source for sm_61 and sm_120). At run time the architecture comes
 from the device: `-arch=sm_XX` (a cubin: SASS, no driver JIT) when this NVRTC knows the device, else PTX for
 the newest architecture it knows (the driver JIT-compiles it). Cubins are cached on disk (keyed by source,
 options, NVRTC version and architecture) and modules once per process and device.

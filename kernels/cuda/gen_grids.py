@@ -1,6 +1,6 @@
 """Writes kernels/cuda/grids.cuh (the IQ grids of kernels/grids.py as CUDA tables, ggml's ggml-common.h
 values) for quant.cu. Run `python -m guild.kernels.cuda.gen_grids` after changing kernels/grids.py;
-tests/test_cuda_compile.py checks that the committed header is what this writes."""
+tests/gpu/test_cuda_compile.py checks that the committed header is what this writes."""
 
 from __future__ import annotations
 
