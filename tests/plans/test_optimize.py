@@ -62,7 +62,7 @@ def test_optimize_tiny_moe_measures_every_pass(tiny, tmp_path):
 
 def test_optimize_dense_model_has_no_expert_costs(tmp_path):
     m = write_tiny_model(tmp_path / "dense.gguf", qtype="Q8_0")
-    s = optimize(load(str(m)), None, mode="quick", context=64, progress=False).spec
+    s = optimize(load(str(m)), None, mode="quick", context=64, progress=False).drafting
     assert s.verify_cpu_expert_ms is None and s.distinct_experts is None and s.distinct_expert_ratio is None
     assert len(s.verify_window_ms) == MAX_T
 

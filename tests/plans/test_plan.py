@@ -208,13 +208,13 @@ def _big_moe(n_layers=48):
     return t, {i: 16 * 2**20 for i in range(n_layers)}
 
 
-def place(tensors, kv, gpu, context, n_layers=48):
+def _placement(tensors, kv, gpu, context, n_layers=48):
     return plan_placement(Parts.from_table(tensors, kv, n_layers), gpu, context)
 
 
 def test_placement_cpu_only_says_so():
     t, kv = _big_moe()
-    p = plan_placement(t, kv, None, 8192)
+    p = _placement(t, kv, None, 8192)
     assert p.gpu is None and p.gpu_bytes == 0 and "no GPU" in p.note
     assert all(g.device == "cpu" for g in p.groups)
     assert sum(g.bytes for g in p.groups) == sum(b for _, b in t) + sum(kv.values())
@@ -223,7 +223,7 @@ def test_placement_cpu_only_says_so():
 def test_placement_8gib_takes_everything_but_the_routed_experts():
     t, kv = _big_moe()
     gpu = GpuInfo("fake", "8.9", 8 * 2**30)
-    p = plan_placement(t, kv, gpu, 8192)
+    p = _placement(t, kv, gpu, 8192)
     dev = {g.name: g for g in p.groups}
     assert dev["routed_experts"].device == "cpu" and dev["routed_experts"].gpu_bytes == 0
     for name in ("attention", "kv_cache", "norms", "router", "shared_experts", "output", "embeddings"):
@@ -234,7 +234,7 @@ def test_placement_8gib_takes_everything_but_the_routed_experts():
 def test_placement_1gib_fills_whole_layers_in_order():
     t, kv = _big_moe()
     gpu = GpuInfo("fake", "6.1", 2**30)
-    p = plan_placement(t, kv, gpu, 8192)
+    p = _placement(t, kv, gpu, 8192)
     dev = {g.name: g for g in p.groups}
     assert p.gpu_bytes <= vram_budget(gpu.vram_bytes)
     assert dev["attention"].device == "split" and dev["kv_cache"].device == "split"
