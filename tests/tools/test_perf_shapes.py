@@ -1,0 +1,29 @@
+"""perf_shapes on a small synthetic real-architecture file: both numerics measured, figures positive, bad flags
+are one-line errors."""
+
+import json
+
+import pytest
+
+from guild.tools import perf_shapes, synth
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = tmp_path_factory.mktemp("shapes") / "q3.gguf"
+    synth.main(["qwen3-30b-a3b", "--layers", "1", "--scale", "0.0625", "--type", "Q4_K_M", "-o", str(path)])
+    return str(path)
+
+
+def test_measures_both_numerics(small, capsys):
+    assert perf_shapes.main([small, "--rounds", "1", "--tokens", "3", "--no-llama", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["results"]
+    assert set(r) == {"guild i8", "guild f32"}
+    assert all(v["decode"] > 0 and v["prefill"] > 0 for v in r.values())
+
+
+def test_bad_flags_are_one_line_errors(small, capsys):
+    assert perf_shapes.main([small, "--rounds", "0"]) == 1
+    assert perf_shapes.main(["/nonexistent.gguf"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith("error: ") for e in err)
