@@ -42,6 +42,15 @@ BLOCK = {
     Q.IQ1_M: (256, 56),
 }
 
+# Byte offsets of the f16 scale fields (d, then dmin where the type has one) inside one block: ggml-common.h
+# block_*. MXFP4 (an E8M0 exponent) and IQ1_M (its d spread over the scale words) have none. The validator's
+# finite-scale scan, the random test blocks and the tiny-model writer read this one table.
+F16_SCALES = {
+    Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,), Q.IQ2_XXS: (0,),
+    Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.IQ1_S: (0,), Q.MXFP4: (), Q.IQ1_M: (),
+}
+
 # the IQ4_NL / IQ4_XS non-linear 4-bit grid (ggml-common.h kvalues_iq4nl)
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 # MXFP4 e2m1 values, doubled (ggml-common.h kvalues_mxfp4 / kvalues_fp4)

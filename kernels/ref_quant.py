@@ -286,29 +286,6 @@ def matmul_ref(w: np.ndarray, x: np.ndarray, q8act: bool = False) -> np.ndarray:
     return (x64 @ w64.T).astype(np.float32)
 
 
-# offsets of the f16 scale fields inside one block, per type (for building random test / benchmark blocks)
-_F16_FIELDS = {
-    Q.Q8_0: (0,),
-    Q.Q4_0: (0,),
-    Q.Q4_1: (0, 2),
-    Q.Q5_0: (0,),
-    Q.Q4_K: (0, 2),
-    Q.Q5_K: (0, 2),
-    Q.Q6_K: (208,),
-    Q.IQ4_NL: (0,),
-    Q.IQ4_XS: (0,),
-    Q.Q5_1: (0, 2),
-    Q.Q2_K: (80, 82),
-    Q.Q3_K: (108,),
-    Q.IQ2_XXS: (0,),
-    Q.IQ2_XS: (0,),
-    Q.IQ2_S: (0,),
-    Q.IQ3_XXS: (0,),
-    Q.IQ3_S: (0,),
-    Q.IQ1_S: (0,),
-    Q.MXFP4: (),
-    Q.IQ1_M: (),
-}
 
 
 def random_raw(qtype: int, n_rows: int, n_cols: int, rng: np.random.Generator, scale: float = 0.1) -> np.ndarray:
@@ -325,7 +302,7 @@ def random_raw(qtype: int, n_rows: int, n_cols: int, rng: np.random.Generator, s
     bs, ts = BLOCK[qt]
     nb = n_cols // bs
     raw = rng.integers(0, 256, (n_rows, nb, ts), dtype=np.uint8)
-    for off in _F16_FIELDS[qt]:
+    for off in B.F16_SCALES[qt]:
         d = rng.uniform(-scale, scale, (n_rows, nb)).astype(np.float16)
         raw[..., off : off + 2] = d.view(np.uint8).reshape(n_rows, nb, 2)
     if qt == Q.MXFP4:  # shared exponent e: scale 2^(e - 128), kept near 1/16

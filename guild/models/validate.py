@@ -20,6 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from numba import njit
 
 from ..errors import GuildError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
+from ..kernels.blocks import F16_SCALES
 from .base import NumericsError, check_finite  # noqa: F401  (re-exported)
 
 
@@ -232,11 +233,9 @@ def check_mtp_head(g, base, bid: int) -> None:
 
 
 # -- numerics ------------------------------------------------------------------------------------------
-# Byte offsets of the f16 scales (d, and dmin where the type has one) inside one block: ggml-common.h block_*.
-# IQ1_M (its scale is spread over the sub-block scales) and MXFP4 (an E8M0 exponent) are caught at run time.
-_SCALE_OFFSETS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q2_K: (80, 82),
-                  Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
-                  Q.IQ2_XXS: (0,), Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.IQ1_S: (0,)}
+# The f16 scales of each block (kernels/blocks.py F16_SCALES). IQ1_M (its scale spread over the sub-block
+# scales) and MXFP4 (an E8M0 exponent) have none and are caught at run time.
+_SCALE_OFFSETS = {q: offs for q, offs in F16_SCALES.items() if offs}
 _EXP_MASK = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
 
 

@@ -32,6 +32,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGML_QUANT_VERSION
 from gguf.quants import dequantize, quantize
 
 from ..formats.gguf import GGUFFile
+from ..kernels.blocks import F16_SCALES
 from ..models import ModelArgs
 from ..text.vocab import bytes_to_unicode
 
@@ -47,22 +48,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Types gguf.quants cannot quantise: random block bytes, then the f16 super-block scales overwritten with sane
-# values. Offsets of the (d, dmin) f16 fields inside one block (see gguf/quants.py, ggml-common.h).
+# Types gguf.quants cannot quantise: random block bytes, then the f16 scales (kernels/blocks.py F16_SCALES: d,
+# and dmin where there is one) overwritten with sane values.
 _RANDOM_BLOCK_SCALES: dict[GGMLQuantizationType, tuple[int, int | None]] = {
-    GGMLQuantizationType.Q2_K: (80, 82),
-    GGMLQuantizationType.Q3_K: (108, None),
-    GGMLQuantizationType.Q4_K: (0, 2),
-    GGMLQuantizationType.Q5_K: (0, 2),
-    GGMLQuantizationType.Q6_K: (208, None),
-    GGMLQuantizationType.IQ4_NL: (0, None),
-    GGMLQuantizationType.IQ4_XS: (0, None),
-    GGMLQuantizationType.IQ2_XXS: (0, None),
-    GGMLQuantizationType.IQ2_XS: (0, None),
-    GGMLQuantizationType.IQ2_S: (0, None),
-    GGMLQuantizationType.IQ3_XXS: (0, None),
-    GGMLQuantizationType.IQ3_S: (0, None),
-    GGMLQuantizationType.IQ1_S: (0, None),
+    q: (F16_SCALES[q][0], F16_SCALES[q][1] if len(F16_SCALES[q]) > 1 else None)
+    for q in (GGMLQuantizationType[n] for n in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+                                                  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"))
 }
 _QUANTIZABLE = frozenset(
     GGMLQuantizationType[n]
