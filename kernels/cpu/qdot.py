@@ -35,7 +35,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from numba import carray, njit
 
-from ..blocks import k_scale_min, q3k_scales
+from ..blocks import BLOCK, k_scale_min, q3k_scales
 from .drivers import NT
 from .intrinsics import _pf32, _pi32
 from .simd import (
@@ -187,7 +187,9 @@ def _planes(qt: int, blk: np.ndarray) -> dict:
     raise NotImplementedError(Q(qt).name)
 
 
-_SH_Q = (8 * np.arange(4)[None, :] + np.arange(4)[:, None]).astype(np.uint32)  # [quad, byte]: bit of a 1-bit plane
+# [quad, byte] → the bit of an element in a 1-bit plane word, and the low bit of its field in a 2-bit one
+_SH_Q = (8 * np.arange(4)[None, :] + np.arange(4)[:, None]).astype(np.uint32)
+_SH_2 = (8 * np.arange(4)[None, :] + 2 * np.arange(4)[:, None]).astype(np.uint32)
 
 
 def _quads4(u: np.ndarray) -> np.ndarray:
@@ -204,8 +206,7 @@ def _word1(hb: np.ndarray) -> np.ndarray:
 
 def _words2(v: np.ndarray) -> np.ndarray:
     """2-bit values v [.., 32] → u32 [.., 2]: word h, byte i, bits 2q..2q+1 = element 16h + 4q + i."""
-    sh = (8 * np.arange(4)[None, :] + 2 * np.arange(4)[:, None]).astype(np.uint32)
-    w = v.reshape(v.shape[:-1] + (2, 4, 4)).astype(np.uint32) << sh
+    w = v.reshape(v.shape[:-1] + (2, 4, 4)).astype(np.uint32) << _SH_2
     return w.sum(axis=(-2, -1), dtype=np.uint32).astype(np.uint32)
 
 
@@ -247,7 +248,7 @@ def pack(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
     rec = I8_TYPES[q]
     N = int(n_rows)
     nbn = blk.shape[1]
-    K = nbn * (256 if q in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K) else QB)
+    K = nbn * BLOCK[Q(q)][0]
     outs = [np.zeros(shape, dt) for dt, shape in layout(q, N, K)]
     for r0 in range(0, N, _CHUNK):
         b = blk[r0 : r0 + _CHUNK]
@@ -287,8 +288,7 @@ def _unword1(w: np.ndarray) -> np.ndarray:
 
 
 def _unwords2(w: np.ndarray) -> np.ndarray:
-    sh = (8 * np.arange(4)[None, :] + 2 * np.arange(4)[:, None]).astype(np.uint32)
-    v = (w[..., None, None] >> sh) & 3  # [.., 2, q, i]
+    v = (w[..., None, None] >> _SH_2) & 3  # [.., 2, q, i]
     return v.reshape(w.shape[:-1] + (32,)).astype(np.uint8)
 
 
