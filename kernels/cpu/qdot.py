@@ -22,6 +22,8 @@ super-block's f16 scale and min scale):
   Q6_K: y = fma(sc_A·(a_A − 32 s_A) + sc_B·(a_B − 32 s_B), D·dx, y)
   Q3_K: y = fma(sc_A·(a_A − 4 s_A) + sc_B·(a_B − 4 s_B), D·dx, y)
   Q2_K: y = fma(sc_A·a_A + sc_B·a_B, D·dx, y); y = fma(−(mn_A·s_A + mn_B·s_B), M·dx, y)
+  IQ4_NL: y = fma(Σ v·x̂, d·dx, y)   IQ4_XS: y = fma((ls − 32)·Σ v·x̂, D·dx, y)   MXFP4: y = fma(Σ v·x̂, 2^(e−128)·dx, y)
+  (v: the signed level a nibble indexes, looked up 64 bytes at a time with vpshufb)
 (integer terms exact in int32 and converted exactly; each product of two f32 scales rounded once). The float
 chain over b is fixed per (row, feature), whichever path computes it and however many rows or threads there
 are: every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking
@@ -49,6 +51,7 @@ from .simd import (
     dot4ss,
     dot8,
     dpbusd,
+    e8m0_half,
     fma_f,
     hi4,
     hmax_f,
@@ -61,6 +64,7 @@ from .simd import (
     ld_s8,
     ld_u8,
     lo4,
+    lookup16,
     max_f,
     mul_f,
     mul_i,
@@ -81,14 +85,18 @@ QB = 32  # activation block (elements)
 SB = 8  # activation blocks per K-quant super-block (256 elements)
 ACT_EXTRA = 20  # bytes per row and block besides the quants: scale, Σq, scale·Σq, the two half sums
 # kernel kinds
-Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K = range(10)
+Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = range(13)
+# the signed levels a nibble indexes: IQ4_NL's non-linear grid (also IQ4_XS's), MXFP4's e2m1 values doubled
+IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+FP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # the table: one record per type (kernel kind, packed fields); field shapes by role, for [nt tiles, nb blocks]:
 #   q4: nibble quads [nt, nb, 4, NT, 4] u8      q8: byte quads [nt, nb, 8, NT, 4] u8 (q + 128)
 #   w:  bit-plane word [nt, nb, NT] u32         w2: two words (block halves) [nt, nb, 2, NT] u32
-#   b2: two bytes [nt, nb, 2, NT]               h: f16 per block [nt, nb, NT]   hs: f16 per 256 [nt, nb/8, NT]
+#   b2: two bytes [nt, nb, 2, NT]   b: a byte [nt, nb, NT]   h: f16 per block [nt, nb, NT]
+#   hs: f16 per 256 [nt, nb/8, NT]
 class I8Type:
     __slots__ = ("qtype", "kind", "fields")
 
@@ -109,12 +117,15 @@ I8_TYPES = {t.qtype: t for t in (
     I8Type(Q.Q6_K, Q6_K, (("qs", "q4", _U8), ("qh", "w2", _U32), ("sc", "b2", _I8), ("d", "hs", _U16))),
     I8Type(Q.Q2_K, Q2_K, (("q2", "w2", _U32), ("sm", "b2", _U8), ("d", "hs", _U16), ("dmin", "hs", _U16))),
     I8Type(Q.Q3_K, Q3_K, (("q2", "w2", _U32), ("qh", "w", _U32), ("sc", "b2", _I8), ("d", "hs", _U16))),
+    I8Type(Q.IQ4_NL, IQ4_NL, (("qs", "q4", _U8), ("d", "h", _U16))),
+    I8Type(Q.IQ4_XS, IQ4_XS, (("qs", "q4", _U8), ("ls", "b", _I8), ("d", "hs", _U16))),
+    I8Type(Q.MXFP4, MXFP4, (("qs", "q4", _U8), ("e", "b", _U8))),
 )}
 
 
 def _shape(role: str, nt: int, nb: int) -> tuple:
     return {"q4": (nt, nb, 4, NT, 4), "q8": (nt, nb, 8, NT, 4), "w": (nt, nb, NT), "w2": (nt, nb, 2, NT),
-            "b2": (nt, nb, 2, NT), "h": (nt, nb, NT), "hs": (nt, nb // SB, NT)}[role]
+            "b2": (nt, nb, 2, NT), "b": (nt, nb, NT), "h": (nt, nb, NT), "hs": (nt, nb // SB, NT)}[role]
 
 
 def layout(qtype: int, n_rows: int, n_cols: int) -> tuple:
@@ -184,6 +195,20 @@ def _planes(qt: int, blk: np.ndarray) -> dict:
         hb = (hm[:, :, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # bit 4h + s → sub-block
         u = (lo | (hb << 2)).reshape(n, nsb * 8, 32)
         return {"u": u, "sc": q3k_scales(blk[..., 96:108]).reshape(n, nsb * 8, 2), "d": _f16bits(blk[..., 108:110])}
+    if qt in (Q.IQ4_NL, Q.MXFP4):  # the nibbles are indices into the type's levels
+        at = 2 if qt == Q.IQ4_NL else 1
+        p = {"u": _nib32(blk[..., at : at + 16])}
+        if qt == Q.IQ4_NL:
+            p["d"] = _f16bits(blk[..., 0:2])
+        else:
+            p["e"] = blk[..., 0]
+        return p
+    if qt == Q.IQ4_XS:
+        u = _nib32(blk[..., 8:136].reshape(n, nsb, 8, 16))
+        lo = (blk[..., 4:8, None] >> np.array([0, 4], np.uint8)) & 15  # [n, nsb, 4, 2]: sub-block 2i + h
+        hi = (np.ascontiguousarray(blk[..., 2:4]).view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))) & 3
+        ls = (lo.reshape(n, nsb, 8) | (hi.astype(np.uint8) << 4)).astype(np.int8) - np.int8(32)
+        return {"u": u.reshape(n, nsb * 8, 32), "ls": ls.reshape(n, nsb * 8), "d": _f16bits(blk[..., 0:2])}
     raise NotImplementedError(Q(qt).name)
 
 
@@ -269,7 +294,7 @@ def _row_fields(rec: I8Type, arrays: tuple, rows: np.ndarray) -> dict:
     for (name, role, _), a in zip(rec.fields, arrays, strict=True):
         if role in ("q4", "q8"):
             out[name] = a[g, :, :, n, :]  # [R, nb, nq, 4]
-        elif role in ("w", "h", "hs"):
+        elif role in ("w", "b", "h", "hs"):
             out[name] = a[g, :, n]  # [R, nb]
         else:
             out[name] = a[g, :, :, n]  # [R, nb, 2]
@@ -307,6 +332,16 @@ def get_rows(kind: int, qtype: int, arrays: tuple, rows: np.ndarray, out: np.nda
     if q == Q.Q8_0:
         v = (f["qs"].reshape(R, -1, 32) ^ np.uint8(0x80)).view(np.int8).astype(f32)
         y = v * _h2f(f["d"])[..., None]
+    elif q in (Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4):
+        v = np.array(FP4_LEVELS if q == Q.MXFP4 else IQ4_LEVELS, np.int8)[_unquad4(f["qs"])].astype(f32)
+        if q == Q.IQ4_NL:
+            d = _h2f(f["d"])
+        elif q == Q.IQ4_XS:
+            d = np.repeat(_h2f(f["d"]), SB, axis=1) * f["ls"].astype(f32)
+        else:
+            e = f["e"].astype(np.uint32)
+            d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).view(f32)
+        y = d[..., None] * v
     elif q in (Q.Q6_K, Q.Q2_K, Q.Q3_K):
         if q == Q.Q6_K:
             u = (_unquad4(f["qs"]) | (_unwords2(f["qh"]) << 4)).astype(np.int32) - 32
@@ -427,6 +462,12 @@ def _hsoff(g, nb, b, j):
 
 
 @njit(cache=True)
+def _b1off(g, nb, b, j):
+    inline_here()
+    return (g * nb + b) * NT + 16 * j  # a byte per block [nt, nb, NT]
+
+
+@njit(cache=True)
 def _b2off(g, nb, b, h, j):
     inline_here()
     return ((g * nb + b) * 2 + h) * NT + 16 * j  # two bytes per block [nt, nb, 2, NT]
@@ -449,6 +490,36 @@ def _nibbles(kind, p0, ph, g, nb, b, j, xa):
             hi = or_i(hi, bits_i(hw, 4 + q, _M1, 4))
         a = dot8(a, lo, bc_i32(xa + 4 * q), hi, bc_i32(xa + 16 + 4 * q))
     return a
+
+
+_lut_iq4_s, _lut_iq4_u = lookup16(IQ4_LEVELS), lookup16([v + 128 for v in IQ4_LEVELS])
+_lut_fp4_s, _lut_fp4_u = lookup16(FP4_LEVELS), lookup16([v + 128 for v in FP4_LEVELS])
+_SIGNED = AVX2 and not VNNI512  # signed levels, |w| · sign(x, w) pairs; else unsigned levels + 128 (vpdpbusd)
+
+
+@njit(cache=True)
+def _levels(kind, v):
+    inline_here()
+    if kind == MXFP4:
+        return _lut_fp4_s(v) if _SIGNED else _lut_fp4_u(v)
+    return _lut_iq4_s(v) if _SIGNED else _lut_iq4_u(v)
+
+
+@njit(cache=True)
+def _lut_dot(kind, p0, g, nb, b, j, xa, sx):
+    """Σ w·x̂ over the block for the table types: each nibble looked up in the type's signed levels."""
+    inline_here()
+    oq = ((g * nb + b) * 4 * NT + 16 * j) * 4
+    a = zero_i()
+    for q in range(4):
+        w = ld_i32(p0 + oq + q * NT * 4)
+        if _SIGNED:
+            a = dot4ss(a, _levels(kind, lo4(w)), bc_i32(xa + 4 * q))
+            a = dot4ss(a, _levels(kind, hi4(w)), bc_i32(xa + 16 + 4 * q))
+        else:
+            a = dpbusd(a, _levels(kind, lo4(w)), bc_i32(xa + 4 * q))
+            a = dpbusd(a, _levels(kind, hi4(w)), bc_i32(xa + 16 + 4 * q))
+    return a if _SIGNED else sub_i(a, splat_i(128 * sx))
 
 
 @njit(cache=True)
@@ -513,6 +584,13 @@ def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
                 a = dpbusd(a, ld_i32(p0 + o + q * NT * 4), bc_i32(xa + 4 * q))
             a = sub_i(a, splat_i(128 * sx))
         return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+    if kind == IQ4_NL or kind == IQ4_XS or kind == MXFP4:
+        a = _lut_dot(kind, p0, g, nb, b, j, xa, sx)
+        if kind == IQ4_NL:
+            return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+        if kind == IQ4_XS:
+            return fma_f(cvt(mul_i(ld_s8(p1 + _b1off(g, nb, b, j)), a)), mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), y)
+        return fma_f(cvt(a), mul_f(e8m0_half(ld_u8(p1 + _b1off(g, nb, b, j))), dx), y)
     if kind == Q4_0 or kind == Q4_1:
         a = _nibbles(kind, p0, p0, g, nb, b, j, xa)
         if kind == Q4_0:
@@ -643,5 +721,18 @@ def _k_q3_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
     _drive(Q3_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
+def _k_iq4_nl(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ4_NL, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_iq4_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ4_XS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(MXFP4, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
 KERNELS = {Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q8_0: _k_q8_0, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q4_K: _k_q4_k,
-           Q5_K: _k_q5_k, Q6_K: _k_q6_k, Q2_K: _k_q2_k, Q3_K: _k_q3_k}
+           Q5_K: _k_q5_k, Q6_K: _k_q6_k, Q2_K: _k_q2_k, Q3_K: _k_q3_k, IQ4_NL: _k_iq4_nl, IQ4_XS: _k_iq4_xs,
+           MXFP4: _k_mxfp4}

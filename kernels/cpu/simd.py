@@ -477,3 +477,62 @@ def inline_here(typingctx):
         return ir.Constant(ir.IntType(8), 0)
 
     return _simple(types.uint8(), body)(typingctx)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 16-entry byte tables (IQ4_NL's non-linear levels, MXFP4's e2m1 values): vpshufb looks up every byte of a
+# vector of nibbles in one instruction; the table is repeated in each 128-bit lane, as vpshufb indexes per lane.
+AVX512BW = "+avx512bw" in _host_features() and os.environ.get("GUILD_NO_VNNI", "") in ("", "0")
+
+
+def _lookup_ir(b, v, table, portable):
+    """Every byte of v (values 0..15) replaced by table[v]."""
+    if (AVX512BW or AVX2) and not portable:
+        width = 64 if AVX512BW else 32
+        vt = ir.VectorType(ir.IntType(8), width)
+        name = "llvm.x86.avx512.pshuf.b.512" if AVX512BW else "llvm.x86.avx2.pshuf.b"
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(vt, [vt, vt]), name)
+        tab = ir.Constant(vt, [int(x) & 0xFF for x in table] * (width // 16))
+        parts = [b.bitcast(v, vt)] if AVX512BW else _halves(b, v)
+        out = [b.call(fn, [tab, p]) for p in parts]
+        if AVX512BW:
+            return b.bitcast(out[0], _VI)
+        return _join(b, b.bitcast(out[0], _i32x8), b.bitcast(out[1], _i32x8))
+    b8 = ir.VectorType(ir.IntType(8), 64)
+    src = b.bitcast(v, b8)
+    arr = ir.Constant(ir.ArrayType(ir.IntType(8), 16), [int(x) & 0xFF for x in table])
+    gv = cgutils.global_constant(b, "guild_lut", arr)
+    out = ir.Constant(b8, None)
+    for i in range(64):  # portable: one extract, one table read, one insert per byte
+        idx = b.zext(b.extract_element(src, ir.Constant(_i32, i)), ir.IntType(64))
+        val = b.load(b.gep(gv, [ir.Constant(ir.IntType(64), 0), idx]))
+        out = b.insert_element(out, val, ir.Constant(_i32, i))
+    return b.bitcast(out, _VI)
+
+
+def lookup16(table, portable=False):
+    """An intrinsic mapping every byte (a nibble value) of an i32 vector to table[byte] (vpshufb where the host
+    has it; `portable`: element by element everywhere, for tests)."""
+    table = tuple(int(x) for x in table)
+    assert len(table) == 16
+
+    @intrinsic
+    def lut(typingctx, v):
+        return _simple(I32(I32), lambda b, a: _lookup_ir(b, a[0], table, portable))(typingctx, v)
+
+    return lut
+
+
+@intrinsic
+def e8m0_half(typingctx, v):
+    """MXFP4's block scale: the e8m0 exponent byte e in each lane → 2^(e − 128) as f32 (ggml's
+    e8m0_to_fp32_half: subnormal for e < 2)."""
+
+    def body(b, a):
+        e = a[0]
+        small = b.shl(ir.Constant(_VI, [0x00200000] * 16), e)
+        big = b.shl(b.sub(e, ir.Constant(_VI, [1] * 16)), ir.Constant(_VI, [23] * 16))
+        bits = b.select(b.icmp_unsigned("<", e, ir.Constant(_VI, [2] * 16)), small, big)
+        return b.bitcast(bits, _VF)
+
+    return _simple(F32(I32), body)(typingctx, v)

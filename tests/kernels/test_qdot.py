@@ -22,11 +22,12 @@ from gguf import quants
 from numba import njit
 
 from guild.kernels import ref_quant
+from guild.kernels.blocks import BLOCK
 from guild.kernels.cpu import qdot, simd
 from guild.kernels.cpu import quant as kq
 
 TYPES = [Q(t) for t in qdot.I8_TYPES]
-KQUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K}
+KQUANTS = {qt for qt in TYPES if BLOCK[qt][0] == 256}  # super-blocks of 256
 TOL = 1e-6
 
 
@@ -197,9 +198,32 @@ def test_isa_dots_exact_in_their_ranges():
         assert np.array_equal(out[2], (a + (w.astype(np.int64) * s[:64]).reshape(16, 4).sum(1)).astype(np.float32))
 
 
-@pytest.mark.parametrize("kernel", ["_k_q4_1", "_k_q6_k"])
+_LUT = simd.lookup16(qdot.IQ4_LEVELS)
+_LUT_PORTABLE = simd.lookup16(qdot.IQ4_LEVELS, portable=True)
+
+
+@njit
+def _lookups(idx, out):
+    p = idx.ctypes.data
+    for k in range(4):  # byte k of every lane
+        simd.st_i8(out.ctypes.data + 16 * k, simd.bits_i(_LUT(simd.ld_i32(p)), 8 * k, 0xFF, 0))
+        simd.st_i8(out.ctypes.data + 64 + 16 * k, simd.bits_i(_LUT_PORTABLE(simd.ld_i32(p)), 8 * k, 0xFF, 0))
+
+
+def test_table_lookup_forms_agree():
+    """The vpshufb lookup and the element-by-element one give table[nibble] for every byte."""
+    idx = np.random.default_rng(5).integers(0, 16, 64).astype(np.uint8)
+    out = np.zeros(128, np.uint8)
+    _lookups(idx, out)
+    want = np.array(qdot.IQ4_LEVELS, np.int8).view(np.uint8)[idx]
+    for form in (out[:64], out[64:]):
+        assert np.array_equal(form.reshape(4, 16).T.reshape(64), want)
+
+
+@pytest.mark.parametrize("kernel", ["_k_q4_1", "_k_q6_k", "_k_iq4_xs"])
 def test_isa_instructions_emitted(kernel):
-    """VNNI hosts use vpdpbusd; AVX2 hosts without it vpmaddubsw + vpmaddwd (not the portable widening)."""
+    """VNNI hosts use vpdpbusd; AVX2 hosts without it vpmaddubsw + vpmaddwd (not the portable widening); the
+    table types look their levels up with vpshufb."""
     from numba import cfunc
 
     from guild.kernels.cpu.intrinsics import _KSIG
@@ -209,6 +233,8 @@ def test_isa_instructions_emitted(kernel):
     assert (n > 0) == simd.VNNI512, f"{n} vpdpbusd instructions, VNNI512={simd.VNNI512}"
     if simd.AVX2 and not simd.VNNI512:
         assert re.search(r"\bvpmaddubsw\b", asm) and re.search(r"\bvpmaddwd\b", asm)
+    if kernel == "_k_iq4_xs" and simd.AVX2:
+        assert re.search(r"\bvpshufb\b", asm)
 
 
 def test_f32_numerics_keeps_fp32_kernels():

@@ -1,4 +1,4 @@
-"""Models whose matrices use the quant types of the files users download (Q5_1, the K-quants below 4 bits,
+"""Models whose matrices use the quant types of the files users download (Q5_1, the K-quants below 4 bits, IQ4,
 the IQ2/IQ3/IQ1 grids, MXFP4): the engine loads them, matches the float64 reference on the dequantised
 weights, and speculative decoding keeps token parity with plain decoding."""
 
@@ -15,8 +15,8 @@ from tests.helpers.reference import reference_forward
 
 SMALL = dict(dim=64, ffn=128, n_heads=4, n_kv_heads=2)
 KQ = dict(dim=256, ffn=256, n_heads=4, n_kv_heads=2)  # rows of 256-weight blocks
-TYPES = [("Q5_1", SMALL), ("MXFP4", SMALL), ("Q2_K", KQ), ("Q3_K", KQ), ("IQ2_XXS", KQ), ("IQ2_XS", KQ),
-         ("IQ2_S", KQ), ("IQ3_XXS", KQ), ("IQ3_S", KQ), ("IQ1_S", KQ)]
+TYPES = [("Q5_1", SMALL), ("MXFP4", SMALL), ("IQ4_NL", SMALL), ("IQ4_XS", KQ), ("Q2_K", KQ), ("Q3_K", KQ),
+         ("IQ2_XXS", KQ), ("IQ2_XS", KQ), ("IQ2_S", KQ), ("IQ3_XXS", KQ), ("IQ3_S", KQ), ("IQ1_S", KQ)]
 SEQ = np.array([5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18, 250, 42, 7, 120, 33], np.int64)
 
 
