@@ -153,6 +153,12 @@ class Architecture(ABC):
         """The block with each layer object (a class holding weights) passed through layer_object and each bare
         float32 vector through vector: how guild.engine.gpu makes a block's device twin."""
 
+    def prefill_row_invariant(self) -> bool:
+        """Whether a prompt's rows come out bitwise the same whatever the prefill chunk size, so a cache built
+        by any chunking (or by decoding) serves as a prefix of any later prompt. Architectures that can tell
+        override this; the default promises it only up to ROW_INVARIANT_ROWS rows per chunk."""
+        return False
+
     @property
     def layout(self) -> Layout:
         """Where each part runs: the CPU everywhere unless guild.engine.gpu placed this model."""

@@ -84,6 +84,13 @@ class Layer:
             self.gu = Linear([g.tensor(p + "ffn_gate.weight"), g.tensor(p + "ffn_up.weight")])
             self.down = Linear([g.tensor(p + "ffn_down.weight")])
 
+    def matrices(self) -> list:
+        """Every packed matrix of the block."""
+        own = self.qkv.parts + self.wo.parts
+        if self.moe:
+            return own + [self.router] + self.experts_gu + self.experts_down
+        return own + self.gu.parts + self.down.parts
+
 
 class Llama(Architecture):
     GPU = True
@@ -130,6 +137,12 @@ class Llama(Architecture):
     @staticmethod
     def map_block(blk, layer_object, vector):
         return layer_object(blk)
+
+    def prefill_row_invariant(self) -> bool:
+        """On the CPU every op of a block is computed row by row in a fixed order; only matrices that take
+        BLAS for large chunks (unquantised wide ones, or --numerics f32) break it."""
+        return self.placement is None and self.output.row_invariant and all(
+            m.row_invariant for L in self.layers for m in L.matrices())
 
     def new_state(self, n_ctx: int | None = None) -> KVCache | DeviceKVCache:
         a = self.args

@@ -79,16 +79,17 @@ class SessionPool:
     """Sessions (KV cache + drafter) kept after their request, so a request that extends an earlier conversation
     feeds only its new tokens. Bounded: at most `max_bytes` of caches, least recently used evicted first.
 
-    Reuse never changes a token: with `prefill_batch` <= ROW_INVARIANT_ROWS every row is computed by the
-    row-invariant kernels, so any common prefix is reusable; with larger prefill chunks (which use BLAS) only
-    rows from whole aligned chunks are, and the reused prefix is cut to a chunk boundary so the rest of the
-    prompt is chunked exactly as a fresh prefill chunks it."""
+    Reuse never changes a token: where the model's prefill is row-invariant at any chunk size (the int8 kernels
+    on the CPU, `row_invariant`) or `prefill_batch` <= ROW_INVARIANT_ROWS, every row is computed as a fresh
+    prefill computes it, so any common prefix is reusable; otherwise (chunks through BLAS) only rows from whole
+    aligned chunks are, and the reused prefix is cut to a chunk boundary so the rest of the prompt is chunked
+    exactly as a fresh prefill chunks it."""
 
     def __init__(self, make_session: Callable[[], GuildSession], make_drafter: Callable[[str], Drafter],
-                 prefill_batch: int, max_bytes: int):
+                 prefill_batch: int, max_bytes: int, row_invariant: bool = False):
         self.make_session, self.make_drafter = make_session, make_drafter
         self.batch, self.max_bytes = prefill_batch, max_bytes
-        self.row_invariant = prefill_batch <= ROW_INVARIANT_ROWS
+        self.row_invariant = row_invariant or prefill_batch <= ROW_INVARIANT_ROWS
         self.entries: list[Entry] = []
         self._tick = 0
 
@@ -157,7 +158,7 @@ class BatchEngine:
                              f"{cache_bytes / 2**20:.0f} MiB")
         self._spares = [probe]
         self.pool = SessionPool(lambda: self._spares.pop() if self._spares else lm.session(context, prefill_batch),
-                                self._drafter, prefill_batch, cache_bytes)
+                                self._drafter, prefill_batch, cache_bytes, self.model.prefill_row_invariant())
         self._waiting: deque[Job] = deque()
         self._active: list[Job] = []
         self._cv = threading.Condition()

@@ -74,6 +74,9 @@ _PREFILL_ROWS = 1024  # features dequantised per BLAS call in the prefill path
 # only wins beyond ~64 rows here (measured on 1536x576 / 576x1536, Q4_1 and Q4_K).
 _GEMV_PATH_ROWS = 64
 ROW_INVARIANT_ROWS = _GEMV_PATH_ROWS  # up to this many rows per call, every row is bitwise the same as alone
+# fp matrices with at most this many output features (MoE routers, the shared expert's gate) take the GEMV
+# kernels at every row count, 64 rows a call: BLAS would not pay on them, and their rows stay row-invariant
+NARROW_ROWS = 512
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -109,6 +112,12 @@ class PackedMatrix:
     canonical activation order (int64 [Kp], -1 = zero padding)."""
 
     __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "kind", "nbytes", "numerics")
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether every output row is bitwise the same whatever the row count of the call (else only up to
+        ROW_INVARIANT_ROWS rows: larger calls go through BLAS)."""
+        return self.numerics == "i8" or self.n_rows <= NARROW_ROWS
 
     def __init__(self, qtype: int, n_rows: int, n_cols: int, arrays: tuple, perm: np.ndarray, n_blocks: int,
                  numerics: str = "f32"):
@@ -440,14 +449,16 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         if dst is not out:
             out[...] = dst
         return
-    if T <= _GEMV_PATH_ROWS:
+    if T <= _GEMV_PATH_ROWS or w.n_rows <= NARROW_ROWS:
         fn = _KADDR.get(w.kind) or _kernel_address(w.kind)
-        xp = np.empty((T, w.perm.shape[0]), np.float32)
         dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
-        if w.dims[0] == 1:
-            _launch_one(fn, *w.flat, w.dims, w.perm, x, xp, dst)
-        else:
-            _launch(fn, *w.flat, w.dims, w.perm, x, xp, dst, _N_CHUNKS)
+        for t0 in range(0, T, _GEMV_PATH_ROWS):
+            xc = x[t0 : t0 + _GEMV_PATH_ROWS]
+            xp = np.empty((xc.shape[0], w.perm.shape[0]), np.float32)
+            if w.dims[0] == 1:
+                _launch_one(fn, *w.flat, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS])
+            else:
+                _launch(fn, *w.flat, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS], _N_CHUNKS)
         if dst is not out:
             out[...] = dst
         return

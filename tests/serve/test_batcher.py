@@ -1,5 +1,6 @@
-"""The serving engine without HTTP: prefix reuse stays exact when prefill chunks take the BLAS path, the session
-pool stays within its memory cap, and an impossible cap is refused up front."""
+"""The serving engine without HTTP: prefix reuse at any chunk size where prefill is row-invariant, and exact when
+prefill chunks take the BLAS path; the session pool stays within its memory cap, and an impossible cap is
+refused up front."""
 
 import threading
 
@@ -45,7 +46,37 @@ DOC = ("The Python Software Foundation was formed in 2001 to own Python-related 
        "non-profit organization devoted to the Python programming language. ") * 2
 
 
-def test_reuse_with_blas_prefill_is_cut_to_whole_chunks(lm):
+def test_reuse_at_any_chunk_size_with_row_invariant_prefill(lm):
+    """The int8 kernels make prefill row-invariant at any chunk size: with 512-row chunks a prompt sent again
+    reuses all but its last token, a follow-up reuses the reply's decoded rows too, and the tokens are those
+    of a fresh engine."""
+    assert lm.model.prefill_row_invariant()
+    e = _engine(lm)
+    try:
+        a = _ids(lm, DOC + "Question: who owns it?")
+        first = _run(e, a)
+        again = _run(e, a)
+        assert again.reused_tokens == len(a) - 1 and again.tokens == first.tokens
+        b = a + first.tokens + _ids(lm, " And when was it formed? Answer briefly, please.")[1:]
+        second = _run(e, b)
+        assert second.reused_tokens >= len(a) + len(first.tokens) - 1
+    finally:
+        e.close()
+    fresh = _engine(lm)
+    try:
+        assert _run(fresh, b).tokens == second.tokens
+    finally:
+        fresh.close()
+
+
+@pytest.fixture(scope="module")
+def lm_blas(moe_path):
+    return load(moe_path, numerics="f32")  # fp32 kernels: chunks over 64 rows multiply through BLAS
+
+
+def test_reuse_with_blas_prefill_is_cut_to_whole_chunks(lm_blas):
+    lm = lm_blas
+    assert not lm.model.prefill_row_invariant()
     batch = 72  # > the kernels' row-invariant size: prefill chunks take the BLAS path
     e = _engine(lm, prefill_batch=batch)
     try:
