@@ -10,7 +10,8 @@ one feature are adjacent, so one 64-byte load holds 16 features × 4 k: the oper
 nibble quads (byte i of quad q: low nibble = element 4q + i, high nibble = element 16 + 4q + i) or 2-bit
 quads, plus bit planes for the bits above (one 32-bit word per feature and block, laid out so that a shift and
 a mask give the bits of one quad), integer sub-block scales as bytes, and the f16 scales of the block or
-super-block. The packed bytes per weight stay those of the GGUF type (within 3 %; Q3_K +3.6 %).
+super-block; the grid types keep their grid indices, sign bits and scales (kernels below). The packed bytes per
+weight stay those of the GGUF type within 3 % (Q3_K and IQ3_S +3.6 %, IQ3_XXS +8 %, IQ2_XS +11 %, IQ2_XXS +12 %).
 
 Arithmetic per output feature n of row t, block b (x̂ the row's quantised block, dx its scale, s = Σx̂, s_A and
 s_B the sums of its halves, a = Σ u·x̂ over the block's unsigned quants u, a_A, a_B over each half; D, M the
@@ -24,6 +25,9 @@ super-block's f16 scale and min scale):
   Q2_K: y = fma(sc_A·a_A + sc_B·a_B, D·dx, y); y = fma(−(mn_A·s_A + mn_B·s_B), M·dx, y)
   IQ4_NL: y = fma(Σ v·x̂, d·dx, y)   IQ4_XS: y = fma((ls − 32)·Σ v·x̂, D·dx, y)   MXFP4: y = fma(Σ v·x̂, 2^(e−128)·dx, y)
   (v: the signed level a nibble indexes, looked up 64 bytes at a time with vpshufb)
+  IQ2_XXS, IQ3_XXS, IQ3_S: y = fma(sc·(a_A + a_B), D·dx·c, y)   IQ2_XS, IQ2_S: y = fma(sc_A·a_A + sc_B·a_B, D·dx·c, y)
+  (a: Σ |g|·(±x̂), the grid's magnitudes g read by index, the sign bits applied to x̂; sc = 2s + 1 and c = 1/8
+  for ggml's (0.5 + s)·0.25, 1/4 for IQ3_XXS's (0.5 + s)·0.5; IQ3_S: sc = 1 + 2s, c = 1)
 (integer terms exact in int32 and converted exactly; each product of two f32 scales rounded once). The float
 chain over b is fixed per (row, feature), whichever path computes it and however many rows or threads there
 are: every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking
@@ -37,7 +41,17 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from numba import carray, njit
 
-from ..blocks import BLOCK, k_scale_min, q3k_scales
+from ..blocks import (
+    BLOCK,
+    GRID_IQ2S,
+    GRID_IQ2XS,
+    GRID_IQ2XXS,
+    GRID_IQ3S,
+    GRID_IQ3XXS,
+    KSIGNS_IQ2XS,
+    k_scale_min,
+    q3k_scales,
+)
 from .drivers import NT
 from .intrinsics import _pf32, _pi32
 from .simd import (
@@ -53,6 +67,7 @@ from .simd import (
     dpbusd,
     e8m0_half,
     fma_f,
+    gather_u32,
     hi4,
     hmax_f,
     hsum_i,
@@ -68,6 +83,7 @@ from .simd import (
     max_f,
     mul_f,
     mul_i,
+    neg_bytes,
     neg_i,
     or_i,
     rint_i,
@@ -86,6 +102,7 @@ SB = 8  # activation blocks per K-quant super-block (256 elements)
 ACT_EXTRA = 20  # bytes per row and block besides the quants: scale, Σq, scale·Σq, the two half sums
 # kernel kinds
 Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = range(13)
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = range(13, 18)  # grid types: magnitudes read from a table by index
 # the signed levels a nibble indexes: IQ4_NL's non-linear grid (also IQ4_XS's), MXFP4's e2m1 values doubled
 IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 FP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
@@ -96,7 +113,9 @@ FP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 #   q4: nibble quads [nt, nb, 4, NT, 4] u8      q8: byte quads [nt, nb, 8, NT, 4] u8 (q + 128)
 #   w:  bit-plane word [nt, nb, NT] u32         w2: two words (block halves) [nt, nb, 2, NT] u32
 #   b2: two bytes [nt, nb, 2, NT]   b: a byte [nt, nb, NT]   h: f16 per block [nt, nb, NT]
-#   hs: f16 per 256 [nt, nb/8, NT]
+#   hs: f16 per 256 [nt, nb/8, NT]   g4, g8: grid indices' low bytes per 8 or per 4 elements [nt, nb, 4 | 8, NT]
+#   (the grid types: IQ2_XS's 9th index bit, IQ2_S's 9th and 10th, IQ3_S's 9th in a byte `gh` per block; the
+#   signs, one bit per element, in a bit-plane word; IQ2_XS/IQ2_S's two 4-bit scales s in one byte, else 2s + 1)
 class I8Type:
     __slots__ = ("qtype", "kind", "fields")
 
@@ -120,12 +139,24 @@ I8_TYPES = {t.qtype: t for t in (
     I8Type(Q.IQ4_NL, IQ4_NL, (("qs", "q4", _U8), ("d", "h", _U16))),
     I8Type(Q.IQ4_XS, IQ4_XS, (("qs", "q4", _U8), ("ls", "b", _I8), ("d", "hs", _U16))),
     I8Type(Q.MXFP4, MXFP4, (("qs", "q4", _U8), ("e", "b", _U8))),
+    I8Type(Q.IQ2_XXS, IQ2_XXS, (("gi", "g4", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16))),
+    I8Type(Q.IQ2_XS, IQ2_XS, (("gi", "g4", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16),
+                              ("gh", "b", _U8))),
+    I8Type(Q.IQ2_S, IQ2_S, (("gi", "g4", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16),
+                            ("gh", "b", _U8))),
+    I8Type(Q.IQ3_XXS, IQ3_XXS, (("gi", "g8", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16))),
+    I8Type(Q.IQ3_S, IQ3_S, (("gi", "g8", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16),
+                            ("gh", "b", _U8))),
 )}
+# grid types: the table of magnitudes (bytes per entry), the float factor of the integer scale before d
+_GRIDS = {Q.IQ2_XXS: (GRID_IQ2XXS, 0.125), Q.IQ2_XS: (GRID_IQ2XS, 0.125), Q.IQ2_S: (GRID_IQ2S, 0.125),
+          Q.IQ3_XXS: (GRID_IQ3XXS, 0.25), Q.IQ3_S: (GRID_IQ3S, 1.0)}
 
 
 def _shape(role: str, nt: int, nb: int) -> tuple:
     return {"q4": (nt, nb, 4, NT, 4), "q8": (nt, nb, 8, NT, 4), "w": (nt, nb, NT), "w2": (nt, nb, 2, NT),
-            "b2": (nt, nb, 2, NT), "b": (nt, nb, NT), "h": (nt, nb, NT), "hs": (nt, nb // SB, NT)}[role]
+            "b2": (nt, nb, 2, NT), "b": (nt, nb, NT), "h": (nt, nb, NT), "hs": (nt, nb // SB, NT),
+            "g4": (nt, nb, 4, NT), "g8": (nt, nb, 8, NT)}[role]
 
 
 def layout(qtype: int, n_rows: int, n_cols: int) -> tuple:
@@ -209,7 +240,52 @@ def _planes(qt: int, blk: np.ndarray) -> dict:
         hi = (np.ascontiguousarray(blk[..., 2:4]).view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))) & 3
         ls = (lo.reshape(n, nsb, 8) | (hi.astype(np.uint8) << 4)).astype(np.int8) - np.int8(32)
         return {"u": u.reshape(n, nsb * 8, 32), "ls": ls.reshape(n, nsb * 8), "d": _f16bits(blk[..., 0:2])}
+    if qt in _GRIDS:
+        return _grid_planes(qt, blk)
     raise NotImplementedError(Q(qt).name)
+
+
+def _grid_planes(qt: int, blk: np.ndarray) -> dict:
+    """The grid types' fields per 32-element block: grid indices (per 8 or 4 elements; low bytes, the bits above
+    in one byte), the 32 sign bits as one bit-plane word, the integer scales (2s + 1 for ggml's 0.5 + s; IQ3_S's
+    1 + 2s; IQ2_XS/IQ2_S: the GGUF byte of two 4-bit s) and d."""
+    n, nsb = blk.shape[:2]
+    u32 = np.uint32
+    if qt == Q.IQ2_XXS:
+        q = blk[..., 2:66].reshape(n, nsb, 8, 8)
+        gi = q[..., 0:4].astype(np.uint16)
+        aux = np.ascontiguousarray(q[..., 4:8]).view(u32)[..., 0]
+        sgn = KSIGNS_IQ2XS[(aux[..., None] >> (7 * np.arange(4, dtype=u32))) & 127]
+        sc = (2 * (aux >> 28) + 1).astype(np.uint8)
+    elif qt in (Q.IQ2_XS, Q.IQ2_S):
+        if qt == Q.IQ2_XS:
+            qs = np.ascontiguousarray(blk[..., 2:66]).view(np.uint16).reshape(n, nsb, 8, 4)
+            gi, sgn, at = qs & 511, KSIGNS_IQ2XS[qs >> 9], 66
+        else:
+            qh = blk[..., 66:74].astype(np.uint16)[..., None]
+            gi = blk[..., 2:34].reshape(n, nsb, 8, 4) | ((qh << (8 - 2 * np.arange(4, dtype=np.uint16))) & 0x300)
+            sgn, at = blk[..., 34:66].reshape(n, nsb, 8, 4), 74
+        sc = blk[..., at : at + 8]  # per 16 elements: s_A in the low nibble, s_B in the high
+    elif qt == Q.IQ3_XXS:
+        gi = blk[..., 2:66].reshape(n, nsb, 8, 8).astype(np.uint16)
+        aux = np.ascontiguousarray(blk[..., 66:98]).view(u32)  # [n, nsb, 8]
+        sgn = KSIGNS_IQ2XS[(aux[..., None] >> (7 * np.arange(4, dtype=u32))) & 127]
+        sc = (2 * (aux >> 28) + 1).astype(np.uint8)
+    else:  # IQ3_S
+        qh = blk[..., 66:74].astype(np.uint16)[..., None]
+        gi = blk[..., 2:66].reshape(n, nsb, 8, 8) | ((qh << (8 - np.arange(8, dtype=np.uint16))) & 256)
+        sgn = blk[..., 74:106].reshape(n, nsb, 8, 4)
+        s4 = blk[..., 106:110]
+        sc = (1 + 2 * np.stack([s4 & 15, s4 >> 4], axis=-1)).astype(np.uint8).reshape(n, nsb, 8)
+    bits = ((sgn[..., None] >> np.arange(8, dtype=np.uint8)) & 1).reshape(n, nsb * 8, 32)
+    gi = gi.reshape(n, nsb * 8, -1).astype(np.uint16)
+    p = {"gi": (gi & 255).astype(np.uint8), "sg": _word1(bits), "sc": sc.reshape(n, nsb * 8).astype(np.uint8),
+         "d": _f16bits(blk[..., 0:2])}
+    if qt != Q.IQ2_XXS and qt != Q.IQ3_XXS:  # the bits above 8 of group l at bit l (IQ2_S: bits 2l, 2l + 1)
+        w = 2 if qt == Q.IQ2_S else 1
+        p["gh"] = ((gi >> 8).astype(np.uint16) << (w * np.arange(gi.shape[-1], dtype=np.uint16))).sum(
+            axis=-1, dtype=np.uint16).astype(np.uint8)
+    return p
 
 
 # [quad, byte] → the bit of an element in a 1-bit plane word, and the low bit of its field in a 2-bit one
@@ -237,6 +313,8 @@ def _words2(v: np.ndarray) -> np.ndarray:
 
 def _encode(qt: int, p: dict) -> dict:
     """Planes → the packed fields of the type, per row [n, ...] (the feature axis first)."""
+    if "u" not in p:  # the grid types' planes are their fields
+        return p
     u = p["u"]
     out = {k: v for k, v in p.items() if k != "u"}
     if qt == Q.Q6_K:
@@ -260,7 +338,7 @@ def _tile_into(dst: np.ndarray, a: np.ndarray, g0: int, role: str) -> None:
     pad = np.zeros((ntc * NT,) + a.shape[1:], a.dtype)
     pad[:n] = a
     t = pad.reshape((ntc, NT) + a.shape[1:])
-    t = np.moveaxis(t, 1, -2 if role in ("q4", "q8") else -1)
+    t = np.moveaxis(t, 1, -2 if role in ("q4", "q8") else -1)  # b2, g4, g8: [.., 2 | 4 | 8, NT]
     dst[g0 : g0 + ntc] = t
 
 
@@ -297,7 +375,7 @@ def _row_fields(rec: I8Type, arrays: tuple, rows: np.ndarray) -> dict:
         elif role in ("w", "b", "h", "hs"):
             out[name] = a[g, :, n]  # [R, nb]
         else:
-            out[name] = a[g, :, :, n]  # [R, nb, 2]
+            out[name] = a[g, :, :, n]  # [R, nb, 2 | 4 | 8]
     return out
 
 
@@ -332,6 +410,25 @@ def get_rows(kind: int, qtype: int, arrays: tuple, rows: np.ndarray, out: np.nda
     if q == Q.Q8_0:
         v = (f["qs"].reshape(R, -1, 32) ^ np.uint8(0x80)).view(np.int8).astype(f32)
         y = v * _h2f(f["d"])[..., None]
+    elif q in _GRIDS:
+        grid, _ = _GRIDS[q]
+        gi = f["gi"].astype(np.int64)
+        if "gh" in f:
+            w = 2 if q == Q.IQ2_S else 1
+            gi |= ((f["gh"][..., None].astype(np.int64) >> (w * np.arange(gi.shape[-1]))) & (2**w - 1)) << 8
+        mag = grid[gi].reshape(R, -1, 32).astype(f32)  # [R, nb, 32]
+        sign = np.where(_unword1(f["sg"]) == 1, f32(-1), f32(1))
+        d = np.repeat(_h2f(f["d"]), SB, axis=1)[..., None]  # [R, nb, 1]
+        sc = f["sc"]
+        if q == Q.IQ3_S:
+            db = d * sc.astype(f32)[..., None]
+        elif q in (Q.IQ2_XS, Q.IQ2_S):  # ggml's d * (0.5 + s) * 0.25 per 16 elements
+            s2 = np.stack([sc & 15, sc >> 4], axis=-1).astype(f32)[..., None]  # [R, nb, 2, 1]
+            db = np.repeat(d[..., None] * (f32(0.5) + s2) * f32(0.25), 16, axis=-1).reshape(R, -1, 32)
+        else:  # d * (0.5 + s) * 0.25 (IQ2_XXS) or * 0.5 (IQ3_XXS), s = (sc − 1) / 2
+            s1 = ((sc.astype(f32) - f32(1)) * f32(0.5))[..., None]
+            db = d * (f32(0.5) + s1) * (f32(0.5) if q == Q.IQ3_XXS else f32(0.25))
+        y = db * mag * sign
     elif q in (Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4):
         v = np.array(FP4_LEVELS if q == Q.MXFP4 else IQ4_LEVELS, np.int8)[_unquad4(f["qs"])].astype(f32)
         if q == Q.IQ4_NL:
@@ -522,6 +619,69 @@ def _lut_dot(kind, p0, g, nb, b, j, xa, sx):
     return a if _SIGNED else sub_i(a, splat_i(128 * sx))
 
 
+_G2XXS, _G2XS, _G2S, _G3XXS, _G3S = GRID_IQ2XXS, GRID_IQ2XS, GRID_IQ2S, GRID_IQ3XXS, GRID_IQ3S
+
+
+@njit(cache=True)
+def _grid(kind):
+    inline_here()
+    if kind == IQ2_XXS:
+        return _G2XXS.ctypes.data
+    if kind == IQ2_XS:
+        return _G2XS.ctypes.data
+    if kind == IQ2_S:
+        return _G2S.ctypes.data
+    if kind == IQ3_XXS:
+        return _G3XXS.ctypes.data
+    return _G3S.ctypes.data
+
+
+@njit(cache=True)
+def _gidx(kind, pi, ph, g, nb, b, j, ngr, gl):
+    """Grid indices of group gl (of ngr per block) for the 16 features: the low byte and the bits above it."""
+    inline_here()
+    lo = ld_u8(pi + ((g * nb + b) * ngr * NT + gl * NT + 16 * j))
+    if kind == IQ2_XXS or kind == IQ3_XXS:
+        return lo
+    hb = ld_u8(ph + (g * nb + b) * NT + 16 * j)
+    if kind == IQ2_S:
+        return or_i(lo, bits_i(hb, 2 * gl, 3, 8))
+    return or_i(lo, bits_i(hb, gl, 1, 8))
+
+
+@njit(cache=True)
+def _grid_dot(kind, pi, ps, ph, g, nb, b, j, xa):
+    """(Σ_A, Σ_B) over the block's halves of |w|·(±x̂) for the grid types: the magnitudes of each quad read from
+    the type's grid by index, the signs applied to the activations' bytes (u8 magnitudes ≤ 62: dot8 is exact)."""
+    inline_here()
+    base = _grid(kind)
+    sw = ld_i32(ps + ((g * nb + b) * NT + 16 * j) * 4)
+    aA = zero_i()
+    aB = zero_i()
+    if kind == IQ3_XXS or kind == IQ3_S:  # an index per 4 elements (quad r), 4-byte entries
+        for r in range(0, 8, 2):
+            u0 = gather_u32(base, _gidx(kind, pi, ph, g, nb, b, j, 8, r), 4, 0)
+            u1 = gather_u32(base, _gidx(kind, pi, ph, g, nb, b, j, 8, r + 1), 4, 0)
+            x0 = neg_bytes(bc_i32(xa + 4 * r), sw, r)
+            x1 = neg_bytes(bc_i32(xa + 4 * r + 4), sw, r + 1)
+            if r < 4:
+                aA = dot8(aA, u0, x0, u1, x1)
+            else:
+                aB = dot8(aB, u0, x0, u1, x1)
+    else:  # an index per 8 elements (quads 2l, 2l + 1), 8-byte entries
+        for gl in range(4):
+            ix = _gidx(kind, pi, ph, g, nb, b, j, 4, gl)
+            u0 = gather_u32(base, ix, 8, 0)
+            u1 = gather_u32(base, ix, 8, 4)
+            x0 = neg_bytes(bc_i32(xa + 8 * gl), sw, 2 * gl)
+            x1 = neg_bytes(bc_i32(xa + 8 * gl + 4), sw, 2 * gl + 1)
+            if gl < 2:
+                aA = dot8(aA, u0, x0, u1, x1)
+            else:
+                aB = dot8(aB, u0, x0, u1, x1)
+    return aA, aB
+
+
 @njit(cache=True)
 def _halves2(kind, p0, ph, g, nb, b, j, xa):
     """(Σ_A, Σ_B) of u·x̂ over the block's two halves for the 2-bit-quad types (Q3_K's 3rd bit from ph)."""
@@ -584,6 +744,16 @@ def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
                 a = dpbusd(a, ld_i32(p0 + o + q * NT * 4), bc_i32(xa + 4 * q))
             a = sub_i(a, splat_i(128 * sx))
         return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+    if kind >= IQ2_XXS:  # the grid types
+        aA, aB = _grid_dot(kind, p0, p1, p4, g, nb, b, j, xa)
+        if kind == IQ2_XS or kind == IQ2_S:  # 2s + 1 per half from the two nibbles
+            v = ld_u8(p2 + _b1off(g, nb, b, j))
+            one = splat_i(1)
+            acc = add_i(mul_i(or_i(bits_i(v, 0, 15, 1), one), aA), mul_i(or_i(bits_i(v, 4, 15, 1), one), aB))
+        else:
+            acc = mul_i(ld_u8(p2 + _b1off(g, nb, b, j)), add_i(aA, aB))
+        f = 0.125 if kind <= IQ2_S else (0.25 if kind == IQ3_XXS else 1.0)
+        return fma_f(cvt(acc), mul_f(mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), splat_f(np.float32(f))), y)
     if kind == IQ4_NL or kind == IQ4_XS or kind == MXFP4:
         a = _lut_dot(kind, p0, g, nb, b, j, xa, sx)
         if kind == IQ4_NL:
@@ -733,6 +903,27 @@ def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
     _drive(MXFP4, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
+def _k_iq2_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ2_XXS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_iq2_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ2_XS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_iq2_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ2_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_iq3_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ3_XXS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
+def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ3_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
 KERNELS = {Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q8_0: _k_q8_0, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q4_K: _k_q4_k,
            Q5_K: _k_q5_k, Q6_K: _k_q6_k, Q2_K: _k_q2_k, Q3_K: _k_q3_k, IQ4_NL: _k_iq4_nl, IQ4_XS: _k_iq4_xs,
-           MXFP4: _k_mxfp4}
+           MXFP4: _k_mxfp4, IQ2_XXS: _k_iq2_xxs, IQ2_XS: _k_iq2_xs, IQ2_S: _k_iq2_s, IQ3_XXS: _k_iq3_xxs,
+           IQ3_S: _k_iq3_s}

@@ -536,3 +536,57 @@ def e8m0_half(typingctx, v):
         return b.bitcast(bits, _VF)
 
     return _simple(F32(I32), body)(typingctx, v)
+
+
+@intrinsic
+def gather_u32(typingctx, base, idx, scale, off):
+    """Lane i: the u32 at base + scale · idx[i] + off (16 scalar loads: grid tables of the IQ types, read by
+    index; AVX2's vpgatherdd is no faster on the hosts measured and needs an aligned table)."""
+    if not all(isinstance(t, types.Integer) for t in (base, scale, off)):
+        return None
+
+    def body(b, a):
+        i64 = ir.IntType(64)
+
+        def wide(x):
+            return b.sext(x, i64) if x.type.width < 64 else x
+
+        base_, idx_, scale_, off_ = wide(a[0]), a[1], wide(a[2]), wide(a[3])
+        out = ir.Constant(_VI, None)
+        for i in range(16):
+            k = b.zext(b.extract_element(idx_, ir.Constant(_i32, i)), i64)
+            addr = b.add(b.add(base_, b.mul(k, scale_)), off_)
+            out = b.insert_element(out, b.load(b.inttoptr(addr, _i32.as_pointer()), align=1), ir.Constant(_i32, i))
+        return out
+
+    return _simple(I32(base, I32, scale, off), body)(typingctx, base, idx, scale, off)
+
+
+@intrinsic
+def neg_bytes(typingctx, x, word, shift):
+    """x with byte i of each lane negated where bit 8i + shift of that lane's `word` is set (the IQ types'
+    signs, applied to the activations: the weights' magnitudes stay unsigned for the u8 × s8 dots)."""
+    if not isinstance(shift, types.Integer):
+        return None
+
+    def body(b, a):
+        b8 = ir.VectorType(ir.IntType(8), 64)
+        sh = a[2]
+        sh = b.trunc(sh, _i32) if sh.type.width > 32 else (b.zext(sh, _i32) if sh.type.width < 32 else sh)
+        t = b.and_(b.lshr(a[1], _splat(b, sh, _VI)), ir.Constant(_VI, [0x01010101] * 16))
+        m = b.sext(b.icmp_unsigned("!=", b.bitcast(t, b8), ir.Constant(b8, [0] * 64)), b8)
+        xb = b.bitcast(a[0], b8)
+        return b.bitcast(b.sub(b.xor(xb, m), m), _VI)
+
+    return _simple(I32(I32, I32, shift), body)(typingctx, x, word, shift)
+
+
+def _ld_u16_ir(b, addr):
+    vh = ir.VectorType(ir.IntType(16), 16)
+    return b.zext(b.load(_at(b, addr, vh), align=1), _VI)
+
+
+@intrinsic
+def ld_u16(typingctx, addr):
+    """16 u16 at addr, zero-extended to the 16 i32 lanes."""
+    return _simple(I32(types.int64), lambda b, a: _ld_u16_ir(b, a[0]))(typingctx, addr)
