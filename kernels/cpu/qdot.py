@@ -28,6 +28,7 @@ super-block's f16 scale and min scale):
   IQ2_XXS, IQ3_XXS, IQ3_S: y = fma(sc·(a_A + a_B), D·dx·c, y)   IQ2_XS, IQ2_S: y = fma(sc_A·a_A + sc_B·a_B, D·dx·c, y)
   (a: Σ |g|·(±x̂), the grid's magnitudes g read by index, the sign bits applied to x̂; sc = 2s + 1 and c = 1/8
   for ggml's (0.5 + s)·0.25, 1/4 for IQ3_XXS's (0.5 + s)·0.5; IQ3_S: sc = 1 + 2s, c = 1)
+  IQ1_S: y = fma(sc·(8 Σ g·x̂ + σ s), D·dx/8, y)   (g ∈ {−1, 0, 1}, ggml's delta ±1/8 = σ/8)
 (integer terms exact in int32 and converted exactly; each product of two f32 scales rounded once). The float
 chain over b is fixed per (row, feature), whichever path computes it and however many rows or threads there
 are: every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking
@@ -43,11 +44,13 @@ from numba import carray, njit
 
 from ..blocks import (
     BLOCK,
+    GRID_IQ1S,
     GRID_IQ2S,
     GRID_IQ2XS,
     GRID_IQ2XXS,
     GRID_IQ3S,
     GRID_IQ3XXS,
+    IQ1S_DELTA,
     KSIGNS_IQ2XS,
     k_scale_min,
     q3k_scales,
@@ -78,6 +81,7 @@ from .simd import (
     ld_i32,
     ld_s8,
     ld_u8,
+    ld_u16,
     lo4,
     lookup16,
     max_f,
@@ -102,7 +106,7 @@ SB = 8  # activation blocks per K-quant super-block (256 elements)
 ACT_EXTRA = 20  # bytes per row and block besides the quants: scale, Σq, scale·Σq, the two half sums
 # kernel kinds
 Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = range(13)
-IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = range(13, 18)  # grid types: magnitudes read from a table by index
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S = range(13, 19)  # grid types: values read from a table by index
 # the signed levels a nibble indexes: IQ4_NL's non-linear grid (also IQ4_XS's), MXFP4's e2m1 values doubled
 IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 FP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
@@ -147,6 +151,7 @@ I8_TYPES = {t.qtype: t for t in (
     I8Type(Q.IQ3_XXS, IQ3_XXS, (("gi", "g8", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16))),
     I8Type(Q.IQ3_S, IQ3_S, (("gi", "g8", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16),
                             ("gh", "b", _U8))),
+    I8Type(Q.IQ1_S, IQ1_S, (("gi", "g4", _U8), ("qh", "h", _U16), ("d", "hs", _U16))),  # qh: the GGUF's u16
 )}
 # grid types: the table of magnitudes (bytes per entry), the float factor of the integer scale before d
 _GRIDS = {Q.IQ2_XXS: (GRID_IQ2XXS, 0.125), Q.IQ2_XS: (GRID_IQ2XS, 0.125), Q.IQ2_S: (GRID_IQ2S, 0.125),
@@ -242,6 +247,10 @@ def _planes(qt: int, blk: np.ndarray) -> dict:
         return {"u": u.reshape(n, nsb * 8, 32), "ls": ls.reshape(n, nsb * 8), "d": _f16bits(blk[..., 0:2])}
     if qt in _GRIDS:
         return _grid_planes(qt, blk)
+    if qt == Q.IQ1_S:  # per 32: four index low bytes and the GGUF's u16 (3 index bits per 8, scale, delta sign)
+        n, nsb = blk.shape[:2]
+        return {"gi": blk[..., 2:34].reshape(n, nsb * 8, 4), "qh": _f16bits(blk[..., 34:50].reshape(n, nsb * 8, 2)),
+                "d": _f16bits(blk[..., 0:2])}
     raise NotImplementedError(Q(qt).name)
 
 
@@ -410,6 +419,12 @@ def get_rows(kind: int, qtype: int, arrays: tuple, rows: np.ndarray, out: np.nda
     if q == Q.Q8_0:
         v = (f["qs"].reshape(R, -1, 32) ^ np.uint8(0x80)).view(np.int8).astype(f32)
         y = v * _h2f(f["d"])[..., None]
+    elif q == Q.IQ1_S:  # ggml: d * (2 s + 1) * (grid[j] ± IQ1S_DELTA)
+        qh = f["qh"].astype(np.int64)
+        gi = f["gi"].astype(np.int64) | (((qh[..., None] >> (3 * np.arange(4))) & 7) << 8)
+        dl = np.repeat(_h2f(f["d"]), SB, axis=1) * (2 * ((qh >> 12) & 7) + 1).astype(f32)
+        delta = np.where((qh & 0x8000) != 0, f32(-IQ1S_DELTA), f32(IQ1S_DELTA))
+        y = dl[..., None] * (GRID_IQ1S[gi].reshape(R, -1, 32).astype(f32) + delta[..., None])
     elif q in _GRIDS:
         grid, _ = _GRIDS[q]
         gi = f["gi"].astype(np.int64)
@@ -620,6 +635,24 @@ def _lut_dot(kind, p0, g, nb, b, j, xa, sx):
 
 
 _G2XXS, _G2XS, _G2S, _G3XXS, _G3S = GRID_IQ2XXS, GRID_IQ2XS, GRID_IQ2S, GRID_IQ3XXS, GRID_IQ3S
+_G1S_U = (GRID_IQ1S + 1).astype(np.uint8)  # IQ1_S's values −1, 0, 1 as unsigned 0..2 (Σ x̂ taken back out)
+
+
+@njit(cache=True)
+def _iq1s(p0, p1, g, nb, b, j, xa, sx):
+    """sc · (8 Σ g·x̂ + σ Σ x̂) for IQ1_S's block: the grid values g ∈ {−1, 0, 1} (read as g + 1), the scale
+    sc = 2s + 1 and σ the sign of ±IQ1S_DELTA = ±1/8 from the block's u16."""
+    inline_here()
+    qh = ld_u16(p1 + _hoff(g, nb, b, j))
+    base = _G1S_U.ctypes.data
+    a = zero_i()
+    for gl in range(4):
+        ix = or_i(ld_u8(p0 + (g * nb + b) * 4 * NT + gl * NT + 16 * j), bits_i(qh, 3 * gl, 7, 8))
+        a = dot8(a, gather_u32(base, ix, 8, 0), bc_i32(xa + 8 * gl), gather_u32(base, ix, 8, 4),
+                 bc_i32(xa + 8 * gl + 4))
+    s = splat_i(sx)
+    tot = add_i(mul_i(sub_i(a, s), splat_i(8)), mul_i(sub_i(splat_i(1), bits_i(qh, 15, 1, 1)), s))
+    return mul_i(or_i(bits_i(qh, 12, 7, 1), splat_i(1)), tot)
 
 
 @njit(cache=True)
@@ -744,6 +777,9 @@ def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
                 a = dpbusd(a, ld_i32(p0 + o + q * NT * 4), bc_i32(xa + 4 * q))
             a = sub_i(a, splat_i(128 * sx))
         return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+    if kind == IQ1_S:
+        acc = _iq1s(p0, p1, g, nb, b, j, xa, sx)
+        return fma_f(cvt(acc), mul_f(mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), splat_f(np.float32(0.125))), y)
     if kind >= IQ2_XXS:  # the grid types
         aA, aB = _grid_dot(kind, p0, p1, p4, g, nb, b, j, xa)
         if kind == IQ2_XS or kind == IQ2_S:  # 2s + 1 per half from the two nibbles
@@ -923,7 +959,11 @@ def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
     _drive(IQ3_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
+def _k_iq1_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ1_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
 KERNELS = {Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q8_0: _k_q8_0, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q4_K: _k_q4_k,
            Q5_K: _k_q5_k, Q6_K: _k_q6_k, Q2_K: _k_q2_k, Q3_K: _k_q3_k, IQ4_NL: _k_iq4_nl, IQ4_XS: _k_iq4_xs,
            MXFP4: _k_mxfp4, IQ2_XXS: _k_iq2_xxs, IQ2_XS: _k_iq2_xs, IQ2_S: _k_iq2_s, IQ3_XXS: _k_iq3_xxs,
-           IQ3_S: _k_iq3_s}
+           IQ3_S: _k_iq3_s, IQ1_S: _k_iq1_s}
