@@ -52,8 +52,10 @@ bench-full: setup
 	$(BIN)/python -m guild.tools.perf_hybrid
 	$(BIN)/python -m guild.tools.perf_scale
 	$(BIN)/python -m guild.tools.quant_compare
-	$(BIN)/python -m guild.tools.synth qwen3-30b-a3b --layers 4 --type Q4_K_M -o results/q3moe-4l-q4km.gguf
-	$(BIN)/python -m guild.tools.perf_shapes results/q3moe-4l-q4km.gguf
+	$(BIN)/python -m guild.tools.perf_shapes --synth qwen3-30b-a3b --layers 4 --dir results/shapes \
+		--types Q4_K_M,Q3_K,Q2_K,IQ4_XS,IQ3_XXS,IQ2_XXS,MXFP4_MOE,Q8_0
+	$(BIN)/python -m guild.tools.perf_shapes --synth qwen3.5-35b-a3b --layers 4 --dir results/shapes --types Q4_K_M
+	$(BIN)/python -m guild.tools.perf_shapes --fresh smollm2-135m-moe
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
 
 # guild serve under 1/2/4/8 streaming clients (normal, adaptive; W2, W7), beside llama.cpp's server when
