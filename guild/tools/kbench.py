@@ -18,11 +18,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from ..kernels import ref_quant
+from ..kernels.blocks import QUANT_TYPES
 from ..kernels.cpu import quant as kq
 
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
-TYPES = ("Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS",
-         "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "F16", "BF16", "F32")
+TYPES = tuple(q.name for q in QUANT_TYPES)
 
 
 def _median_seconds(fn, budget: float, min_reps: int = 5, max_reps: int = 2000) -> float:

@@ -50,15 +50,14 @@ CHAT_TEMPLATE = (
 
 # Types gguf.quants cannot quantise: random block bytes, then the f16 scales (kernels/blocks.py F16_SCALES: d,
 # and dmin where there is one) overwritten with sane values.
-_RANDOM_BLOCK_SCALES: dict[GGMLQuantizationType, tuple[int, int | None]] = {
-    q: (F16_SCALES[q][0], F16_SCALES[q][1] if len(F16_SCALES[q]) > 1 else None)
-    for q in (GGMLQuantizationType[n] for n in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-                                                  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"))
-}
 _QUANTIZABLE = frozenset(
     GGMLQuantizationType[n]
     for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "TQ1_0", "TQ2_0")
 )
+_RANDOM_BLOCK_SCALES: dict[GGMLQuantizationType, tuple[int, int | None]] = {
+    q: (offs[0], offs[1] if len(offs) > 1 else None)
+    for q, offs in F16_SCALES.items() if offs and q not in _QUANTIZABLE
+}
 SUPPORTED_QTYPES = tuple(sorted(q.name for q in _QUANTIZABLE | set(_RANDOM_BLOCK_SCALES)))
 
 _FILE_TYPE = {
