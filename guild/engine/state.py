@@ -8,10 +8,12 @@ from ..errors import ContextOverflowError, GpuPathError
 from ..window import MAX_WINDOW
 from .backends import HOST
 
+KV_FIRST_ROWS = 256  # positions a host cache holds before it first grows
+
 
 class KVCache:
-    """Keys as [n_layers, n_kv_heads, head_dim, n_ctx] (transposed for the attention kernel), values as
-    [n_layers, n_kv_heads, n_ctx, head_dim], float32.
+    """Keys as [n_layers, n_kv_heads, head_dim, rows] (transposed for the attention kernel), values as
+    [n_layers, n_kv_heads, rows, head_dim], float32; `rows` grows with the positions used, up to n_ctx.
 
     `begin(T)` reserves rows pos..pos+T-1 for a window; `commit(keep)` keeps the first `keep` of them and
     clears the rest, so the cache is exactly what `keep` single-token steps would have left
@@ -20,10 +22,25 @@ class KVCache:
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int):
         self.n_ctx = n_ctx
-        self.k = np.zeros((n_layers, n_kv_heads, head_dim, n_ctx), np.float32)
-        self.v = np.zeros((n_layers, n_kv_heads, n_ctx, head_dim), np.float32)
+        self.k = np.zeros((n_layers, n_kv_heads, head_dim, min(n_ctx, KV_FIRST_ROWS)), np.float32)
+        self.v = np.zeros((n_layers, n_kv_heads, min(n_ctx, KV_FIRST_ROWS), head_dim), np.float32)
         self.pos = 0  # committed rows
         self.pending = 0  # rows written by the open window
+
+    def _reserve(self, rows: int) -> None:
+        """Room for `rows` positions: the arrays grow (doubling, at most n_ctx) as the context fills. Allocated
+        whole, the transposed keys' first write would touch every page of the n_ctx-sized cache (hundreds of
+        ms at 4K-8K positions, paid by the first prompt) and the memory would not follow the context used."""
+        cap = self.k.shape[3]
+        if rows <= cap:
+            return
+        cap = min(self.n_ctx, max(rows, 2 * cap))
+        k = np.zeros(self.k.shape[:3] + (cap,), np.float32)
+        v = np.zeros(self.v.shape[:2] + (cap,) + self.v.shape[3:], np.float32)
+        n = self.pos + self.pending
+        k[..., :n] = self.k[..., :n]
+        v[:, :, :n] = self.v[:, :, :n]
+        self.k, self.v = k, v
 
     def begin(self, T: int) -> int:
         if self.pending:
@@ -32,6 +49,7 @@ class KVCache:
             raise ContextOverflowError(
                 f"context full: {self.pos} + {T} tokens exceed the context of {self.n_ctx} tokens", self.n_ctx
             )
+        self._reserve(self.pos + T)
         self.pending = T
         return self.pos
 
@@ -65,6 +83,11 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
+        """Bytes at the full context (what a pool must budget for); the arrays hold `resident_bytes` now."""
+        return self.k.nbytes // self.k.shape[3] * self.n_ctx * 2 if self.k.shape[3] else 0
+
+    @property
+    def resident_bytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
 
@@ -245,6 +268,9 @@ class DeviceKVCache:
             raise
 
     begin = KVCache.begin
+
+    def _reserve(self, rows: int) -> None:
+        """Nothing: device caches are allocated whole, as the placement budgeted them."""
 
     def write(self, layer: int, k, v) -> None:
         self.bes[layer].kv_write(self.k[layer], self.v[layer], k, v, self.pos)
