@@ -11,7 +11,7 @@ nibble quads (byte i of quad q: low nibble = element 4q + i, high nibble = eleme
 quads, plus bit planes for the bits above (one 32-bit word per feature and block, laid out so that a shift and
 a mask give the bits of one quad), integer sub-block scales as bytes, and the f16 scales of the block or
 super-block; the grid types keep their grid indices, sign bits and scales (kernels below). The packed bytes per
-weight stay those of the GGUF type within 3 % (Q3_K and IQ3_S +3.6 %, IQ3_XXS +8 %, IQ2_XS +11 %, IQ2_XXS +12 %).
+weight stay those of the GGUF type within 3 % (Q3_K, IQ3_S, IQ1_M +3.6 %; IQ3_XXS +8 %, IQ2_XS +11 %, IQ2_XXS +12 %).
 
 Arithmetic per output feature n of row t, block b (x̂ the row's quantised block, dx its scale, s = Σx̂, s_A and
 s_B the sums of its halves, a = Σ u·x̂ over the block's unsigned quants u, a_A, a_B over each half; D, M the
@@ -29,6 +29,7 @@ super-block's f16 scale and min scale):
   (a: Σ |g|·(±x̂), the grid's magnitudes g read by index, the sign bits applied to x̂; sc = 2s + 1 and c = 1/8
   for ggml's (0.5 + s)·0.25, 1/4 for IQ3_XXS's (0.5 + s)·0.5; IQ3_S: sc = 1 + 2s, c = 1)
   IQ1_S: y = fma(sc·(8 Σ g·x̂ + σ s), D·dx/8, y)   (g ∈ {−1, 0, 1}, ggml's delta ±1/8 = σ/8)
+  IQ1_M: y = fma(Σ_halves sc_h·(8 Σ g·x̂ + Σ_l σ_l s_l), D·dx/8, y)   (σ_l, s_l per group of 8)
 (integer terms exact in int32 and converted exactly; each product of two f32 scales rounded once). The float
 chain over b is fixed per (row, feature), whichever path computes it and however many rows or threads there
 are: every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking
@@ -52,6 +53,7 @@ from ..blocks import (
     GRID_IQ3XXS,
     IQ1S_DELTA,
     KSIGNS_IQ2XS,
+    iq1m_d,
     k_scale_min,
     q3k_scales,
 )
@@ -106,7 +108,7 @@ SB = 8  # activation blocks per K-quant super-block (256 elements)
 ACT_EXTRA = 20  # bytes per row and block besides the quants: scale, Σq, scale·Σq, the two half sums
 # kernel kinds
 Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = range(13)
-IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S = range(13, 19)  # grid types: values read from a table by index
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = range(13, 20)  # grid types: values read from a table by index
 # the signed levels a nibble indexes: IQ4_NL's non-linear grid (also IQ4_XS's), MXFP4's e2m1 values doubled
 IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 FP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
@@ -152,6 +154,8 @@ I8_TYPES = {t.qtype: t for t in (
     I8Type(Q.IQ3_S, IQ3_S, (("gi", "g8", _U8), ("sg", "w", _U32), ("sc", "b", _U8), ("d", "hs", _U16),
                             ("gh", "b", _U8))),
     I8Type(Q.IQ1_S, IQ1_S, (("gi", "g4", _U8), ("qh", "h", _U16), ("d", "hs", _U16))),  # qh: the GGUF's u16
+    # IQ1_M: qh the GGUF's two bytes (per 8: 3 index bits, the delta's sign), sc the two 3-bit scales in a byte
+    I8Type(Q.IQ1_M, IQ1_M, (("gi", "g4", _U8), ("qh", "b2", _U8), ("sc", "b", _U8), ("d", "hs", _U16))),
 )}
 # grid types: the table of magnitudes (bytes per entry), the float factor of the integer scale before d
 _GRIDS = {Q.IQ2_XXS: (GRID_IQ2XXS, 0.125), Q.IQ2_XS: (GRID_IQ2XS, 0.125), Q.IQ2_S: (GRID_IQ2S, 0.125),
@@ -251,6 +255,13 @@ def _planes(qt: int, blk: np.ndarray) -> dict:
         n, nsb = blk.shape[:2]
         return {"gi": blk[..., 2:34].reshape(n, nsb * 8, 4), "qh": _f16bits(blk[..., 34:50].reshape(n, nsb * 8, 2)),
                 "d": _f16bits(blk[..., 0:2])}
+    if qt == Q.IQ1_M:
+        n, nsb = blk.shape[:2]
+        sw = np.ascontiguousarray(blk[..., 48:56]).view(np.uint16)  # [n, nsb, 4]: 3-bit scales, d's nibbles
+        s3 = (sw[..., :, None] >> (3 * np.arange(4, dtype=np.uint16))) & 7  # [n, nsb, 4, 4]: per 16
+        sc = (s3[..., 0::2] | (s3[..., 1::2] << 3)).astype(np.uint8)  # [n, nsb, 4, 2]: the two halves of a 32
+        return {"gi": blk[..., 0:32].reshape(n, nsb * 8, 4), "qh": blk[..., 32:48].reshape(n, nsb * 8, 2),
+                "sc": sc.reshape(n, nsb * 8), "d": np.ascontiguousarray(iq1m_d(sw).astype(np.float16)).view(np.uint16)}
     raise NotImplementedError(Q(qt).name)
 
 
@@ -425,6 +436,16 @@ def get_rows(kind: int, qtype: int, arrays: tuple, rows: np.ndarray, out: np.nda
         dl = np.repeat(_h2f(f["d"]), SB, axis=1) * (2 * ((qh >> 12) & 7) + 1).astype(f32)
         delta = np.where((qh & 0x8000) != 0, f32(-IQ1S_DELTA), f32(IQ1S_DELTA))
         y = dl[..., None] * (GRID_IQ1S[gi].reshape(R, -1, 32).astype(f32) + delta[..., None])
+    elif q == Q.IQ1_M:  # ggml: d * (2 s + 1) per 16 * (grid[j] ± IQ1M_DELTA per 8)
+        qh = f["qh"].astype(np.int64)  # [R, nb, 2]
+        h = np.stack([qh, qh >> 4], axis=-1).reshape(R, -1, 4)  # group l ← nibble l % 2 of byte l // 2
+        gi = f["gi"].astype(np.int64) | ((h & 7) << 8)
+        sc = f["sc"].astype(np.int64)
+        s16 = np.stack([sc & 7, sc >> 3], axis=-1)  # [R, nb, 2]
+        dl = np.repeat(_h2f(f["d"]), SB, axis=1)[..., None] * (2 * s16 + 1).astype(f32)  # [R, nb, 2]
+        delta = np.where((h & 8) != 0, f32(-IQ1S_DELTA), f32(IQ1S_DELTA)).reshape(R, -1, 2, 2)
+        g = GRID_IQ1S[gi].reshape(R, -1, 2, 2, 8).astype(f32)
+        y = dl[..., None, None] * (g + delta[..., None])
     elif q in _GRIDS:
         grid, _ = _GRIDS[q]
         gi = f["gi"].astype(np.int64)
@@ -716,6 +737,33 @@ def _grid_dot(kind, pi, ps, ph, g, nb, b, j, xa):
 
 
 @njit(cache=True)
+def _iq1m(p0, p1, p2, g, nb, b, j, xa, sA, sB):
+    """sc_A·tot_A + sc_B·tot_B for IQ1_M's block, tot_h = 8 Σ g·x̂ + Σ_l σ_l s_l over the half's two groups of 8
+    (s_l their activation sums, σ_l the sign of their ±1/8 delta), sc = 2s + 1 per half."""
+    inline_here()
+    base = _G1S_U.ctypes.data
+    ones = splat_i(0x01010101)
+    sc = ld_u8(p2 + _b1off(g, nb, b, j))
+    acc = zero_i()
+    for h in range(2):
+        qb = ld_u8(p1 + _b2off(g, nb, b, h, j))
+        a = zero_i()
+        d = zero_i()
+        for e in range(2):
+            gl = 2 * h + e
+            ix = or_i(ld_u8(p0 + (g * nb + b) * 4 * NT + gl * NT + 16 * j), bits_i(qb, 4 * e, 7, 8))
+            x0 = bc_i32(xa + 8 * gl)
+            x1 = bc_i32(xa + 8 * gl + 4)
+            a = dot8(a, gather_u32(base, ix, 8, 0), x0, gather_u32(base, ix, 8, 4), x1)
+            sl = dot8(zero_i(), ones, x0, ones, x1)  # the group's activation sum, in every lane
+            d = add_i(d, mul_i(sub_i(splat_i(1), bits_i(qb, 4 * e + 3, 1, 1)), sl))
+        s = splat_i(sA) if h == 0 else splat_i(sB)
+        tot = add_i(mul_i(sub_i(a, s), splat_i(8)), d)
+        acc = add_i(acc, mul_i(or_i(bits_i(sc, 3 * h, 7, 1), splat_i(1)), tot))
+    return acc
+
+
+@njit(cache=True)
 def _halves2(kind, p0, ph, g, nb, b, j, xa):
     """(Σ_A, Σ_B) of u·x̂ over the block's two halves for the 2-bit-quad types (Q3_K's 3rd bit from ph)."""
     inline_here()
@@ -777,6 +825,9 @@ def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
                 a = dpbusd(a, ld_i32(p0 + o + q * NT * 4), bc_i32(xa + 4 * q))
             a = sub_i(a, splat_i(128 * sx))
         return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
+    if kind == IQ1_M:
+        acc = _iq1m(p0, p1, p2, g, nb, b, j, xa, sA, sB)
+        return fma_f(cvt(acc), mul_f(mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), splat_f(np.float32(0.125))), y)
     if kind == IQ1_S:
         acc = _iq1s(p0, p1, g, nb, b, j, xa, sx)
         return fma_f(cvt(acc), mul_f(mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), splat_f(np.float32(0.125))), y)
@@ -963,7 +1014,11 @@ def _k_iq1_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
     _drive(IQ1_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
 
 
+def _k_iq1_m(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+    _drive(IQ1_M, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
+
+
 KERNELS = {Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q8_0: _k_q8_0, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q4_K: _k_q4_k,
            Q5_K: _k_q5_k, Q6_K: _k_q6_k, Q2_K: _k_q2_k, Q3_K: _k_q3_k, IQ4_NL: _k_iq4_nl, IQ4_XS: _k_iq4_xs,
            MXFP4: _k_mxfp4, IQ2_XXS: _k_iq2_xxs, IQ2_XS: _k_iq2_xs, IQ2_S: _k_iq2_s, IQ3_XXS: _k_iq3_xxs,
-           IQ3_S: _k_iq3_s, IQ1_S: _k_iq1_s}
+           IQ3_S: _k_iq3_s, IQ1_S: _k_iq1_s, IQ1_M: _k_iq1_m}

@@ -189,8 +189,8 @@ def test_matmul_strided_arguments():
 
 
 # the int8 layouts that spend more than the GGUF's bytes: a byte per scale the GGUF packs in 6 or 4 bits (Q3_K
-# +3.6 %, IQ3_S), the grid types' eight sign bits per 8 elements where ksigns packs them in 7 (IQ2_XXS +12 %)
-PACKED_OVER_GGUF = {Q.Q3_K: 1.04, Q.IQ2_XXS: 1.13, Q.IQ2_XS: 1.12, Q.IQ3_XXS: 1.09, Q.IQ3_S: 1.04}
+# +3.6 %, IQ3_S, IQ1_M), the grid types' eight sign bits per 8 elements where ksigns packs them in 7 (IQ2_XXS +12 %)
+PACKED_OVER_GGUF = {Q.Q3_K: 1.04, Q.IQ2_XXS: 1.13, Q.IQ2_XS: 1.12, Q.IQ3_XXS: 1.09, Q.IQ3_S: 1.04, Q.IQ1_M: 1.04}
 
 
 def test_packed_memory_is_quantized():
