@@ -3,8 +3,8 @@
 Numeric modes (`NUMERICS`, chosen when a matrix is packed: `numerics()` context, `set_default_numerics`, the
 CLI's --numerics):
 - "i8" (default): for the types in qdot.I8_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants Q2_K..Q6_K,
-  IQ4_NL, IQ4_XS, MXFP4, the IQ1/IQ2/IQ3 grids), activations quantised per row in blocks of 32 and integer dot products at every row
-  count, prefill included
+  IQ4_NL, IQ4_XS, MXFP4, the IQ1/IQ2/IQ3 grids), activations quantised per row in blocks of 32 and integer
+  dot products at every row count, prefill included
   (kernels/cpu/qdot.py; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with the
   activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/kernels/test_qdot.py). Other types: as "f32".
 - "f32": fp32 dequant-dot. Weights are dequantised to float32 in registers (or a per-thread scratch) and
