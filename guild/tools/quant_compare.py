@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-FTYPES = ("Q2_K", "Q3_K_M", "IQ3_XXS", "IQ3_S", "Q5_1")
+# llama.cpp file types that need no importance matrix (IQ2_* and IQ1_* do)
+FTYPES = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS", "IQ4_NL", "IQ3_XXS", "IQ3_S", "Q5_1", "Q8_0")
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.")
 
 
