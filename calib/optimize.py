@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import __version__
-from ..engine.device import place_model
+from ..engine.device import Device, place_model
 from ..engine.placement import placement_for
 from ..errors import BadFlagError, PlanMismatchError
 from ..models.mtp import find_mtp_head
@@ -96,7 +96,9 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
              spec: int = 0, device: str | None = None, progress: bool = True, **knobs) -> Plan:
     """Calibrate the loaded model `lm` (guild.load.LoadedModel, on the CPU) on this machine and write the sealed
     plan to `out` (atomically; None = do not write). With `device`, pass 4 measures the model placed there as
-    pass 2 places it (what `run --gexec` will use). `knobs` override the mode's Knobs."""
+    pass 2 places it (what `run --gexec` will use); the plan records the device that measured it, and why the CPU
+    did where `auto` fell back (said on stderr too when this machine has a GPU). `knobs` override the mode's
+    Knobs."""
     k = Knobs.for_mode(mode, **knobs)
     if context < 16:
         raise BadFlagError(f"--context must be >= 16, got {context}")
@@ -122,7 +124,9 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
                                                    bandwidth_gbs=bw), lambda c: (
         f"{c.threads} threads · " + ", ".join(f"{kt.qtype} {kt.gweights_s:.2f} Gw/s ({kt.role})"
                                               for kt in c.kernels)))
-    model, _, _ = place_model(lm.model, device, context, placement) if device else (lm.model, None, "")
+    model, dev, why = place_model(lm.model, device, context, placement) if device else (lm.model, Device("cpu"), "")
+    if why and placement.gpu:  # pass 1 found a GPU, pass 2 placed for it, and `auto` could not use it
+        err.print(f"pass 4 measures on the CPU: {why}", style="yellow", markup=False, soft_wrap=True)
     if head is not None and model is not lm.model:
         head = find_mtp_head(model)  # the head placed with the model (on its output's device)
     try:
@@ -134,9 +138,10 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
             + (f" · U(8)/U(1) {s.distinct_expert_ratio[-1]:.2f}" if s.distinct_expert_ratio else "")
             + " · " + ", ".join(f"{n} {ms * 1e3:.0f} µs" for n, ms in s.draft_ms.items() if not DRAFTERS[n].needs_head)
             + "".join(f" · {n.upper()} step {ms:.2f} ms" for n, ms in s.draft_ms.items() if DRAFTERS[n].needs_head)
-            + f" · CV {s.noise_cv:.2f}"))
+            + f" · CV {s.noise_cv:.2f} · on {dev.label}"))
     finally:
         numba.set_num_threads(threads_before)
+    sc = replace(sc, device=dev.label, device_note=why)
     header = Header(__version__, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), mode, context,
                     prefill_batch, spec)
     plan = Plan(header, hw, ModelIdentity.of(g), placement, cpu, sc)

@@ -207,8 +207,9 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
     console.print(t)
     s = plan.drafting
     if not full:
-        console.print(f"threads {plan.cpu.threads} · V(1) {s.verify_window_ms[0]:.2f} ms, V(8) "
-                      f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens · --plan for every table")
+        console.print(escape(f"threads {plan.cpu.threads} · V(1) {s.verify_window_ms[0]:.2f} ms, V(8) "
+                             f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens on {s.device}"
+                             + (f" ({s.device_note})" if s.device_note else "") + " · --plan for every table"))
         return
     p = plan.placement
     title = f"placement at --context {p.context}"
@@ -235,8 +236,9 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
         t.add_row(k.qtype, k.kernel, f"{k.timed} of {k.matrices} {k.role}",
                   *(f"{by_n[n]:.3f}" if n in by_n else "—" for n in tried), str(k.best_threads), f"{k.gweights_s:.2f}")
     console.print(t)
-    t = Table(title=f"speculative costs at {s.context} tokens ({s.filled_tokens} prefilled, median of {s.repeats})",
-              title_justify="left")
+    t = Table(title=escape(f"speculative costs at {s.context} tokens ({s.filled_tokens} prefilled, median of "
+                           f"{s.repeats}) measured on {s.device}"), caption=escape(s.device_note) or None,
+              title_justify="left", caption_justify="left")
     for col in ("T", "verify ms", "V(T)/V(1)", "CPU-expert ms", "distinct experts", "U(T)/U(1)"):
         t.add_column(col, justify="right")
     for i in range(MAX_T):

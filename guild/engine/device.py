@@ -36,6 +36,11 @@ class Device:
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
 
+    @property
+    def label(self) -> str:
+        """The device without its passing state (free memory, why auto chose it): what a plan records."""
+        return f"cuda:{self.index} {self.name} (sm_{self.cc})" if self.is_cuda else "cpu"
+
     def describe(self) -> str:
         if self.is_cuda:
             return (f"cuda:{self.index} {self.name} (sm_{self.cc}, {self.free_bytes / 2**30:.1f} of "

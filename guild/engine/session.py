@@ -185,7 +185,7 @@ class Generation:
         self.out: list[int] = []
         self.t0 = time.perf_counter()
         first = sample(logits, session.tokens, len(session.tokens), sampling)
-        self.st.stop_reason = "stop" if self._emit([first]) else self._stop_reason(first)
+        self.st.stop_reason = "stop" if self._emit(first) else self._stop_reason(first)
         self._pending: tuple | None = None
 
     @property
@@ -208,18 +208,28 @@ class Generation:
         window, pos0, draft_ms, decision = self._pending
         s, d = self.s, self.drafter
         res = self.verifier.verify(out.logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
-        s.state.commit(res.keep)
+        emitted, stopped = 0, False
+        try:
+            for t in res.tokens:
+                emitted += 1
+                if self._emit(t):
+                    stopped = True
+                    break
+        finally:
+            # row j's input precedes emitted token j, so `emitted` rows is what the emitted tokens need: a stop
+            # keeps the rows before it through commit (exact on a recurrent state), never a rewind
+            s.state.commit(emitted)
         if d.follows_rows:
-            d.observe_hidden(pos0, out.hidden[: res.keep])
+            d.observe_hidden(pos0, out.hidden[:emitted])
         verify_ms = (time.perf_counter() - t_forward) * 1e3
         k = len(window) - 1
         strategy = (d.last_strategy or self.strategy) if k else "normal"
         d.observe(k, draft_ms, verify_ms, len(res.tokens))  # the adaptive scheduler learns from measured windows
         self.st.windows.append(WindowRecord(
-            strategy, k, draft_ms, verify_ms, res.keep, len(res.tokens),
+            strategy, k, draft_ms, verify_ms, emitted, emitted,
             tuple(int(x) for x in out.distinct_experts), decision,
         ))
-        if self._emit(res.tokens):
+        if stopped:
             self.st.stop_reason = "stop"
         else:
             self.st.stop_reason = res.stop or ("context" if s.state.pos >= s.n_ctx else "")
@@ -229,18 +239,11 @@ class Generation:
         self.st.generated_tokens = len(self.out)
         return self.out, self.st
 
-    def _emit(self, toks: list[int]) -> bool:
-        """Append the verified tokens; an `on_token` that returns True (a stop string) ends the generation at
-        that token: the rest of the window is dropped and the cache cut back to the emitted tokens."""
-        for t in toks:
-            self.s.tokens.append(t)
-            self.out.append(t)
-            if self.on_token is not None and self.on_token(t):
-                s = self.s
-                if s.state.pos > len(s.tokens) - 1:
-                    s.state.truncate(len(s.tokens) - 1)
-                return True
-        return False
+    def _emit(self, tok: int) -> bool:
+        """Append a verified token; True when `on_token` ends the generation at it (a stop string, a cancel)."""
+        self.s.tokens.append(tok)
+        self.out.append(tok)
+        return self.on_token is not None and bool(self.on_token(tok))
 
     def _stop_reason(self, tok: int) -> str:
         if tok in self.s.eos_ids:

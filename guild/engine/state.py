@@ -72,11 +72,15 @@ class KVCache:
             self.v[:, :, self.pos : end] = 0.0
         self.pending = 0
 
+    def reachable(self, n: int) -> int:
+        """The position truncate(n) leaves: any committed row can be cut."""
+        return max(0, min(n, self.pos))
+
     def truncate(self, n: int) -> None:
         """Forget committed rows >= n (a conversation re-tokenised differently from what was fed)."""
         if self.pending:
             raise RuntimeError("KVCache.truncate: a window is open")
-        n = max(0, min(n, self.pos))
+        n = self.reachable(n)
         self.k[:, :, :, n : self.pos] = 0.0
         self.v[:, :, n : self.pos] = 0.0
         self.pos = n
@@ -221,21 +225,25 @@ class HybridState:
         self.dst = np.zeros(0, np.int64)
         self._prefill = False
 
+    def reachable(self, n: int) -> int:
+        """The position truncate(n) leaves: n itself only at the current position, else the last prefill
+        checkpoint at or before n, else 0 (a recurrent state cannot be cut at an arbitrary row)."""
+        n = max(0, min(n, self.pos))
+        ck = self._checkpoint
+        return n if n == self.pos else ck[0] if ck is not None and ck[0] <= n else 0
+
     def truncate(self, n: int) -> None:
-        """Forget committed rows >= n. A recurrent state cannot be cut at an arbitrary n: it goes back to the
-        last prefill checkpoint at or before n, else to the start, and the session re-feeds tokens[pos:]
+        """Forget committed rows >= n, going back to `reachable(n)`; the session re-feeds tokens[pos:]
         (GuildSession.prefill feeds everything past state.pos), so the result is exact."""
         if self.pending:
             raise RuntimeError("HybridState.truncate: a window is open")
-        n = max(0, min(n, self.pos))
-        if n == self.pos:
+        to = self.reachable(n)
+        if to == self.pos:
             return
-        ck = self._checkpoint
-        if ck is not None and ck[0] <= n:
-            self.kv.truncate(ck[0])
-            self._restore(ck[1])
+        self.kv.truncate(to)
+        if to:
+            self._restore(self._checkpoint[1])
         else:
-            self.kv.truncate(0)
             self._restore(None)
             self._checkpoint = None
 
@@ -284,10 +292,12 @@ class DeviceKVCache:
         self.pos += keep
         self.pending = 0
 
+    reachable = KVCache.reachable
+
     def truncate(self, n: int) -> None:
         if self.pending:
             raise RuntimeError("KVCache.truncate: a window is open")
-        self.pos = max(0, min(n, self.pos))
+        self.pos = self.reachable(n)
 
     @property
     def nbytes(self) -> int:

@@ -9,7 +9,7 @@ File layout (YAML, written by `write_plan`)::
     model:     {sha256, architecture, layers, expert_count, expert_used_count, file}
     placement: {sha256: <digest of the section>, ...}
     cpu:       {sha256: ..., ...}
-    drafting:  {sha256: ..., ..., draft_ms: {<drafter>: ms, ...}, catchup_ms: {<drafter>: ms, ...}}
+    drafting:  {sha256: ..., ..., draft_ms: {<drafter>: ms, ...}, catchup_ms: {<drafter>: ms, ...}, device, device_note}
     seal: <SHA-256 of every byte above this line>
 
 Loading checks the seal first, over the exact bytes (any changed byte, whitespace and comments included, is a
@@ -47,7 +47,8 @@ from . import schema
 from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
 
 FORMAT = "guild.gexec"
-FORMAT_VERSION = 2  # 2: the `drafting` section, with per-drafter costs keyed by strategy
+FORMAT_VERSION = 3  # 2: the `drafting` section, with per-drafter costs keyed by strategy; 3: the device that
+#   measured the drafting costs, and why the CPU did where `--device auto` did not take the GPU
 MAX_T = MAX_WINDOW  # drafting tables cover verification windows of T = 1..MAX_WINDOW rows
 MODES = ("auto", "quick")  # `optimize --mode`: full calibration, or fewer repeats (tests, CI)
 __all__ = ["GpuInfo", "HardwareIdentity", "ModelIdentity", "Plan", "load_plan", "read_plan", "write_plan"]
@@ -268,6 +269,8 @@ class DraftCalibration:
     catchup_ms: dict[str, float] = field(default_factory=dict)  # a row-following drafter's catch-up row (mtp)
     mtp_note: str = ""
     calibrated: bool = True
+    device: str = "cpu"  # what ran the windows: "cpu" or "cuda:<index> <name> (sm_<cc>)"
+    device_note: str = ""  # why the CPU ran them under `--device auto` ("" when asked for or on the GPU)
 
     def __post_init__(self):
         object.__setattr__(self, "verify_window_ms", _floats(self.verify_window_ms, "drafting.verify_window_ms",

@@ -46,7 +46,7 @@ SCHEMA = {
                  "distinct_expert_ratio": _opt([("num", 0.0, 2**20)]), "draft_ms": _per_drafter(MS),
                  "catchup_ms": _per_drafter(MS, lambda d: d.follows_rows),
                  "kv_commit_ms": MS, "noise_cv": ("num", 0.0, 1e3), "prefill_tok_s": ("num", 0.0, 1e9),
-                 "mtp_note": STR, "calibrated": ("bool",)},
+                 "mtp_note": STR, "calibrated": ("bool",), "device": STR, "device_note": STR},
 }
 MAX_LIST = 4096
 

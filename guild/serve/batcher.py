@@ -98,13 +98,19 @@ class SessionPool:
         return sum(e.session.state.nbytes for e in self.entries)
 
     def reusable(self, e: Entry, prompt: list[int]) -> int:
-        """Prompt tokens whose rows `e` holds exactly as a fresh prefill would (at least one is left to feed)."""
+        """Prompt tokens whose rows `e` holds exactly as a fresh prefill would (at least one is left to feed) and
+        its state can be cut back to (a recurrent state only to its position or a prefill checkpoint)."""
         held = e.session.tokens
         n = 0
         limit = min(len(held), len(prompt) - 1, e.exact)
         while n < limit and held[n] == prompt[n]:
             n += 1
-        return n if self.row_invariant else n // self.batch * self.batch
+        while True:
+            m = e.session.state.reachable(n)
+            m = m if self.row_invariant else m // self.batch * self.batch
+            if m == n:
+                return n
+            n = m
 
     def acquire(self, prompt: list[int], strategy: str, session_bytes: int) -> tuple[Entry, int]:
         idle = [e for e in self.entries if not e.busy and e.strategy == strategy]

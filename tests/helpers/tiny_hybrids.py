@@ -4,9 +4,12 @@ and the two ways those tests read logits: window by window, and held to a tolera
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
+from guild.kernels.blocks import BLOCK, QK_K
 from guild.kernels.cpu import quant
 from guild.models import load_model
+from guild.tools.tiny import SUPPORTED_QTYPES
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 
 # name -> write_tiny_hybrid kwargs
@@ -19,6 +22,18 @@ TINY = {
     "qwen3next-copy": dict(arch="qwen3next", seed=1, copy_bias=3.3),  # mostly repeats what it generated once
 }
 TOKENS = (5, 300, 17, 260, 99, 261, 42, 7, 317, 128, 64, 270)
+
+# every weight type a tiny hybrid can be written in and guild runs (the tiny writer's types that have kernels)
+QTYPES = tuple(q for q in SUPPORTED_QTYPES if GGMLQuantizationType[q] in BLOCK)
+
+
+def qtype_kwargs(qtype: str) -> dict:
+    """write_tiny_hybrid kwargs for `qtype` weights: every matrix row a whole number of the type's blocks (rows
+    of 256 weights make a larger model: two layers, one of each kind, and four experts keep it quick)."""
+    if BLOCK[GGMLQuantizationType[qtype]][0] == QK_K:
+        return dict(qtype=qtype, dim=256, ffn=256, head_dim=64, expert_ffn=256, shared_ffn=256, ssm_head_dim=64,
+                    n_layers=2, full_attention_interval=2, n_experts=4)
+    return dict(qtype=qtype, shared_ffn=64)
 
 
 def tiny_hybrids(root):

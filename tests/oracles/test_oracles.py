@@ -37,6 +37,7 @@ from gguf import GGUFReader
 from guild.models import load_model
 from guild.tools.perf import open_llama_cpp
 from guild.tools.tiny import write_tiny_model
+from tests.helpers.optional import installed
 
 pytestmark = pytest.mark.oracle
 
@@ -133,8 +134,8 @@ def hf_model_from_gguf(path: str):
     qwen3moe's `expert_feed_forward_length` is ignored (moe_intermediate_size stays at the default 768), and
     qwen3's `attention.key_length` is not mapped (head_dim stays at Qwen3Config's default 128).
     """
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    torch = installed("torch")
+    installed("transformers")
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -187,8 +188,8 @@ def hf_model_from_gguf(path: str):
 
 @pytest.fixture(scope="module")
 def hf_logits(tiny_path):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    torch = installed("torch")
+    installed("transformers")
     cache: dict[str, np.ndarray] = {}
 
     def get(name: str) -> np.ndarray:
@@ -220,7 +221,7 @@ def test_hf_transformers_oracle(name, tiny_path, hf_logits):
 # =========================================================================================================
 def llama_cpp_logits(path: str, tokens, **kwargs) -> np.ndarray:
     """Logits [T, vocab] (float64) of llama.cpp over `tokens` at positions 0..T-1 (one batch, F32 KV cache)."""
-    pytest.importorskip("llama_cpp")
+    installed("llama_cpp")
     llm = open_llama_cpp(
         path, logits_all=True, n_ctx=64, n_threads=2,
         type_k=0, type_v=0,  # GGML_TYPE_F32 K/V cache (the f16 default alone costs ~5e-3 on F32 models)
@@ -237,7 +238,7 @@ def llama_cpp_logits(path: str, tokens, **kwargs) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_llama_cpp(tiny_path):
-    pytest.importorskip("llama_cpp")
+    installed("llama_cpp")
     cache: dict[tuple[str, str], np.ndarray] = {}
 
     def get(name: str, qtype: str) -> np.ndarray:
@@ -274,7 +275,7 @@ def test_llama_cpp_oracle_tiny_q8_0(name, tiny_path, tiny_llama_cpp):
 
 @pytest.fixture(scope="module")
 def smol_llama_cpp(dense_path, moe_path):
-    pytest.importorskip("llama_cpp")
+    installed("llama_cpp")
     cache: dict[str, np.ndarray] = {}
 
     def get(which: str) -> np.ndarray:

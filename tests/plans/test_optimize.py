@@ -49,6 +49,7 @@ def test_optimize_tiny_moe_measures_every_pass(tiny, tmp_path):
     assert set(s.draft_ms) == {"lookup", "retrieval"} and all(v > 0 for v in s.draft_ms.values())
     assert s.kv_commit_ms > 0 and s.prefill_tok_s > 0
     assert s.catchup_ms == {} and "no MTP" in s.mtp_note
+    assert s.device == "cpu" and s.device_note == ""  # no --device: the loaded model, on the CPU
     c = p.cpu
     kinds = {k.qtype: k for k in c.kernels}
     assert set(kinds) == {"Q4_1", "F32"} and kinds["Q4_1"].role == "experts"
@@ -104,6 +105,28 @@ def test_inspect_plan_tables_and_chart(plan):
               "verify curve", "T=8", "routed_experts", "Q4_1"):
         assert s in out, s
     assert "█" in out  # the CPU-expert share of each bar
+
+
+@pytest.mark.gpu
+def test_an_auto_fallback_is_said_recorded_and_inspected(tiny, tmp_path, monkeypatch, capsys):
+    """A GPU too small for one layer (a 2 MiB fake one): pass 4 measures on the CPU under --device auto, says so
+    in one line, and the plan records it; with --device cuda on a GPU that fits, the plan names the GPU."""
+    from guild.plans.machine import FAKE_GPU_NAME
+
+    monkeypatch.setenv("GUILD_FAKE_GPU", "2")  # 2 MiB
+    p = optimize(load(str(tiny)), tmp_path / "auto.gexec", mode="quick", context=64, device="auto", progress=False)
+    notice = [line for line in capsys.readouterr().err.splitlines() if "pass 4" in line]
+    assert notice == [f"pass 4 measures on the CPU: {p.drafting.device_note}"]
+    assert p.placement.gpu == FAKE_GPU_NAME and p.drafting.device == "cpu"
+    assert p.drafting.device_note.startswith("auto: nothing fits on") and read_plan(p.path) == p
+    r = cli("inspect", p.path, "--plan")
+    out = " ".join(r.stdout.split())  # the terminal's line breaks aside
+    assert r.exit_code == 0 and "measured on cpu" in out and p.drafting.device_note in out, r.output
+    assert f"on cpu ({p.drafting.device_note})" in " ".join(cli("inspect", p.path).stdout.split())
+    monkeypatch.setenv("GUILD_FAKE_GPU", "8192")
+    p = optimize(load(str(tiny)), None, mode="quick", context=64, device="cuda", progress=False)
+    assert p.drafting.device == f"cuda:0 {FAKE_GPU_NAME} (sm_61)" and p.drafting.device_note == ""
+    assert "pass 4" not in capsys.readouterr().err
 
 
 def test_inspect_another_machines_plan_says_why(plan, tmp_path):

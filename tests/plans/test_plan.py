@@ -18,7 +18,17 @@ from guild.errors import (
     PlanSealError,
 )
 from guild.load import load
-from guild.plans.plan import SECTIONS, GpuInfo, Plan, load_plan, read_plan, render, section_digest, write_plan
+from guild.plans.plan import (
+    FORMAT_VERSION,
+    SECTIONS,
+    GpuInfo,
+    Plan,
+    load_plan,
+    read_plan,
+    render,
+    section_digest,
+    write_plan,
+)
 from guild.tools.tiny import write_tiny_model
 
 GPU_5070 = GpuInfo("NVIDIA GeForce RTX 5070", "12.0", 12 * 2**30)
@@ -122,7 +132,21 @@ def test_a_version_1_plan_says_to_re_run_optimize(plan, tmp_path):
     p.write_bytes(_reseal(yaml.safe_dump(d, sort_keys=False).encode()))
     with pytest.raises(PlanError) as e:
         read_plan(p)
-    assert str(e.value) == f"{p}: plan format version 1 is not 2 (re-run guild optimize)"
+    assert str(e.value) == f"{p}: plan format version 1 is not {FORMAT_VERSION} (re-run guild optimize)"
+
+
+def test_a_version_2_plan_says_to_re_run_optimize(plan, tmp_path):
+    """Version 2 did not record the device that measured the drafting costs: one line, no field noise."""
+    d = yaml.safe_load(render(plan))
+    d.pop("seal")
+    d["header"]["version"] = 2
+    for key in ("device", "device_note"):
+        d["drafting"].pop(key)
+    p = tmp_path / "v2.gexec"
+    p.write_bytes(_reseal(yaml.safe_dump(d, sort_keys=False).encode()))
+    with pytest.raises(PlanError) as e:
+        read_plan(p)
+    assert str(e.value) == f"{p}: plan format version 2 is not {FORMAT_VERSION} (re-run guild optimize)"
 
 
 HW_CHANGES = [

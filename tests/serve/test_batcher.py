@@ -9,7 +9,10 @@ import pytest
 from guild.engine.sampling import SamplingParams
 from guild.errors import GuildError
 from guild.load import load
-from guild.serve.batcher import BatchEngine, Job
+from guild.serve.batcher import BatchEngine, Job, SessionPool
+from guild.speculative.build import make_drafter
+from guild.tools.tiny_hybrid import write_tiny_hybrid
+from tests.helpers.tiny_hybrids import TINY, TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +151,33 @@ def test_engine_on_the_fake_gpu_equals_the_cpu(lm, moe_path, monkeypatch):
         assert _run(e, prompt, strategy="mtp").tokens == want.tokens
     finally:
         e.close()
+
+
+@pytest.mark.parametrize("batch", [32, 72], ids=["row-invariant", "blas"])
+def test_hybrid_reuse_reports_the_rows_really_kept(batch, tmp_path):
+    """A recurrent state is cut back only to its position or its last prefill checkpoint: the pool reports the
+    rows a hybrid's session really keeps (what `cached_tokens` says), and the reply equals a fresh prefill's."""
+    path = tmp_path / "hybrid.gguf"
+    write_tiny_hybrid(path, **TINY["qwen35moe"])
+    hy = load(str(path))
+    pool = SessionPool(lambda: hy.session(256, batch), lambda s: make_drafter(s), batch, 2**30)
+
+    def serve(prompt):
+        e, n = pool.acquire(prompt, "lookup", 0)
+        assert n == e.session.state.pos, "the pool counted rows the state does not hold"
+        start = e.session.state.pos
+        out, _ = e.session.generate(prompt[n:], 8, drafter=e.drafter, max_draft=4)
+        pool.prefilled(e, start)
+        pool.release(e)
+        fresh, _ = hy.session(256, batch).generate(prompt, 8, drafter=make_drafter("lookup"), max_draft=4)
+        assert out == fresh
+        return n, out
+
+    first = [int(t) for t in TOKENS] * 7  # 84 tokens: the BLAS pool prefills them as chunks of 72 and 12
+    assert serve(first)[0] == 0
+    held = pool.entries[0].session.tokens
+    n, _ = serve(held[: len(first) + 5] + [9, 8, 7])  # diverges inside the reply: back to the prompt's end
+    assert n == (len(first) if batch == 32 else 0)  # the BLAS pool reuses whole chunks only, none ends at 84
+    held = pool.entries[0].session.tokens
+    n, _ = serve(held + [6, 5])  # continues the whole conversation: every row the state holds
+    assert n == (len(held) - 1 if batch == 32 else 0)

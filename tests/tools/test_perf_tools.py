@@ -3,6 +3,8 @@ report on a tiny model) and the llama.cpp quantizer comparison (quant_compare: e
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -39,9 +41,9 @@ def test_scale_probes_and_report(tiny, monkeypatch, tmp_path):
     assert "not measured" in perf_scale.report(tiny, 10**6, loads, run, None)
 
 
-def test_llama_probe_without_llama_cpp(tiny):
-    if quant_compare.llama_cpp_module() is not None:
-        pytest.skip("llama_cpp is installed: the probe measures instead")
+def test_llama_probe_without_llama_cpp(tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError, installed or not
+    assert quant_compare.llama_cpp_module() is None
     assert perf_scale.probe_llama(tiny, 4, 1, 1) is None
     assert quant_compare.main(["--types", "Q2_K"]) == 0  # says it skipped, writes nothing
 

@@ -5,7 +5,9 @@ import sys
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.helpers.optional import installed
+
+torch = installed("torch")
 
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
