@@ -97,11 +97,17 @@ cap() {
     echo $(( want < left ? want : left ))
 }
 
-timeout $(cap 180) env -u GUILD_FAKE_GPU $PY -m pytest tests/gpu/test_cuda.py tests/gpu/test_gpu_host.py -q -rs -o addopts= -k "not emu" -p no:cacheprovider \
-    > "$OUT/pytest.txt" 2>&1
+# "not emu" leaves the emulator out (its cells and its own argument check): every test left must run, none skip (a skip
+# here means the GPU went unused, e.g. CuPy could not reach it)
+timeout $(cap 180) env -u GUILD_FAKE_GPU $PY -m pytest tests/gpu/test_cuda.py tests/gpu/test_gpu_host.py -q -rs -o addopts= \
+    -k "not emu" -p no:cacheprovider > "$OUT/pytest.txt" 2>&1
 rc=$?
+tally=$(grep -E "[0-9]+ (passed|failed|skipped|error)" "$OUT/pytest.txt" | tail -1)
+ran=$(grep -oE "[0-9]+ passed" <<< "$tally" | cut -d' ' -f1)
+skipped=$(grep -oE "[0-9]+ skipped" <<< "$tally" | cut -d' ' -f1)
+[ "${ran:-0}" -gt 0 ] && [ "${skipped:-0}" -eq 0 ] || rc=1
 row "GPU tests (test_cuda.py on the GPU, test_gpu_host.py)" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" \
-    "$(grep -E "[0-9]+ (passed|failed)" "$OUT/pytest.txt" | tail -1)"
+    "${tally:-no pytest summary}"
 
 # guild run with each strategy on the embedded MoE: the tokens of --device cuda must be those of --device cpu
 # (--numerics f32 on both: the CUDA kernels are fp32 dequant-dot, the CPU's default int8 path is another mode)

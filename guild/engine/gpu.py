@@ -125,8 +125,6 @@ def split_onto_device(cpu_model, device, split: GpuSplit, host: HostBackend = HO
     eng._layout = Layout(bes, embed_be, out_be, rope)
     eng.cpu, eng.dev, eng.host, eng.placement = cpu_model, device, host, split
     eng.placed_context = a.context_length  # what the spill report sizes the state at (build: the --context)
-    eng.returns_hidden = True  # always: a DeviceRows when they end on the device, moved only when read
-    eng.hosts_mtp_head = True
     return eng
 
 

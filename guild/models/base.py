@@ -119,8 +119,6 @@ class Architecture(ABC):
     holds and what its state costs, for the GPU placement and the device twins."""
 
     GPU = False
-    returns_hidden = True  # forwards return the final residual rows (ForwardResult.hidden)
-    hosts_mtp_head = True  # an MTP head can run its block with this model's layers (mtp_block)
     placement = None  # the GpuSplit guild.engine.gpu placed this model with; None on the CPU
 
     @classmethod

@@ -51,14 +51,15 @@ SCHEMA = {
 MAX_LIST = 4096
 
 
-def check(d: dict, spec=None, where: str = "") -> str | None:
-    """The first problem as 'field: what is wrong', or None. Unknown keys are problems; missing ones are left
-    to the dataclasses (some have defaults)."""
+def check(d: dict, spec=None, where: str = "", partial: bool = False) -> str | None:
+    """The first problem as 'field: what is wrong', or None. Unknown keys are problems, and so are missing ones
+    (write_plan writes every field, null where optional) but in a `partial` mapping (per drafter: those
+    measured)."""
     spec = SCHEMA if spec is None else spec
     if isinstance(spec, tuple) and spec[0] == OPT:
         return None if d is None else check(d, spec[1], where)
     if isinstance(spec, tuple) and spec[0] == "drafters":
-        return check(d, {c.name: spec[2] for c in DRAFTERS.values() if spec[1](c)}, where)
+        return check(d, {c.name: spec[2] for c in DRAFTERS.values() if spec[1](c)}, where, partial=True)
     if isinstance(spec, dict):
         if not isinstance(d, dict):
             return f"{where}: expected a mapping, got {type(d).__name__}"
@@ -68,6 +69,9 @@ def check(d: dict, spec=None, where: str = "") -> str | None:
             err = check(v, spec[k], f"{where + '.' if where else ''}{k}")
             if err:
                 return err
+        for k in spec:
+            if k not in d and not partial:
+                return f"{where + '.' if where else ''}{k}: missing"
         return None
     if isinstance(spec, list):
         if not isinstance(d, list):

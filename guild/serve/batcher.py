@@ -247,6 +247,7 @@ class BatchEngine:
                 return True
             dt = time.perf_counter() - t
             self.metrics.inc("guild_rounds_total")
+            self.metrics.inc("guild_round_requests_total", len(gens))
             self.metrics.set("guild_batch_size", len(gens))
             self.metrics.set("guild_decode_tokens_per_second", (sum(len(g.out) for g in gens) - n0) / dt)
         for job in [j for j in self._active if j.gen.done]:

@@ -19,6 +19,7 @@ METRICS = {
     "guild_drafted_tokens_total": ("counter", "Draft tokens proposed, by strategy"),
     "guild_accepted_tokens_total": ("counter", "Draft tokens accepted, by strategy"),
     "guild_rounds_total": ("counter", "Batched decoding rounds (one forward for every active request)"),
+    "guild_round_requests_total": ("counter", "Requests decoded, summed over rounds (/ rounds: the mean batch size)"),
     "guild_cancelled_total": ("counter", "Requests cancelled because the client went away"),
     "guild_queue_depth": ("gauge", "Requests waiting for a slot"),
     "guild_batch_size": ("gauge", "Requests decoding in the current round"),

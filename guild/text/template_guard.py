@@ -8,7 +8,9 @@ from __future__ import annotations
 import re
 import sys
 import time
+from pathlib import Path
 
+import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ChatTemplateError
@@ -24,6 +26,29 @@ _WIDTH = re.compile(r"%[-+ #0]*(\d{7,})|\{[^}]*?(\d{7,})[^}]*\}")
 
 class TemplateLimit(ChatTemplateError):
     pass
+
+
+_GUILD = str(Path(__file__).resolve().parents[1])
+_JINJA = str(Path(jinja2.__file__).resolve().parent)
+
+
+def raised_by_guild(e: BaseException) -> bool:
+    """Whether `e` is guild's own fault rather than the template's: the innermost frame that is guild's, Jinja's or
+    the compiled template's ("<template>") is guild's (a filter or guard that failed, or passed the standard
+    library something it refused). A template's own errors surface in the template or in Jinja; running out of
+    stack or memory is the template's too."""
+    if isinstance(e, (RecursionError, MemoryError)):
+        return False
+    tb, frames = e.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    for f in reversed(frames):
+        if f == "<template>" or f.startswith(_JINJA):
+            return False
+        if f.startswith(_GUILD):
+            return True
+    return False
 
 
 def _rss() -> int:

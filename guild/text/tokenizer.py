@@ -33,7 +33,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from ..errors import ChatTemplateError, MetadataError
 from ..formats.gguf import GGUFFile
-from .template_guard import GuardedEnvironment, guard_filters, render
+from .template_guard import GuardedEnvironment, guard_filters, raised_by_guild, render
 from .vocab import (
     _HEX_BYTE,
     TT_BYTE,
@@ -270,7 +270,9 @@ class Tokenizer:
             raise
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"tokenizer.chat_template: render failed: {_one_line(e)}") from None
-        except Exception as e:  # noqa: BLE001 - the template is the file's code: any failure in it is its error
+        except Exception as e:  # noqa: BLE001 - the template is the file's code: a failure in it is its error ...
+            if raised_by_guild(e):  # ... but one in guild's filters and guards is a bug, to surface as one
+                raise
             raise ChatTemplateError(
                 f"tokenizer.chat_template: render failed ({type(e).__name__}: {_one_line(e)})"
             ) from None
@@ -344,13 +346,17 @@ def _raise_exception(message):
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    try:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    except (TypeError, ValueError) as e:  # the template's value or arguments (not JSON, a circular list)
+        raise ChatTemplateError(f"tokenizer.chat_template: tojson: {_one_line(e)}") from None
 
 
 def _strftime_now(fmt):
-
-    return datetime.datetime.now().strftime(fmt)
+    try:
+        return datetime.datetime.now().strftime(fmt)
+    except (TypeError, ValueError) as e:  # the template's format
+        raise ChatTemplateError(f"tokenizer.chat_template: strftime_now: {_one_line(e)}") from None
 
 
 def _one_line(e: BaseException) -> str:

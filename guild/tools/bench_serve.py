@@ -1,7 +1,9 @@
 """`make bench-serve`: `guild serve` under 1, 2, 4 and 8 concurrent streaming clients, `normal` and `adaptive`, on
 W2- and W7-style prompts (input-grounded summarisation, free prose): aggregate and per-request decode tok/s and
 time to first token, beside llama.cpp's server (`python -m llama_cpp.server`) on the same GGUF and thread count
-when llama-cpp-python[server] is importable, in one run. Writes results/bench_serve.{md,json}.
+when llama-cpp-python[server] is importable, in one run (that server decodes one request at a time, so its rows
+above one client are no batching server's). Writes results/bench_serve.{md,json} and each server's log beside
+them.
 
     python -m guild.tools.bench_serve [--model TAG] [--clients 1,2,4,8] [-n 64] [-t THREADS]
 """
@@ -31,12 +33,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(port: int, proc: subprocess.Popen, path: str, timeout: float = 900) -> None:
-    """Poll http://127.0.0.1:PORT/PATH until it answers; RuntimeError if the server exits or the time runs out."""
+def wait_ready(port: int, proc: subprocess.Popen, path: str, timeout: float = 900,
+               log: Path | None = None) -> None:
+    """Poll http://127.0.0.1:PORT/PATH until it answers; RuntimeError if the server exits or the time runs out.
+    Its stderr is read from `log` (the file it writes to) when given, else from its pipe."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+            err = log.read_text(errors="replace") if log is not None else proc.stderr.read()
+            raise RuntimeError(f"server exited ({proc.returncode}): {err[-2000:]}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).read()
             return
@@ -109,12 +114,17 @@ def main(argv=None) -> int:
     work = {"W2": prompts_of("W2"), "W7": prompts_of("W7")}
     rows = []
 
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "guild", "serve", str(path), "--port", str(port), "-t",
-                             str(a.threads), "--parallel", str(max(clients)), "--device", "cpu"],
-                            stderr=subprocess.PIPE, text=True)
+    # a server's log goes to a file: a pipe nobody reads fills up and blocks the server
+    log = out / "bench_serve.guild.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "guild", "serve", str(path), "--port", str(port), "-t",
+                                 str(a.threads), "--parallel", str(max(clients)), "--device", "cpu"],
+                                stdout=f, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_ready(port, proc, "/health")
+        wait_ready(port, proc, "/health", log=log)
         for wid, ps in work.items():
             for c in clients:
                 for strategy in ("normal", "adaptive"):  # interleaved, one process
@@ -132,11 +142,13 @@ def main(argv=None) -> int:
         print("llama-cpp-python[server] is not installed: no llama.cpp rows", file=sys.stderr)
     if have_llama:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
-                                 str(a.threads), "--n_ctx", "4096", "--port", str(port)],
-                                stderr=subprocess.PIPE, text=True)
+        log = out / "bench_serve.llama.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--n_threads",
+                                     str(a.threads), "--n_ctx", "4096", "--port", str(port)],
+                                    stdout=f, stderr=subprocess.STDOUT, text=True)
         try:
-            wait_ready(port, proc, "/v1/models")
+            wait_ready(port, proc, "/v1/models", log=log)
             for wid, ps in work.items():
                 for c in clients:
                     r = measure(port, ps, c, a.max_tokens, {})
@@ -145,8 +157,6 @@ def main(argv=None) -> int:
         finally:
             proc.terminate()
             proc.wait(120)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "bench_serve.json").write_text(json.dumps({"model": str(path), "threads": a.threads, "rows": rows},
                                                      indent=1))
     md = ["| server | workload | strategy | clients | aggregate tok/s | per-request tok/s | TTFT p50 ms | "

@@ -204,6 +204,31 @@ def _norm(seed: int, name: str, n: int) -> np.ndarray:
     return (1.0 + 0.1 * _rng(seed, name).standard_normal(n)).astype(np.float32)
 
 
+def copy_emb_gain(copy_bias: float) -> float:
+    """token_embd's gain in a copy model: its residual stream is dominated by the token itself."""
+    return 2.0 * max(1.0, copy_bias)
+
+
+def copy_output(seed: int, vocab: int, dim: int, copy_bias: float, qtype) -> np.ndarray:
+    """output.weight (F32) of a copy model whose token_embd was written in `qtype` with copy_emb_gain: the random
+    head plus token_embd[perm[v]] (rescaled) on row v. The model then mostly follows the fixed chain next =
+    perm^-1(current), which its layers' context-dependent output sometimes breaks: what it generated once tends
+    to recur (a copy workload for lookup, retrieval and MTP drafts)."""
+    gain = copy_emb_gain(copy_bias)
+    emb = dequantize(_matrix(seed, "token_embd.weight", (vocab, dim), gain / np.sqrt(dim), qtype), qtype)
+    out = _matrix(seed, "output.weight", (vocab, dim), 2.0 / np.sqrt(dim), GGMLQuantizationType.F32)
+    perm = _rng(seed, "copy_bias").permutation(vocab)
+    return (out + emb[perm] * np.float32(2.0 / gain)).astype(np.float32)
+
+
+def copy_eh_proj(seed: int, name: str, dim: int, copy_bias: float) -> np.ndarray:
+    """eh_proj (F32) of a copy model's MTP head: the random projection plus copy_bias * [I | 0], so that the head's
+    residual carries the embedding of x_{p+1} and the shared output head predicts its chain successor x_{p+2}."""
+    w = _matrix(seed, name, (dim, 2 * dim), 1.0 / np.sqrt(2 * dim), GGMLQuantizationType.F32)
+    w[:, :dim] += np.float32(copy_bias) * np.eye(dim, dtype=np.float32)
+    return w
+
+
 def _layer(matrix, norm, p: str, dim: int, n_heads: int, n_kv_heads: int, hd: int, qk_norm: bool, n_experts: int,
            ffn: int) -> None:
     """One llama-family layer's tensors named p + ...: attention (QK-norm for qwen3), then a dense SwiGLU FFN or,
@@ -300,6 +325,7 @@ def write_tiny_model(
     seed: int = 0,
     tied: bool = False,
     head_dim: int | None = None,
+    copy_bias: float = 0.0,
 ) -> Path:
     """Write a tiny random GGUF model and return its path.
 
@@ -307,7 +333,8 @@ def write_tiny_model(
     = expert_ffn or ffn); `qwen3` is dense with QK-norm; `qwen3moe` needs n_experts > 0 and writes
     `expert_feed_forward_length` (expert_ffn or ffn) besides `feed_forward_length` (ffn). `qtype` applies to
     every 2-D/3-D matrix (token_embd and output included) except the F32 router; norms are always F32.
-    `vocab` must be in 260..680 (256 byte tokens + merges + 3 specials).
+    `vocab` must be in 260..680 (256 byte tokens + merges + 3 specials). `copy_bias` > 0 makes a copy model
+    (copy_output): token_embd scaled by copy_bias, output.weight F32 with the chain bias.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r}: expected one of {', '.join(ARCHS)}")
@@ -319,6 +346,8 @@ def write_tiny_model(
         raise ValueError(f"top_k={top_k} not in 1..n_experts={n_experts}")
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+    if copy_bias and tied:
+        raise ValueError("copy_bias needs an untied output matrix")
     try:
         qt = GGMLQuantizationType[qtype.upper()]
     except KeyError:
@@ -347,22 +376,25 @@ def write_tiny_model(
     def norm(name: str, n: int) -> None:
         w.add_tensor(name, _norm(seed, name, n))
 
-    matrix("token_embd.weight", (vocab, dim), gain=2.0)
+    matrix("token_embd.weight", (vocab, dim), gain=copy_emb_gain(copy_bias))
     for i in range(n_layers):
         _layer(matrix, norm, f"blk.{i}.", dim, n_heads, n_kv_heads, hd, arch in ("qwen3", "qwen3moe"),
                n_experts if moe else 0, eff if moe else ffn)
     norm("output_norm.weight", dim)
-    if not tied:
+    if copy_bias:
+        w.add_tensor("output.weight", copy_output(seed, vocab, dim, copy_bias, qt))
+    elif not tied:
         matrix("output.weight", (vocab, dim), gain=2.0)
 
     return _write(w, path)
 
 
 def write_tiny_mtp_head(base: str | PathLike, path: str | PathLike, *, seed: int = 1, draft_vocab: int = 0,
-                        qtype: str = "F32") -> Path:
+                        qtype: str = "F32", copy_bias: float = 0.0) -> Path:
     """A random MTP head sidecar for a llama-family model written by write_tiny_model, in the layout `guild
     train-mtp` writes (guild/models/mtp.py): nextn tensors and one layer of the base's kind at block 0, the
-    base's identity digest; `draft_vocab` > 0 adds `mtp.draft_vocab` (that many ids, a seeded permutation)."""
+    base's identity digest; `draft_vocab` > 0 adds `mtp.draft_vocab` (that many ids, a seeded permutation);
+    `copy_bias` > 0 writes the eh_proj of a copy model's head (copy_eh_proj)."""
 
     g = GGUFFile(base)
     a = ModelArgs.from_gguf(g)
@@ -382,7 +414,10 @@ def write_tiny_mtp_head(base: str | PathLike, path: str | PathLike, *, seed: int
         w.add_tensor(name, _norm(seed, name, n))
 
     d, hd, p = a.dim, a.head_dim, "blk.0."
-    matrix(p + "nextn.eh_proj.weight", (d, 2 * d))
+    if copy_bias:
+        w.add_tensor(p + "nextn.eh_proj.weight", copy_eh_proj(seed, p + "nextn.eh_proj.weight", d, copy_bias))
+    else:
+        matrix(p + "nextn.eh_proj.weight", (d, 2 * d))
     for n in ("enorm", "hnorm", "shared_head_norm"):
         norm(p + f"nextn.{n}.weight", d)
     f = g.tensor("blk.0.ffn_gate_exps.weight").shape[1] if a.is_moe else g.tensor("blk.0.ffn_gate.weight").shape[0]

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.constants import GGML_QUANT_VERSION
-from gguf.quants import dequantize
 
-from .tiny import _matrix, _norm, _rng, _write, file_type, tiny_tokenizer_keys
+from .tiny import _matrix, _norm, _rng, _write, copy_eh_proj, copy_emb_gain, copy_output, file_type, tiny_tokenizer_keys
 
 HYBRID_ARCHS = ("qwen3next", "qwen35moe")
 
@@ -57,17 +56,21 @@ def hybrid_keys(w: GGUFWriter, arch: str, *, name: str, n_layers: int, nextn: bo
 def hybrid_layer(matrix, norm, vec, seed: int, p: str, *, arch: str, attention: bool, mtp: bool, dim: int,
                  n_heads: int, n_kv_heads: int, head_dim: int, ssm_k_heads: int, ssm_v_heads: int,
                  ssm_head_dim: int, conv_kernel: int, n_experts: int, expert_ffn: int, shared_ffn: int,
-                 legacy_ssm_in: bool = False) -> None:
+                 legacy_ssm_in: bool = False, copy_bias: float = 0.0) -> None:
     """One hybrid block's tensors named p + ... through the writer's callbacks (see write_tiny_hybrid): gated
-    attention when `attention` or `mtp` (which adds the nextn tensors), else Gated DeltaNet; then the MoE with
-    its shared expert. matrix(name, shape, gain=1.0, typ=...), norm(name, n), vec(name, values)."""
+    attention when `attention` or `mtp` (which adds the nextn tensors; a copy model's eh_proj with `copy_bias`),
+    else Gated DeltaNet; then the MoE with its shared expert. matrix(name, shape, gain=1.0, typ=...),
+    norm(name, n), vec(name, values)."""
     nk, nv, dk = ssm_k_heads, ssm_v_heads, ssm_head_dim
     r = nv // nk
     conv_dim = 2 * nk * dk + nv * dk
     f32 = GGMLQuantizationType.F32
     norm(p + "attn_norm.weight", dim)
     if mtp:  # the MTP block's own tensors
-        matrix(p + "nextn.eh_proj.weight", (dim, 2 * dim))
+        if copy_bias:
+            vec(p + "nextn.eh_proj.weight", copy_eh_proj(seed, p + "nextn.eh_proj.weight", dim, copy_bias))
+        else:
+            matrix(p + "nextn.eh_proj.weight", (dim, 2 * dim))
         for n in ("enorm", "hnorm", "shared_head_norm"):
             norm(p + f"nextn.{n}.weight", dim)
     if attention or mtp:
@@ -135,6 +138,7 @@ def write_tiny_hybrid(
     legacy_ssm_in: bool = False,
     copy_bias: float = 0.0,
     nextn: bool = False,
+    mtp_copy_bias: float = 0.0,
 ) -> Path:
     """Write a tiny random hybrid model laid out as llama.cpp's converter writes it (conversion/qwen.py).
 
@@ -144,9 +148,8 @@ def write_tiny_hybrid(
     qwen3next has `ssm_ba` ([b | a] per key-head group, value heads grouped by key head), qwen35moe
     `ssm_beta` / `ssm_alpha` (value heads tiled: head j belongs to key head j % n_k). `legacy_ssm_in` (qwen3next)
     writes the older single `ssm_in` ([q, k, v, z] per key-head group) instead of attn_qkv + attn_gate.
-    `copy_bias` > 0 scales token_embd by copy_bias and adds token_embd[perm[v]] (rescaled) to output row v,
-    written F32: the model then mostly follows a fixed token chain (next = perm^-1(current)) that the layers'
-    context-dependent output sometimes breaks, so what it generated once tends to recur: a copy workload.
+    `copy_bias` > 0 makes a copy model (guild.tools.tiny.copy_output); `mtp_copy_bias` > 0 gives its nextn block
+    a copy head's eh_proj (copy_eh_proj).
     Attention layers: `attn_q` holds query and output gate interleaved per head ([q_h | gate_h] * H), QK-norm,
     partial NEOX rope over rotary_factor * head_dim dims. Every layer: routed experts + a shared expert gated by
     sigmoid(ffn_gate_inp_shexp . x); `post_attention_norm` before the FFN. `nextn` appends one MTP block
@@ -162,7 +165,6 @@ def write_tiny_hybrid(
     if not 0 < top_k <= n_experts:
         raise ValueError(f"top_k={top_k} not in 1..n_experts={n_experts}")
     qt = GGMLQuantizationType[qtype.upper()]
-    f32 = GGMLQuantizationType.F32
     rope_dim = int(head_dim * rotary_factor)
     nk, nv, dk = ssm_k_heads, ssm_v_heads, ssm_head_dim
 
@@ -185,22 +187,18 @@ def write_tiny_hybrid(
     def vec(name: str, values: np.ndarray) -> None:
         w.add_tensor(name, np.ascontiguousarray(values, np.float32))
 
-    emb_gain = 2.0 * max(1.0, copy_bias)  # a copy model's residual stream is dominated by the token itself
-    matrix("token_embd.weight", (vocab, dim), gain=emb_gain)
+    matrix("token_embd.weight", (vocab, dim), gain=copy_emb_gain(copy_bias))
     for i in range(n_layers + int(nextn)):
         hybrid_layer(matrix, norm, vec, seed, f"blk.{i}.", arch=arch, mtp=i >= n_layers,
                      attention=(i + 1) % full_attention_interval == 0, dim=dim, n_heads=n_heads,
                      n_kv_heads=n_kv_heads, head_dim=head_dim, ssm_k_heads=nk, ssm_v_heads=nv, ssm_head_dim=dk,
                      conv_kernel=conv_kernel, n_experts=n_experts, expert_ffn=expert_ffn, shared_ffn=shared_ffn,
-                     legacy_ssm_in=legacy_ssm_in)
+                     legacy_ssm_in=legacy_ssm_in, copy_bias=mtp_copy_bias)
     norm("output_norm.weight", dim)
     if copy_bias:
         if tied:
             raise ValueError("copy_bias needs an untied output matrix")
-        emb = dequantize(_matrix(seed, "token_embd.weight", (vocab, dim), emb_gain / np.sqrt(dim), qt), qt)
-        out = _matrix(seed, "output.weight", (vocab, dim), 2.0 / np.sqrt(dim), f32)
-        perm = _rng(seed, "copy_bias").permutation(vocab)
-        w.add_tensor("output.weight", (out + emb[perm] * np.float32(2.0 / emb_gain)).astype(np.float32))
+        w.add_tensor("output.weight", copy_output(seed, vocab, dim, copy_bias, qt))
     elif not tied:
         matrix("output.weight", (vocab, dim), gain=2.0)
 

@@ -41,14 +41,37 @@ def test_run_streams_and_stops_at_eos(moe_path):
         assert res.tokens[-1] in (0, 2)
 
 
-def test_chunked_prefill_equals_one_chunk(dense_model):
-    ids = np.arange(100, 140)
-    a = GuildSession(dense_model, n_ctx=64, prefill_batch=512).prefill(ids)
-    b = GuildSession(dense_model, n_ctx=64, prefill_batch=512).prefill(ids)
-    assert np.array_equal(a, b)  # deterministic
-    c = GuildSession(dense_model, n_ctx=64, prefill_batch=7).prefill(ids)
-    assert int(np.argmax(a)) == int(np.argmax(c))
-    assert np.abs(a - c).max() < 1e-2 * np.abs(a).max()
+def test_chunked_prefill_equals_one_chunk(dense_model, dense_path, monkeypatch):
+    """A 100-row prompt fed as one chunk, or in chunks of 64, 8 and 7 rows. The default int8 numerics have one
+    kernel for every row count: all bitwise equal. Under f32, chunks of more than ROW_INVARIANT_ROWS (64) rows
+    take the BLAS prefill path: deterministic and within 1e-3 of the row-by-row kernels but not bitwise, while
+    every chunking of at most 64 rows is bitwise equal (docs/contracts.md "Row invariance")."""
+    from guild.kernels.cpu import quant
+    from guild.models import load_model
+
+    ids = np.arange(100, 200)
+
+    def last_logits(model, chunk):
+        return GuildSession(model, n_ctx=128, prefill_batch=chunk).prefill(ids)
+
+    i8 = {c: last_logits(dense_model, c) for c in (512, 64, 8, 7)}
+    for c in (64, 8, 7):
+        assert np.array_equal(i8[c], i8[512]), c
+    blas_calls = []
+    part = quant._prefill_part
+    monkeypatch.setattr(quant, "_prefill_part", lambda *a: blas_calls.append(1) or part(*a))
+    with quant.numerics("f32"):
+        f32 = load_model(dense_path)
+    one = last_logits(f32, 512)
+    assert blas_calls  # the 100-row chunk took the BLAS path
+    assert np.array_equal(one, last_logits(f32, 512))  # deterministic
+    n = len(blas_calls)
+    rows = {c: last_logits(f32, c) for c in (64, 8, 7)}
+    assert len(blas_calls) == n  # chunks of <= 64 rows never do
+    for c in (8, 7):
+        assert np.array_equal(rows[c], rows[64]), c
+    assert int(np.argmax(one)) == int(np.argmax(rows[64]))
+    assert np.abs(one - rows[64]).max() < 1e-3 * np.abs(one).max()
 
 
 def test_run_sampling_flags_are_reproducible(dense_path):

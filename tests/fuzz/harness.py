@@ -1,7 +1,8 @@
 """Fuzz runner: worker processes (4 GiB address space each, RLIMIT_AS) run cases that the parent hands out one
 at a time with a wall-clock limit; a worker that overruns is killed (a hang), one that dies is a crash by
-signal. Outcomes: ok, clean (a GuildError), crash (any other exception), hang, signal; `garbage` counts
-successful model runs whose logits are not finite."""
+signal. Outcomes: ok, clean (a GuildError: input validation refused the case), crash (any other exception, with
+its traceback: guild's own code failing, which no broad except re-wraps as a GuildError), hang, signal, and
+garbage (a model run that returned non-finite logits). All but ok and clean fail a run."""
 
 from __future__ import annotations
 
@@ -188,7 +189,8 @@ def run_one(w: Worker, cat: str, idx: int) -> dict:
             raise
         tb = traceback.extract_tb(e.__traceback__)
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else "?"
-        rec.update(outcome="crash", exc=type(e).__name__, msg=(str(e).splitlines() or [""])[0][:200], where=where)
+        rec.update(outcome="crash", exc=type(e).__name__, msg=(str(e).splitlines() or [""])[0][:200], where=where,
+                   traceback="".join(traceback.format_exception(e, limit=-25))[-6000:])
     rec["s"] = round(time.perf_counter() - t0, 3)
     rec["peak_kb"] = _peak_kb()
     return rec
@@ -316,17 +318,25 @@ def plan_cases(n: int, start: int = 0, only: str | None = None) -> list[tuple[st
 def summary(results: list[dict]) -> dict:
     by = defaultdict(Counter)
     crashes = defaultdict(Counter)
+    tracebacks: dict = defaultdict(dict)  # one example per crash kind
     peak = defaultdict(int)
     for r in results:
         by[r["cat"]][r["outcome"]] += 1
         by[r["cat"]]["cases"] += 1
         if r["outcome"] in ("crash", "signal"):
-            crashes[r["cat"]][f"{r.get('exc')} at {r.get('where', '?')}"] += 1
+            kind = f"{r.get('exc')} at {r.get('where', '?')}"
+            crashes[r["cat"]][kind] += 1
+            if r.get("traceback"):
+                tracebacks[r["cat"]].setdefault(kind, f"case {r['cat']}:{r['idx']}\n{r['traceback']}")
         if r.get("multiline"):
             by[r["cat"]]["multiline"] += 1
         peak[r["cat"]] = max(peak[r["cat"]], r.get("peak_kb", 0))
-    return {c: {**dict(by[c]), "peak_mb": round(peak[c] / 1024), "crash_kinds": dict(crashes[c].most_common(12))}
+    return {c: {**dict(by[c]), "peak_mb": round(peak[c] / 1024), "crash_kinds": dict(crashes[c].most_common(12)),
+                "crash_tracebacks": {k: tracebacks[c][k] for k, _ in crashes[c].most_common(12) if k in tracebacks[c]}}
             for c in sorted(by)}
+
+
+FAILING = ("crash", "hang", "signal", "garbage")
 
 
 def main(argv=None) -> int:
@@ -373,8 +383,11 @@ def main(argv=None) -> int:
                    "NUMBA_BOUNDSCHECK": os.environ.get("NUMBA_BOUNDSCHECK", "")}
     if a.json:
         a.json.write_text(json.dumps({"summary": s, "results": res}, indent=1))
-    print(json.dumps(s, indent=1))
-    bad = sum(v.get("crash", 0) + v.get("hang", 0) + v.get("signal", 0) for k, v in s.items() if k != "_total")
+    print(json.dumps({c: {k: v for k, v in x.items() if k != "crash_tracebacks"} for c, x in s.items()}, indent=1))
+    for c, x in s.items():
+        for kind, tb in x.get("crash_tracebacks", {}).items():
+            print(f"\n--- {c}: {kind}\n{tb}", file=sys.stderr)
+    bad = sum(v.get(o, 0) for k, v in s.items() if k != "_total" for o in FAILING)
     return 1 if bad else 0
 
 

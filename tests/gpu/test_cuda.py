@@ -335,7 +335,10 @@ def test_embedded_gpu_vs_cpu_logits(gpu, which, request):
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_embedded_speculative_parity_on_gpu(gpu, which, request):
+    """Every strategy the model can run (mtp where it has a head: the MoE's shipped one) emits plain decoding's
+    tokens on the GPU; the repeated text makes the copying drafters' drafts accepted."""
     from guild.engine.session import GuildSession
+    from guild.models.mtp import find_mtp_head
     from guild.speculative.build import make_drafter
 
     if gpu.emu:
@@ -344,16 +347,17 @@ def test_embedded_speculative_parity_on_gpu(gpu, which, request):
     eng = _engine(gpu, model)
     text = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 5165, 314] * 3
     plain, _ = GuildSession(eng, n_ctx=256).generate(text, 48)
-    ran = 0
-    for strategy in ("lookup", "retrieval", "adaptive"):
-        try:
-            d = make_drafter(strategy)
-        except Exception:  # a strategy not built yet
-            continue
-        got, _ = GuildSession(eng, n_ctx=256).generate(text, 48, drafter=d, max_draft=4)
+    head = find_mtp_head(eng)
+    assert (head is not None) == (which == "moe")
+    for strategy in ("lookup", "retrieval", "adaptive", *(("mtp",) if head is not None else ())):
+        d = make_drafter(strategy, mtp_head=head, n_ctx=256)
+        d.ingest(text)
+        got, st = GuildSession(eng, n_ctx=256).generate(text, 48, drafter=d, max_draft=4)
         assert got == plain, f"{strategy} on the GPU differs from plain decoding"
-        ran += 1
-    assert ran >= 1
+        s = st.summary()
+        assert s["drafted"] > 0, (strategy, s)
+        if strategy in ("lookup", "retrieval"):
+            assert s["accepted"] > 0, (strategy, s)
 
 
 # -- Gated DeltaNet kernels and the hybrid models ---------------------------------------------------------
@@ -443,23 +447,27 @@ def test_hybrid_engine_windows_rollback_and_logits(gpu, hybrid):
         s.commit(0)
 
 
-# every architecture, every strategy and both samplings at least once (the full matrix runs on the counting
-# host backend in tests/gpu/test_gpu_matrix.py; the emulator costs ~15-25 s a cell)
+# every architecture, every strategy and both samplings at least once, mtp on a sidecar head and on a hybrid's
+# nextn block (the full matrix runs on the counting host backend in tests/gpu/test_gpu_matrix.py, with the same
+# input-grounded prompts; the emulator costs ~15-40 s a cell)
 CELLS = [("llama-moe", "mtp", "greedy"), ("qwen35moe", "mtp", "seeded"), ("qwen3next", "adaptive", "greedy"),
-         ("qwen3moe", "lookup", "seeded"), ("llama", "retrieval", "greedy"), ("qwen3", "normal", "seeded")]
+         ("qwen3moe", "lookup", "seeded"), ("llama", "retrieval", "greedy"), ("qwen3", "adaptive", "seeded"),
+         ("qwen3", "normal", "greedy")]
 
 
 @pytest.mark.parametrize("name,strategy,sampling", CELLS)
-def test_strategy_cells_on_the_device(gpu, tmp_path, name, strategy, sampling):
-    """A subset of tests/gpu/test_gpu_matrix.py's cells with the kernels of kernels/cuda/: the placed model (MTP
-    head on the device too) emits the CPU engine's `normal` stream."""
+def test_strategy_cells_on_the_device(gpu, tmp_path, name, strategy, sampling, fixed_clock):
+    """Cells of tests/gpu/test_gpu_matrix.py with the kernels of kernels/cuda/: the placed model (MTP head on the
+    device too) emits the CPU engine's `normal` stream, with drafts proposed, accepted and rejected."""
     from guild.models import load_model
-    from tests.gpu.test_gpu_matrix import SAMPLING, generate, write_arch
+    from tests.gpu.test_gpu_matrix import SAMPLING, check_cell, generate, workload, write_arch
 
     model = load_model(write_arch(tmp_path, name))
-    want, _ = generate(model, "normal", SAMPLING[sampling], n=8)
-    got, st = generate(_engine(gpu, model), strategy, SAMPLING[sampling], n=8)
-    assert got == want
+    w = workload(model, SAMPLING[sampling])
+    got, st = generate(_engine(gpu, model), strategy, SAMPLING[sampling], prompt=w.prompt, corpus=w.corpus,
+                       clock=fixed_clock)
+    assert got == w.want
+    check_cell(strategy, st, f"{name} {strategy} {sampling}")
 
 
 def test_mtp_head_with_a_draft_vocabulary_on_the_device(gpu, tmp_path):

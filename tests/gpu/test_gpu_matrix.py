@@ -2,11 +2,18 @@
 architecture (llama dense, llama MoE, qwen3, qwen3moe, qwen3next, qwen35moe, each with an MTP head) x greedy and
 seeded sampling, on the model placed on the counting host backend (HostBackend.fake_device: the GPU path's
 placement, layout, device state and transfers around the CPU kernels), must emit the tokens of the CPU engine's
-`normal`. A chosen subset runs on the CUDA emulator (tests/cuda_emu: the .cu kernels built as C++) in
-tests/gpu/test_cuda.py. Also: the final hidden rows leave the device only when a consumer reads them, and the
-transfers per window."""
+`normal`, with drafts proposed, accepted and rejected in every drafting cell. A chosen subset runs on the CUDA
+emulator (tests/cuda_emu: the .cu kernels built as C++) in tests/gpu/test_cuda.py. Also: the final hidden rows
+leave the device only when a consumer reads them, and the transfers per window.
+
+The models are copy models (guild.tools.tiny.copy_output, their MTP heads copy heads) and the prompt quotes what
+they answer: two passages (the replies to P and to P + passage + P, since a reply may alternate between two
+chains), each with every fifth token altered, then P again. Lookup and retrieval copy the passages and are
+refused at the altered tokens; the head is right most of the time; the adaptive scheduler sees all three."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -30,49 +37,104 @@ ARCHS = {
     "qwen3next": dict(arch="qwen3next", nextn=True, n_layers=4),
     "qwen35moe": dict(arch="qwen35moe", nextn=True, n_layers=4, qtype="Q8_0", shared_ffn=64),
 }
+HYBRIDS = ("qwen3next", "qwen35moe")
+# (model, MTP head) copy biases: a head right most of the time, not always; the hybrids' recurrent layers pull
+# harder off the chain
+COPY_BIAS = {"llama-family": (3.3, 1.0), "hybrid": (4.5, 0.8)}
 STRATEGIES = ("normal", "lookup", "retrieval", "mtp", "adaptive")
-SAMPLING = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.8, top_k=40, seed=7)}
-PROMPT = [5, 77, 12, 200, 31, 9, 150, 64, 3, 99] * 3
-N = 12
+DRAFTING = STRATEGIES[1:]
+# seeded: temperature low enough that a sampled reply still quotes the passage, high enough to leave it sometimes
+SAMPLING = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.5, top_k=40, seed=7)}
+P = [5, 77, 12, 200, 31, 9, 150, 64, 3, 99]
+N = 24
+N_CTX = 160
+PROMPT = P * 3  # the plain prompt of the placement and transfer tests
 
 
 def write_arch(root, name: str, seed: int = 3) -> str:
-    """A tiny model of `name` (ARCHS) with an MTP head: a sidecar for the llama family, a nextn block for the
-    hybrids."""
+    """A tiny copy model of `name` (ARCHS) with a copy MTP head: a sidecar for the llama family, a nextn block for
+    the hybrids."""
     kw = dict(ARCHS[name])
-    if kw["arch"] in ("qwen3next", "qwen35moe"):
-        return str(write_tiny_hybrid(root / f"{name}.gguf", seed=seed, **kw))
-    path = write_tiny_model(root / f"{name}.gguf", seed=seed, **kw)
-    write_tiny_mtp_head(path, root / f"{name}.mtp.gguf")
+    if name in HYBRIDS:
+        model, head = COPY_BIAS["hybrid"]
+        return str(write_tiny_hybrid(root / f"{name}.gguf", seed=seed, copy_bias=model, mtp_copy_bias=head, **kw))
+    model, head = COPY_BIAS["llama-family"]
+    path = write_tiny_model(root / f"{name}.gguf", seed=seed, copy_bias=model, **kw)
+    write_tiny_mtp_head(path, root / f"{name}.mtp.gguf", copy_bias=head)
     return str(path)
 
 
-def generate(model, strategy: str, sampling: SamplingParams, n: int = N, prompt=PROMPT):
+def altered(passage: list[int]) -> list[int]:
+    """The passage with every fifth token changed: where a copying drafter is wrong."""
+    return [t ^ 1 if i % 5 == 4 else t for i, t in enumerate(passage)]
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt: list[int]
+    corpus: list[int]  # what the retrieval drafter ingests: the passages
+    want: list[int]  # the CPU engine's `normal` stream
+
+
+def workload(cpu, sampling: SamplingParams, n: int = N) -> Workload:
+    """The input-grounded prompt for `cpu` under `sampling` and its CPU `normal` stream."""
+    a = generate(cpu, "normal", sampling, n, P)[0]
+    b = generate(cpu, "normal", sampling, n, P + altered(a) + P)[0]
+    corpus = P + altered(a) + P + altered(b)
+    prompt = corpus + P
+    return Workload(prompt, corpus, generate(cpu, "normal", sampling, n, prompt)[0])
+
+
+def generate(model, strategy: str, sampling: SamplingParams, n: int = N, prompt=PROMPT, corpus=(), clock=None):
+    """(tokens, stats) of `strategy`; `clock` (fixed_clock) times the adaptive drafter's proposals."""
     head = find_mtp_head(model) if strategy in ("mtp", "adaptive") else None
-    d = None if strategy == "normal" else make_drafter(strategy, mtp_head=head, n_ctx=128)
-    if strategy == "retrieval":
-        d.ingest(prompt)
-    return GuildSession(model, n_ctx=128).generate(prompt, n, sampling=sampling, drafter=d, max_draft=4)
+    d = None if strategy == "normal" else make_drafter(strategy, mtp_head=head, n_ctx=N_CTX)
+    if corpus and strategy in ("retrieval", "adaptive"):
+        d.ingest(corpus)
+    if clock is not None and strategy == "adaptive":
+        d.clock = clock
+    return GuildSession(model, n_ctx=N_CTX).generate(prompt, n, sampling=sampling, drafter=d, max_draft=4)
+
+
+def check_cell(strategy: str, st, where: str) -> dict:
+    """Drafts proposed, accepted and rejected (every drafting strategy can be wrong); the adaptive scheduler chose
+    at least two drafters. Returns the counts."""
+    drafted = sum(w.k for w in st.windows)
+    accepted = sum(w.emitted - 1 for w in st.windows)
+    rejected = sum(1 for w in st.windows if w.emitted - 1 < w.k)  # windows where a draft was refused
+    chosen = sorted({w.strategy for w in st.windows if w.k})
+    counts = dict(drafted=drafted, accepted=accepted, rejected=rejected, chosen=chosen)
+    if strategy == "normal":
+        assert drafted == 0, (where, counts)
+        return counts
+    assert drafted > 0 and accepted > 0 and rejected > 0, (where, counts)
+    if strategy == "adaptive":
+        assert len(chosen) >= 2, (where, counts)
+    else:
+        assert chosen == [strategy], (where, counts)
+    return counts
 
 
 @pytest.fixture(scope="module", params=list(ARCHS))
 def arch(request, tmp_path_factory):
-    """(name, CPU model, the placed model on a fake device, {sampling: the CPU normal stream})."""
+    """(name, CPU model, the placed model on a fake device, {sampling: Workload})."""
     path = write_arch(tmp_path_factory.mktemp(request.param), request.param)
     cpu = load_model(path)
-    ref = {s: generate(cpu, "normal", p)[0] for s, p in SAMPLING.items()}
+    work = {s: workload(cpu, p) for s, p in SAMPLING.items()}
     eng = split_onto_device(cpu, HostBackend.fake_device(), GpuSplit(cpu.args.n_layers))
-    return request.param, cpu, eng, ref
+    return request.param, cpu, eng, work
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLING))
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_strategy_on_the_placed_model_emits_the_cpu_normal_stream(arch, strategy, sampling):
-    name, _, eng, ref = arch
-    got, st = generate(eng, strategy, SAMPLING[sampling])
-    assert got == ref[sampling], f"{name} {strategy} {sampling}"
+def test_strategy_on_the_placed_model_emits_the_cpu_normal_stream(arch, strategy, sampling, fixed_clock):
+    name, _, eng, work = arch
+    w = work[sampling]
+    got, st = generate(eng, strategy, SAMPLING[sampling], prompt=w.prompt, corpus=w.corpus, clock=fixed_clock)
+    assert got == w.want, f"{name} {strategy} {sampling}"
+    check_cell(strategy, st, f"{name} {strategy} {sampling}")
     if strategy == "mtp":  # the head drafted on the device
-        assert any(w.k for w in st.windows) and find_mtp_head(eng).be is eng.dev
+        assert find_mtp_head(eng).be is eng.dev
 
 
 def test_split_placement_with_the_head_on_the_host(tmp_path):

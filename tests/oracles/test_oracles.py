@@ -4,8 +4,9 @@ Neither oracle shares code with guild: transformers reads the GGUF with its own 
 renaming, un-permutation of llama's Q/K) and runs its own PyTorch modules; llama.cpp (llama-cpp-python) runs
 ggml. Every comparison feeds token ids (no tokenizer involved) and compares all T rows of logits.
 
-guild is also run in several window splits (one 12-row window = the prefill/BLAS path; windows of <= 8 rows =
-the fused GEMV path with the KV cache carried between windows), and every split is held to the same bound.
+guild is also run in several window splits (one 12-row call, as a 12-token prompt is prefilled; windows of <= 8
+rows with the KV cache carried between them), and every split is held to the same bound. All of them take the
+row-invariant kernels (only a call of more than 64 rows takes BLAS, under f32: tests/cli/test_cli.py).
 
 Measured on the reference machine (2 cores, AVX-512; torch 2.13 CPU, transformers 5.24, llama-cpp-python 0.3.36),
 identical for every window split:

@@ -226,6 +226,37 @@ def test_sixteen_concurrent_streams_equal_their_solo_runs(client, lm):
     print(f"16 clients: ttft p50 {ttft[8]:.2f} s, p95 {ttft[15]:.2f} s")
 
 
+def _metric(port, name) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] == name)
+
+
+def test_concurrent_requests_share_rounds(server):
+    """Four requests at once (normal decoding: one token per request per round) are decoded together: the mean
+    batch size is over 1 and the rounds are fewer than the tokens. A server taking one request at a time would
+    need a round per token."""
+    names = ("guild_rounds_total", "guild_round_requests_total", "guild_completion_tokens_total")
+    before = {n: _metric(server, n) for n in names}
+    body = {"max_tokens": 24, "temperature": 0, "decode_strategy": "normal"}
+    results = []
+
+    def one(i):
+        results.append(_post(server, "/v1/chat/completions", json.dumps(
+            {**body, "messages": [{"role": "user", "content": PROMPTS[i]}]}).encode()))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert [r[0] for r in results] == [200] * 4, results
+    d = {n: _metric(server, n) - before[n] for n in names}
+    tokens = sum(r[2]["usage"]["completion_tokens"] for r in results)
+    assert d["guild_completion_tokens_total"] == tokens
+    assert d["guild_round_requests_total"] / d["guild_rounds_total"] > 1, d  # the mean batch size
+    assert d["guild_rounds_total"] < tokens, d
+
+
 def test_overload_disconnect_and_sigterm():
     p, port = _start("--parallel", "1", "--max-queue", "1")
     try:

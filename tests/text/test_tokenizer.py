@@ -279,6 +279,28 @@ def test_chat_template_chatml_fallback(meta):
     assert out == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_a_failing_template_is_its_error_and_a_failing_filter_is_a_bug(meta, monkeypatch):
+    """What the template does wrong (a failing operation, a filter given a value it refuses) is a one-line
+    ChatTemplateError; an exception raised by guild's own filter code is not re-wrapped as one."""
+    import guild.text.tokenizer as tokenizer
+
+    m = dict(meta)
+    for source, needle in (("{{ messages[0]['content'] + 1 }}", "TypeError"), ("{{ messages|tojson }}", "tojson"),
+                           ("{{ 5|join }}", "render failed")):
+        m["tokenizer.chat_template"] = source
+        msgs = [{"role": "user", "content": "x" if "tojson" not in source else {1, 2}}]
+        with pytest.raises(ChatTemplateError, match=needle):
+            Tokenizer.from_metadata(m).apply_chat_template(msgs)
+
+    def broken(x, **kw):
+        return {}[x]
+
+    monkeypatch.setattr(tokenizer, "_tojson", broken)
+    m["tokenizer.chat_template"] = "{{ 'a'|tojson }}"
+    with pytest.raises(KeyError):
+        Tokenizer.from_metadata(m).apply_chat_template([])
+
+
 def test_chat_template_helpers_and_errors(meta):
     m = dict(meta)
     # trim_blocks drops the newline after a block tag, lstrip_blocks the indentation before one
