@@ -69,9 +69,9 @@ from .intrinsics import _AVX512, _KSIG, _call_kernel, kvf, mxf  # noqa: F401  (c
 
 GEMV_MAX_ROWS = 8  # windows of T <= this use the fused, row-invariant path
 _PREFILL_ROWS = 1024  # features dequantised per BLAS call in the prefill path
-# Windows up to this many rows also take the GEMV kernels (still deterministic, and row-invariant, though
-# only T <= GEMV_MAX_ROWS is promised): the BLAS path pays a dequantisation of the whole matrix per call and
-# only wins beyond ~64 rows here (measured on 1536x576 / 576x1536, Q4_1 and Q4_K).
+# fp32 kernels: calls of up to this many rows take the GEMV kernels too (row-invariant, as the server's batched
+# rounds rely on): the BLAS path pays a dequantisation of the whole matrix per call and only wins beyond ~64
+# rows here (measured on 1536x576 / 576x1536, Q4_1 and Q4_K). The int8 kernels are row-invariant at any count.
 _GEMV_PATH_ROWS = 64
 ROW_INVARIANT_ROWS = _GEMV_PATH_ROWS  # up to this many rows per call, every row is bitwise the same as alone
 # fp matrices with at most this many output features (MoE routers, the shared expert's gate) take the GEMV
