@@ -1,4 +1,4 @@
-"""Benchmark workloads W1–W10 (README "Benchmarks").
+"""Benchmark workloads W1–W11 (README "Benchmarks").
 
 One YAML file per workload, ``workloads/W<n>.yaml`` next to the ``guild/`` package; long texts live in
 ``workloads/texts/<NAME>.txt`` and are copied into the repository, so a bench reads nothing else at run time.
@@ -19,6 +19,7 @@ Schema (keys other than these are refused)::
     context_sizes: [512, 1024]  # optional, W10: the prompt is cut to about this many tokens each (increasing);
                                 #   the turns must reference exactly one text, the document that is cut
     speculation: friendly       # optional (default friendly): friendly | hostile, what the seed expects
+    json_schema: ticket_schema  # optional: a text holding a JSON schema every reply follows (constrained decoding)
 
 A text is inserted without its trailing whitespace; ``{text:NAME}`` is the only substitution (other braces,
 e.g. a JSON schema's, are left alone). Errors are ``WorkloadError`` (a ``GuildError``) naming file and field.
@@ -43,7 +44,7 @@ TEXT_REF = re.compile(r"\{text:([^{}]*)\}")
 TEXT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 SPECULATION = ("friendly", "hostile")
 REQUIRED = ("id", "name", "description", "source", "turns", "max_tokens")
-OPTIONAL = ("chat", "sampling", "corpus", "context_sizes", "speculation")
+OPTIONAL = ("chat", "sampling", "corpus", "context_sizes", "speculation", "json_schema")
 SAMPLING_KEYS = {
     "temperature": float,
     "top_k": int,
@@ -89,6 +90,7 @@ class Workload:
     corpus: tuple[str, ...] = ()
     context_sizes: tuple[int, ...] = ()
     speculation: str = "friendly"
+    json_schema: str | None = None
     # Not YAML keys: the referenced texts (NAME -> content), the file it came from, the size it was scaled to.
     texts: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
     path: Path | None = field(default=None, compare=False, repr=False)
@@ -132,6 +134,8 @@ class Workload:
                 self._check_text(f"turns[{i}]", name)
         for i, c in enumerate(self.corpus):
             self._check_text(f"corpus[{i}]", c)
+        if self.json_schema is not None:
+            self._check_text("json_schema", self.json_schema)
         self._check_sizes()
         if self.size is not None and (not _is_int(self.size) or self.size < 1):
             raise self._fail("size", f"expected an integer >= 1, got {self.size!r}")
@@ -218,6 +222,8 @@ class Workload:
         corpus = data.get("corpus") or []
         if isinstance(corpus, list):
             refs += [(f"corpus[{i}]", c) for i, c in enumerate(corpus) if isinstance(c, str)]
+        if isinstance(data.get("json_schema"), str):
+            refs.append(("json_schema", data["json_schema"]))
         for fld, name in refs:
             if name in texts:
                 continue

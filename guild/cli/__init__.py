@@ -218,6 +218,12 @@ def run(
     chat_template: Path | None = typer.Option(None, "--chat-template", "--chat-template-file", help="Jinja chat "
                                               "template file replacing the model's (checked and sandboxed alike).",
                                               rich_help_panel=TEXT),
+    json_schema: Path | None = typer.Option(None, "--json-schema", "--json-schema-file", help="JSON schema file the "
+                                            "reply must follow (constrained decoding, exact under every strategy).",
+                                            rich_help_panel=TEXT),
+    grammar: Path | None = typer.Option(None, "--grammar", "--grammar-file", help="Grammar file the reply must "
+                                        "follow: llguidance's Lark (regexes, %json{...} schemas inline).",
+                                        rich_help_panel=TEXT),
     conversation: Path | None = typer.Option(
         None, "--conversation", help="JSON/YAML list of messages (strings = user turns; role/content with a system "
         "message first if any), run as one chat (implies --chat); UTF-8, at most 16 MiB, no YAML aliases.",
@@ -304,7 +310,9 @@ def run(
             chat = True
         chat = chat or interactive
         text = TextOptions(system=system, stop=tuple(stop or ()), ignore_eos=ignore_eos,
-                           chat_template=None if chat_template is None else str(chat_template))
+                           chat_template=None if chat_template is None else str(chat_template),
+                           json_schema=None if json_schema is None else str(json_schema),
+                           grammar=None if grammar is None else str(grammar))
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, min_match=min_match,
                              lookup_window=lookup_window, corpus=tuple(str(c) for c in corpus or ()),
                              sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
@@ -395,6 +403,9 @@ def serve(
     max_draft: int = typer.Option(4, "--spec-max-draft", "--draft-max", "--draft",
                                   help="Default draft tokens per window (0..7).", rich_help_panel=SPEC),
     gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP, rich_help_panel=SPEC),
+    chat_template: Path | None = typer.Option(None, "--chat-template", "--chat-template-file", help="Jinja chat "
+                                              "template file replacing the model's (its `tools` variable offers "
+                                              "tools; checked and sandboxed alike)."),
     temperature: float = _RUN_SAMPLING["temperature"],
     top_k: int = _RUN_SAMPLING["top_k"],
     top_p: float = _RUN_SAMPLING["top_p"],
@@ -420,7 +431,8 @@ def serve(
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, sampling=sampling, context=context,
                              prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec), device=device)
         serve_model(_model_arg(model, model_opt), opts,
-                    ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout), threads)
+                    ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout,
+                                 None if chat_template is None else str(chat_template)), threads)
     except GuildError as e:
         _fail(e)
 
@@ -436,7 +448,7 @@ def chat(ctx: typer.Context):
 def bench(
     model: str | None = typer.Argument(None, help=MODEL_HELP),
     model_opt: str | None = typer.Option(None, "-m", "--model", help="The model, as a flag (llama.cpp's -m)."),
-    workloads: str = typer.Option("W1,W2,W3,W4,W5,W6,W7,W8,W9", "--workloads", help="Comma-separated ids (W1..W10)."),
+    workloads: str = typer.Option("W1,W2,W3,W4,W5,W6,W7,W8,W9", "--workloads", help="Comma-separated ids (W1..W11)."),
     strategies: str = typer.Option("normal,lookup,retrieval,adaptive", "--strategies",
                                    help="Comma-separated strategies."),
     repeats: int = typer.Option(1, "--repeats", help="Repeats (strategies interleaved within each)."),

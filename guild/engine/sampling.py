@@ -96,11 +96,17 @@ def _top_k(z: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.concatenate([above, tied]))
 
 
-def process(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+def process(logits: np.ndarray, p: SamplingParams, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The processed distribution of one (already penalised) row: survivor ids ascending and their
-    probabilities (float64, summing to 1) after top_k → top_p → min_p → temperature."""
+    probabilities (float64, summing to 1) after a grammar's mask (`allowed`, bool [vocab]) → top_k → top_p →
+    min_p → temperature."""
     z = np.asarray(logits, np.float32)
-    ids = _top_k(z, p.top_k) if p.top_k > 0 else np.arange(z.size)
+    if allowed is None:
+        ids = _top_k(z, p.top_k) if p.top_k > 0 else np.arange(z.size)
+    else:  # the mask first, so that top_k counts only tokens the grammar allows
+        ids = np.flatnonzero(allowed)
+        if p.top_k > 0:
+            ids = ids[_top_k(z[ids], p.top_k)]
     zs = z[ids].astype(np.float64)
     if p.top_p < 1.0:
         order = np.lexsort((ids, -zs))  # by probability descending, ties to the lower id
@@ -117,12 +123,49 @@ def process(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarr
     return ids, e / e.sum()
 
 
-def sample(logits: np.ndarray, history: Sequence[int], position: int, p: SamplingParams) -> int:
-    """Y_q for one row: the token at absolute position `position` given the history before it."""
+def target(logits: np.ndarray, history: Sequence[int], position: int, p: SamplingParams,
+           allowed: np.ndarray | None = None) -> tuple[int, np.ndarray]:
+    """Y_q for one row (the token at absolute position `position` given the history before it) and the row the
+    chain drew it from: penalised, and -inf wherever a grammar's mask `allowed` (bool [vocab]) says no."""
     z = apply_penalties(np.asarray(logits, np.float32), history, p)
+    if allowed is not None:
+        z = np.where(allowed, z, np.float32(-np.inf))
     if p.greedy:
-        return int(np.argmax(z))  # first maximum = lowest id
-    ids, probs = process(z, p)
+        return int(np.argmax(z)), z  # first maximum = lowest id
+    ids, probs = process(z, p, allowed)
     u = philox_uniform(p.seed, position)
     i = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-    return int(ids[min(i, ids.size - 1)])
+    return int(ids[min(i, ids.size - 1)]), z
+
+
+def sample(logits: np.ndarray, history: Sequence[int], position: int, p: SamplingParams,
+           allowed: np.ndarray | None = None) -> int:
+    """Y_q for one row: the token at absolute position `position` given the history before it."""
+    return target(logits, history, position, p, allowed)[0]
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the most likely tokens, most likely first (ties: lower id first)
+
+
+def logprobs(z: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """The emitted token's log-probability and the `n_top` most likely, under log-softmax of the row the chain
+    drew from (`target`'s: penalties and the grammar's mask applied; temperature 1, no truncation), in float64."""
+    x = np.asarray(z, np.float64)
+    m = x.max()
+    lp = x - (m + np.log(np.exp(x - m).sum()))
+    top: tuple = ()
+    if n_top > 0:
+        n = min(n_top, lp.size)
+        cand = np.argpartition(-lp, n - 1)[:n]
+        thr = lp[cand].min()
+        pool = np.flatnonzero(lp >= thr)  # every tie at the boundary, so the lower ids win it
+        order = pool[np.lexsort((pool, -lp[pool]))][:n]
+        top = tuple((int(i), float(lp[i])) for i in order)
+    return TokenLogprob(int(token), float(lp[token]), top)

@@ -19,7 +19,8 @@ from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
 from ..models.base import ForwardResult
 from ..speculative.base import Drafter, NoDrafter
 from ..window import MAX_DRAFT
-from .sampling import GREEDY, SamplingParams, sample
+from .constraint import Constraint
+from .sampling import GREEDY, SamplingParams, TokenLogprob
 from .verify import Verifier
 
 
@@ -142,10 +143,12 @@ class GuildSession:
         drafter: Drafter | None = None,
         max_draft: int = 4,
         strategy: str | None = None,
+        constraint: Constraint | None = None,
     ) -> tuple[list[int], GenerationStats]:
         """Decode up to max_tokens after `prompt`; returns the emitted ids and the stats. `on_token(id)` sees each
-        emitted id; returning True ends the generation there (stop_reason "stop")."""
-        g = Generation(self, prompt, max_tokens, on_token, sampling, drafter, max_draft, strategy)
+        emitted id; returning True ends the generation there (stop_reason "stop"). `constraint`: a grammar the
+        emitted tokens follow."""
+        g = Generation(self, prompt, max_tokens, on_token, sampling, drafter, max_draft, strategy, constraint)
         while not g.done:
             window = g.window()
             t = time.perf_counter()
@@ -162,11 +165,12 @@ class GuildSession:
 class Generation:
     """One generation in progress on a session: prefilled at construction, then `window()` proposes the next
     verification window and `finish(logits, t_forward_start)` verifies and commits it. Split this way so that
-    several sessions' windows can share one batched forward (generate_concurrent)."""
+    several sessions' windows can share one batched forward (generate_concurrent). `constraint`: a grammar the
+    emitted tokens follow; `logprobs`: None, or how many alternatives each emitted token's TokenLogprob lists."""
 
     def __init__(self, session: GuildSession, prompt: Sequence[int], max_tokens: int, on_token=None,
                  sampling: SamplingParams = GREEDY, drafter: Drafter | None = None, max_draft: int = 4,
-                 strategy: str | None = None):
+                 strategy: str | None = None, constraint: Constraint | None = None, logprobs: int | None = None):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if not 0 <= max_draft <= MAX_DRAFT:
@@ -175,7 +179,9 @@ class Generation:
         self.drafter = drafter or NoDrafter()
         self.strategy = strategy or self.drafter.name
         self.sampling = sampling
-        self.verifier = Verifier(sampling, session.eos_ids)
+        self.constraint = constraint
+        self.verifier = Verifier(sampling, session.eos_ids, constraint, logprobs)
+        self.logprobs: list[TokenLogprob] = []
         self.st = GenerationStats(prompt_tokens=len(prompt))
         t0 = time.perf_counter()
         prompt_start = len(session.tokens)
@@ -184,7 +190,9 @@ class Generation:
         self.st.prefill_s = time.perf_counter() - t0
         self.out: list[int] = []
         self.t0 = time.perf_counter()
-        first = sample(logits, session.tokens, len(session.tokens), sampling)
+        first, lp = self.verifier.draw(logits, session.tokens, len(session.tokens))
+        if lp is not None:
+            self.logprobs.append(lp)
         self.st.stop_reason = "stop" if self._emit(first) else self._stop_reason(first)
         self._pending: tuple | None = None
 
@@ -198,6 +206,8 @@ class Generation:
         room = min(self.max_tokens - len(self.out) - 1, s.n_ctx - s.state.pos - 1, self.max_draft)
         td = time.perf_counter()
         draft = np.asarray(self.drafter.propose(s.tokens, room), np.int64)[:room] if room > 0 else ()
+        if self.constraint is not None and len(draft):  # a draft the grammar refuses could never be accepted
+            draft = draft[: self.constraint.valid_prefix(draft)]
         window = [s.tokens[-1], *(int(d) for d in draft)]
         decision = self.drafter.last_decision if room > 0 else None
         self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3, decision)
@@ -219,6 +229,7 @@ class Generation:
             # row j's input precedes emitted token j, so `emitted` rows is what the emitted tokens need: a stop
             # keeps the rows before it through commit (exact on a recurrent state), never a rewind
             s.state.commit(emitted)
+        self.logprobs += res.logprobs[:emitted]
         if d.follows_rows:
             d.observe_hidden(pos0, out.hidden[:emitted])
         verify_ms = (time.perf_counter() - t_forward) * 1e3

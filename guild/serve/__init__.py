@@ -3,6 +3,7 @@ exact per-request speculation and prefix reuse. `serve()` is the whole command."
 
 from __future__ import annotations
 
+import copy
 import signal
 import socket
 import sys
@@ -30,6 +31,7 @@ class ServeOptions:
     max_queue: int = 64  # requests waiting beyond that; more get 429
     cache_mem_mib: int = 4096  # KV caches of active and pooled sessions together
     drain_s: float = 300.0  # on SIGTERM: how long in-flight requests may take to finish
+    chat_template: str | None = None  # a Jinja file replacing the model's chat template
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -74,6 +76,11 @@ def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: 
     sock = _bind(sopts.host, sopts.port)
     log(f"guild serve: loading {model or 'the default model'}")
     lm = load_for(model, opts, threads)
+    if sopts.chat_template is not None:
+        from ..text.chat import use_chat_template
+
+        lm.tokenizer = copy.copy(lm.tokenizer)
+        use_chat_template(lm.tokenizer, sopts.chat_template)
     name = model or Path(lm.path).stem
     server, engine = build(lm, opts, sopts, name)
     log("guild serve: warming up the kernels")

@@ -18,6 +18,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..errors import GuildError
+from ..text import tools as toolcalls
+from ..text.grammar import GrammarError, compile_grammar, constraint
 from .batcher import BatchEngine, DrainingError, Job, QueueFullError, Result
 from .schema import MAX_BODY_BYTES, CompletionRequest, Defaults, RequestError, parse
 
@@ -73,7 +75,8 @@ class Server:
     async def _complete(self, request: Request, chat: bool) -> Response:
         try:
             req = parse(await _body(request), chat, self.defaults)
-            ids = await asyncio.to_thread(self._tokens, req)  # a long prompt must not stall other streams
+            # a long prompt or a large grammar must not stall other streams
+            ids, matcher = await asyncio.to_thread(self._tokens, req)
         except RequestError as e:
             return error(e)
         except ClientDisconnect:
@@ -91,7 +94,8 @@ class Server:
             except RuntimeError:  # the event loop is gone (shutdown past --drain-timeout): nobody is listening
                 job.cancelled = True
 
-        job = Job(ids, min(req.max_tokens or room, room), sampling, req.strategy, req.max_draft, req.stop, emit)
+        job = Job(ids, min(req.max_tokens or room, room), sampling, req.strategy, req.max_draft, req.stop, emit,
+                  logprobs=req.logprobs, constraint=matcher)
         try:
             self.engine.submit(job)
         except QueueFullError as e:
@@ -105,19 +109,43 @@ class Server:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._whole(request, job, queue, req, rid)
 
-    def _tokens(self, req: CompletionRequest) -> list[int]:
+    def _tokens(self, req: CompletionRequest):
+        """The prompt's ids and the matcher of the grammar the reply follows (or None)."""
+        offered = list(req.tools) if req.tool_choice != "none" else []
         try:
-            text = self.tok.apply_chat_template(list(req.messages), add_generation_prompt=True) if req.chat \
-                else req.prompt
+            if not req.chat:
+                text = req.prompt
+            elif offered or any(m["role"] == "tool" or m.get("tool_calls") for m in req.messages):
+                text = toolcalls.render(self.tok, list(req.messages), offered)
+            else:
+                text = self.tok.apply_chat_template(list(req.messages), add_generation_prompt=True)
             ids = self.tok.encode(text, add_special=True)
         except GuildError as e:
             raise RequestError(str(e), "messages" if req.chat else "prompt") from None
+        grammar = None
+        try:
+            for i, t in enumerate(offered):  # every offered schema must compile, called or not
+                compile_grammar("json_schema", t["function"]["parameters"], self.tok,
+                                f"tools[{i}].function.parameters")
+            if req.grammar is not None:
+                if req.tool_choice == "required" or req.named:
+                    raise RequestError(f"'{req.grammar[2]}' and a required tool call cannot both constrain one "
+                                       "reply", req.grammar[2])
+                kind, spec, where = req.grammar
+                grammar = compile_grammar(kind, spec, self.tok, where)
+            elif req.tool_choice == "required" or req.named:
+                grammar = toolcalls.grammar(self.tok, offered, req.tool_choice if req.named else None)
+        except GrammarError as e:
+            raise RequestError(str(e), e.where) from None
         n_ctx = self.engine.context
         if len(ids) + 1 > n_ctx:
             raise RequestError(f"the prompt is {len(ids)} tokens and the context is {n_ctx} tokens (at least one "
                                "generated token must fit)", "messages" if req.chat else "prompt",
                                code="context_length_exceeded")
-        return ids
+        try:
+            return ids, None if grammar is None else constraint(grammar, self.tok)
+        except GrammarError as e:
+            raise RequestError(str(e), e.where) from None
 
     async def _whole(self, request: Request, job: Job, queue: asyncio.Queue, req: CompletionRequest,
                      rid: str) -> Response:
@@ -134,25 +162,43 @@ class Server:
                 parts.append(payload)
             elif kind == "error":
                 return error(RequestError(payload, status=500, kind="server_error"))
-            else:
+            elif kind == "done":
                 return JSONResponse(self._body(payload, req, rid))
 
     async def _events(self, job: Job, queue: asyncio.Queue, req: CompletionRequest, rid: str):
         """Server-sent events: OpenAI's chunk objects, then `data: [DONE]`. A client that goes away cancels the
         job (Starlette cancels this generator), and its rows leave the batch before the next round."""
+        offset = [0]  # /v1/completions' text_offset runs on across chunks
+        calls = toolcalls.CallStream(self.tok) if self._calls_on(req) else None
         try:
             if req.chat:
                 yield _sse(self._chunk(rid, req, {"role": "assistant", "content": ""}, None))
             while True:
                 kind, payload = await queue.get()
                 if kind == "text":
-                    yield _sse(self._chunk(rid, req, {"content": payload} if req.chat else payload, None))
+                    text = payload if calls is None else calls.push(payload)
+                    if text:
+                        yield _sse(self._chunk(rid, req, {"content": text} if req.chat else text, None))
+                elif kind == "logprobs":
+                    lp = self._logprobs(payload, req, offset)
+                    if lp is not None:
+                        c = self._chunk(rid, req, {} if req.chat else "", None)
+                        c["choices"][0]["logprobs"] = lp
+                        yield _sse(c)
                 elif kind == "error":
                     yield _sse({"error": {"message": payload, "type": "server_error", "param": None, "code": None}})
                     break
                 else:
                     res: Result = payload
-                    last = self._chunk(rid, req, {} if req.chat else "", res.finish_reason)
+                    finish = res.finish_reason
+                    if calls is not None:
+                        rest, found = calls.finish(self.tok, self._names(req))
+                        if rest:
+                            yield _sse(self._chunk(rid, req, {"content": rest}, None))
+                        for i, c in enumerate(found):
+                            yield _sse(self._chunk(rid, req, {"tool_calls": [{"index": i, **_call(c)}]}, None))
+                        finish = "tool_calls" if found else finish
+                    last = self._chunk(rid, req, {} if req.chat else "", finish)
                     if req.return_tokens:
                         last["guild"] = self._extra(res)
                     yield _sse(last)
@@ -172,19 +218,63 @@ class Server:
         return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.name,
                 "choices": [choice]}
 
-    def _body(self, res: Result, req: CompletionRequest, rid: str) -> dict:
+    def _logprobs(self, lps, req: CompletionRequest, offset: list[int]) -> dict | None:
+        """OpenAI's logprobs object for these tokens (end-of-generation tokens, which have no text, left out):
+        chat's `content` list, or the completions API's parallel lists."""
+        lps = [x for x in lps if x.token not in self.tok.eos_ids]
+        if req.logprobs is None or not lps:
+            return None
+
+        def piece(t):
+            b = self.tok.token_bytes(t)
+            return b.decode("utf-8", errors="replace"), list(b)
+
         if req.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
-                      "finish_reason": res.finish_reason}
+            content = []
+            for x in lps:
+                text, raw = piece(x.token)
+                top = [{"token": piece(t)[0], "logprob": v, "bytes": piece(t)[1]} for t, v in x.top]
+                content.append({"token": text, "logprob": x.logprob, "bytes": raw, "top_logprobs": top})
+            return {"content": content}
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for x in lps:
+            text = piece(x.token)[0]
+            out["tokens"].append(text)
+            out["token_logprobs"].append(x.logprob)
+            out["top_logprobs"].append({piece(t)[0]: v for t, v in x.top})
+            out["text_offset"].append(offset[0])
+            offset[0] += len(text)
+        return out
+
+    def _body(self, res: Result, req: CompletionRequest, rid: str) -> dict:
+        lp = self._logprobs(res.logprobs, req, [0])
+        if req.chat:
+            content, found = toolcalls.parse(res.text, self.tok, self._names(req)) if self._calls_on(req) \
+                else (res.text, [])
+            message = {"role": "assistant", "content": content or (None if found else "")}
+            if found:
+                message["tool_calls"] = [_call(c) for c in found]
+            choice = {"index": 0, "message": message, "logprobs": lp,
+                      "finish_reason": "tool_calls" if found else res.finish_reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.finish_reason}
+            choice = {"index": 0, "text": res.text, "logprobs": lp, "finish_reason": res.finish_reason}
             obj = "text_completion"
         body = {"id": rid, "object": obj, "created": int(time.time()), "model": self.name, "choices": [choice],
                 "usage": _usage(res)}
         if req.return_tokens:
             body["guild"] = self._extra(res)
         return body
+
+    @staticmethod
+    def _calls_on(req: CompletionRequest) -> bool:
+        """Whether the reply is read for tool calls (tools offered and a grammar of the caller's not in force)."""
+        return req.chat and bool(req.tools) and req.tool_choice != "none" and req.grammar is None
+
+    @staticmethod
+    def _names(req: CompletionRequest) -> set[str]:
+        names = {t["function"]["name"] for t in req.tools}
+        return {req.tool_choice} if req.named else names
 
     @staticmethod
     def _extra(res: Result) -> dict:
@@ -195,6 +285,10 @@ class Server:
                 "ttft_ms": round(res.ttft_s * 1e3, 2), "decode_tok_s": round(st.decode_tok_s, 2),
                 "stop_reason": st.stop_reason, "windows": s["windows"], "drafted": s["drafted"],
                 "accepted": s["accepted"], "strategies": s["strategies"]}
+
+
+def _call(c: toolcalls.ToolCall) -> dict:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
 def _usage(res: Result) -> dict:

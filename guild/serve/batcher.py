@@ -13,7 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..engine.sampling import SamplingParams
+from ..engine.constraint import Constraint
+from ..engine.sampling import SamplingParams, TokenLogprob
 from ..engine.session import Generation, GenerationStats, GuildSession, run_round
 from ..errors import GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
@@ -42,12 +43,16 @@ class Result:
     reused_tokens: int  # prompt tokens whose rows came from a pooled session
     ttft_s: float  # submission → first token
     stats: GenerationStats
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per emitted token, when the job asked
 
 
 @dataclass
 class Job:
     """One request as the engine sees it. `emit(kind, payload)` is called from the engine thread with
-    ("text", str) as text becomes safe to send, then once ("done", Result) or ("error", message)."""
+    ("text", str) as text becomes safe to send and, when `logprobs` is set, ("logprobs", [TokenLogprob]) for the
+    tokens emitted since the last such call (after each round), then once ("done", Result) or ("error", message).
+    `logprobs`: None, or how many alternatives each token's log-probability lists; `constraint`: the grammar the
+    reply follows."""
 
     prompt: list[int]
     max_tokens: int
@@ -56,6 +61,8 @@ class Job:
     max_draft: int
     stop: tuple[str, ...]
     emit: Callable[[str, object], None]
+    logprobs: int | None = None
+    constraint: Constraint | None = None
     t_submit: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by the HTTP side when the client goes away
     entry: Entry | None = None
@@ -63,6 +70,7 @@ class Job:
     stream: TextStream | None = None
     reused: int = 0
     ttft_s: float = 0.0
+    lp_sent: int = 0  # log-probabilities already handed to emit
 
 
 @dataclass
@@ -250,6 +258,8 @@ class BatchEngine:
             self.metrics.inc("guild_round_requests_total", len(gens))
             self.metrics.set("guild_batch_size", len(gens))
             self.metrics.set("guild_decode_tokens_per_second", (sum(len(g.out) for g in gens) - n0) / dt)
+        for job in self._active:
+            self._send_logprobs(job)
         for job in [j for j in self._active if j.gen.done]:
             self._done(job)
         self.metrics.set("guild_pool_sessions", len(self.pool.entries))
@@ -267,7 +277,7 @@ class BatchEngine:
         job.stream = TextStream(self.tok, lambda s: job.emit("text", s), job.stop)
         try:
             job.gen = Generation(e.session, job.prompt[n:], job.max_tokens, job.stream.push, job.sampling,
-                                 e.drafter, job.max_draft, job.strategy)
+                                 e.drafter, job.max_draft, job.strategy, job.constraint, job.logprobs)
         except Exception as exc:  # noqa: BLE001
             self._fail(job, exc)
             return False
@@ -279,7 +289,7 @@ class BatchEngine:
         out, st = job.gen.result()
         text = job.stream.finish()
         res = Result(text, out, FINISH_REASONS.get(st.stop_reason, "stop"), len(job.prompt), job.reused,
-                     job.ttft_s, st)
+                     job.ttft_s, st, job.gen.logprobs[: len(out)])
         m = self.metrics
         m.inc("guild_prompt_tokens_total", len(job.prompt))
         m.inc("guild_prefix_reused_tokens_total", job.reused)
@@ -293,6 +303,16 @@ class BatchEngine:
             m.inc("guild_accepted_tokens_total", w.emitted - 1, strategy=w.strategy)
         self._leave(job)
         job.emit("done", res)
+
+    def _send_logprobs(self, job: Job) -> None:
+        """The log-probabilities of the tokens emitted since the last call (a stop string may end the text before
+        the window's last token: those after it are not sent)."""
+        if job.logprobs is None:
+            return
+        n = len(job.gen.out)
+        if n > job.lp_sent:
+            job.emit("logprobs", job.gen.logprobs[job.lp_sent : n])
+            job.lp_sent = n
 
     def _leave(self, job: Job) -> None:
         self._active.remove(job)

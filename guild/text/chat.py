@@ -15,6 +15,7 @@ from ..engine.sampling import SamplingParams
 from ..engine.session import ConcurrentStats, GenerationStats, GuildSession, generate_concurrent
 from ..errors import ChatTemplateError, ContextOverflowError, GuildError
 from ..speculative.base import Drafter
+from .grammar import Grammar, constraint
 from .inputs import read_text_file
 from .tokenizer import Tokenizer
 
@@ -203,6 +204,7 @@ class Slot:
     conversation: Conversation
     drafter: Drafter
     sampling: SamplingParams
+    grammar: Grammar | None = None  # what every reply follows (a fresh matcher per turn)
 
 
 def drop_note(dropped: int, kept: int, n_ctx: int) -> str:
@@ -225,7 +227,8 @@ def run_turn(slots: Sequence[Slot], text: str, *, chat: bool, max_tokens: int, m
     if len(slots) == 1:
         s = slots[0]
         conv = s.conversation
-        kw = dict(sampling=s.sampling, drafter=s.drafter, max_draft=max_draft, stop=stop, cancel=cancel)
+        kw = dict(sampling=s.sampling, drafter=s.drafter, max_draft=max_draft, stop=stop, cancel=cancel,
+                  constraint=_constraint(s))
         t = conv.say(text, max_tokens, on_text, **kw) if chat else conv.complete(text, max_tokens, on_text, **kw)
         return [t], None
     t0 = time.perf_counter()
@@ -236,7 +239,8 @@ def run_turn(slots: Sequence[Slot], text: str, *, chat: bool, max_tokens: int, m
         prompts.append(ids)
         streams.append(TextStream(c.tok, None, stop, cancel))
         reqs.append((c.session, dict(prompt=ids, max_tokens=max_tokens, on_token=streams[-1].push,
-                                     sampling=s.sampling, drafter=s.drafter, max_draft=max_draft)))
+                                     sampling=s.sampling, drafter=s.drafter, max_draft=max_draft,
+                                     constraint=_constraint(s))))
     results, cs = generate_concurrent(reqs)
     turns = []
     for s, stream, ids, (out, st) in zip(slots, streams, prompts, results, strict=True):
@@ -249,6 +253,10 @@ def run_turn(slots: Sequence[Slot], text: str, *, chat: bool, max_tokens: int, m
         turns.append(Turn(reply, out, st, list(ids), _ttft(stream, t0), c.dropped if chat else 0,
                           c.system if chat else None))
     return turns, cs
+
+
+def _constraint(s: Slot):
+    return None if s.grammar is None else constraint(s.grammar, s.conversation.tok)
 
 
 def use_chat_template(tok: Tokenizer, path: str | os.PathLike) -> None:

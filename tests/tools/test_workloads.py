@@ -1,5 +1,6 @@
-"""Benchmark workloads W1–W10: schema, texts, token counts with the embedded tokenizer, W10 scaling."""
+"""Benchmark workloads W1–W11: schema, texts, token counts with the embedded tokenizer, W10 scaling."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from guild.errors import GuildError
 from guild.workloads import TEXT_REF, Workload, WorkloadError, default_root, load_workloads
 
-IDS = [f"W{i}" for i in range(1, 11)]
+IDS = [f"W{i}" for i in range(1, 12)]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def workloads():
     return {w.id: w for w in load_workloads()}
 
 
-def test_all_ten_load_and_validate(workloads):
+def test_all_load_and_validate(workloads):
     assert list(workloads) == IDS
     for w in workloads.values():
         assert w.turns and w.max_tokens >= 1 and w.source.strip() and w.description.strip()
@@ -33,6 +34,8 @@ def test_all_ten_load_and_validate(workloads):
     assert workloads["W9"].max_tokens == 64
     assert workloads["W10"].context_sizes == (512, 1024, 2048, 4096)
     assert all(not w.context_sizes for k, w in workloads.items() if k != "W10")
+    assert {k for k, w in workloads.items() if w.json_schema} == {"W11"}
+    assert json.loads(workloads["W11"].texts[workloads["W11"].json_schema])["type"] == "object"
 
 
 def test_every_text_reference_resolves(workloads):
@@ -71,8 +74,8 @@ def test_multi_turn_has_several_turns_and_a_corpus(workloads):
 def test_selection_by_name():
     ws = load_workloads(["w10", "W1", "W1.yaml"])
     assert [w.id for w in ws] == ["W10", "W1"]
-    with pytest.raises(GuildError, match=r"unknown workload 'W11'.*W1, W2, .*W10"):
-        load_workloads(["W11"])
+    with pytest.raises(GuildError, match=r"unknown workload 'W12'.*W1, W2, .*W11"):
+        load_workloads(["W12"])
 
 
 def test_w9_prompt_is_about_64_tokens(workloads, tok):
