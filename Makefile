@@ -58,6 +58,8 @@ bench-full: setup
 	$(BIN)/python -m guild.tools.perf_shapes --synth qwen3.5-35b-a3b --layers 4 --dir results/shapes --types Q4_K_M
 	$(BIN)/python -m guild.tools.perf_shapes --fresh smollm2-135m-moe
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
+	$(BIN)/python -m guild.tools.replay record --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 -o results/replay-trace.json
+	$(BIN)/python -m guild.tools.replay run results/replay-trace.json
 
 # guild serve under 1/2/4/8 streaming clients (normal, adaptive; W2, W7), beside llama.cpp's server when
 # llama-cpp-python[server] is installed: aggregate and per-request tok/s, time to first token

@@ -454,6 +454,8 @@ def bench(
     repeats: int = typer.Option(1, "--repeats", help="Repeats (strategies interleaved within each)."),
     noise_check: bool = typer.Option(True, "--noise-check/--no-noise-check", help="With one repeat, run normal once "
                                      "more per workload: its tok/s CV is the noise a ratio must beat."),
+    oracle: bool = typer.Option(True, "--oracle/--no-oracle", help="With adaptive, record each workload once more "
+                                "and print the share of the oracle's gain adaptive won beside its speedup."),
     max_draft: int = typer.Option(4, "--spec-max-draft", "--draft-max", "--draft",
                                   help="Draft tokens per window at most."),
     max_tokens: int | None = typer.Option(None, "-n", "--max-tokens", "--n-predict",
@@ -499,7 +501,7 @@ def bench(
         SamplingParams(**overrides)  # each value checked now, with its flag's name
         rep = run_bench(model, [w for w in workloads.split(",") if w], [s for s in strategies.split(",") if s],
                         repeats=repeats, max_draft=max_draft, context=context, sampling_overrides=overrides,
-                        max_tokens=max_tokens, out=out, sessions=sessions, noise_check=noise_check,
+                        max_tokens=max_tokens, out=out, sessions=sessions, noise_check=noise_check, oracle=oracle,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                         mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab))
     except OSError as e:  # writing bench.md / bench.json after the runs

@@ -193,6 +193,7 @@ class Generation:
         first, lp = self.verifier.draw(logits, session.tokens, len(session.tokens))
         if lp is not None:
             self.logprobs.append(lp)
+        self.drafter.observe_logits(logits)
         self.st.stop_reason = "stop" if self._emit(first) else self._stop_reason(first)
         self._pending: tuple | None = None
 
@@ -236,6 +237,7 @@ class Generation:
         k = len(window) - 1
         strategy = (d.last_strategy or self.strategy) if k else "normal"
         d.observe(k, draft_ms, verify_ms, len(res.tokens))  # the adaptive scheduler learns from measured windows
+        d.observe_logits(out.logits[res.keep - 1])
         self.st.windows.append(WindowRecord(
             strategy, k, draft_ms, verify_ms, emitted, emitted,
             tuple(int(x) for x in out.distinct_experts), decision,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..window import MAX_DRAFT
-from .base import Drafter
+from .base import Drafter, top1
 from .costs import DraftCosts
 from .scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
 
@@ -25,12 +25,16 @@ class AdaptiveDrafter(Drafter):
     name = "adaptive"
 
     def __init__(self, drafters: Sequence, costs: DraftCosts | None = None, max_draft: int = MAX_DRAFT,
-                 clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3):
+                 clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3,
+                 confidence: Callable[[object], float] = lambda row: top1(row)[1]):
         self.drafters = list(drafters)
         self.follows_rows = any(d.follows_rows for d in self.drafters)
         self.scheduler = AdaptiveScheduler(SchedulerConfig(max_draft=max_draft, mtp_cap_k=mtp_cap_k), costs)
         self.clock = clock
+        self.confidence = confidence  # the target's top-1 probability from the root's row (replay: recorded)
+        self._root, self._root_p = None, None
         self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
+        self.first: dict[str, tuple[int, int]] = {}  # per strategy: (position, 0/1) of its latest judged first draft
         self.last_strategy = "normal"
         self.last_decision = None
 
@@ -46,6 +50,7 @@ class AdaptiveDrafter(Drafter):
 
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         self.pending.clear()  # what follows a new prompt is not the continuation they predicted
+        self.first.clear()
         for d in self.drafters:
             d.start(history, prompt_start)
 
@@ -57,6 +62,8 @@ class AdaptiveDrafter(Drafter):
             a = 0
             while a < avail and history[pos + a] == p.tokens[a]:
                 a += 1
+            if avail and pos >= self.first.get(p.strategy, (-1, 0))[0]:
+                self.first[p.strategy] = (pos, int(a > 0))
             if a < avail or avail == len(p.tokens):
                 self.scheduler.observe_proposal(p, a)
             else:
@@ -69,11 +76,17 @@ class AdaptiveDrafter(Drafter):
         for d in self.drafters:  # the lazy ones (MTP) last: asked only when they could beat what is on the table
             if d.lazy and not self.scheduler.ask(d.name, props, k):
                 continue
+            if d.name in self.scheduler.muted:  # backed off: its proposal could not run, so it costs nothing
+                continue
             t = self.clock()
             toks = d.propose(history, max(k, 0)) if k > 0 else np.empty(0, np.int32)
             if d.catchup_rows <= MAX_CATCHUP_TIMED:  # a long lagging catch-up is not the steady cost
                 self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
-            sig = d.signals()
+            sig = dict(d.signals())
+            if toks.size:  # a softmax over the vocabulary, paid only when a proposal is to be priced
+                sig["root"] = self._root_prob()
+                if d.name in self.first:
+                    sig["prev"] = self.first[d.name][1]
             if d.lazy and toks.size:  # e.g. the head's confidence (docs/adaptive.md "MTP confidence")
                 self.scheduler.observe_lazy(d.name, sig)
             p = Proposal(d.name, tuple(toks.tolist()), sig)
@@ -87,6 +100,16 @@ class AdaptiveDrafter(Drafter):
             return np.empty(0, np.int32)
         chosen = next(p for p in props if p.strategy == dec.strategy)
         return np.asarray(chosen.tokens[: dec.k], np.int32)
+
+    def observe_logits(self, row) -> None:
+        self._root, self._root_p = row, None
+
+    def _root_prob(self) -> float:
+        if self._root is None:
+            return 0.0
+        if self._root_p is None:
+            self._root_p = self.confidence(self._root)
+        return self._root_p
 
     def observe(self, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
         """The session's measurement of the window just verified."""

@@ -2,7 +2,8 @@
 
 The session calls `start` when a generation starts (history[prompt_start:] is the new prompt, earlier tokens are
 previous turns), `propose` before every window, `observe` after it with the measured times, and
-`observe_hidden` with the base model's final hidden rows of everything it commits when `follows_rows` is set.
+`observe_hidden` with the base model's final hidden rows of everything it commits when `follows_rows` is set,
+and `observe_logits` with the target's logits of the row that sampled the next window's root.
 `ingest` feeds reference text (a retrieval corpus); `signals()` is what the adaptive scheduler conditions its
 acceptance estimates on. Every hook does nothing by default.
 
@@ -62,6 +63,10 @@ class Drafter:
     def observe(self, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
         pass
 
+    def observe_logits(self, row: np.ndarray) -> None:
+        """The target's logits [vocab] that sampled the root of the next window (the prefill's last row, then
+        each window's last kept row): the verifier computed them anyway. Read before the next forward."""
+
     def signals(self) -> dict:
         """What the last proposal rested on (match length, confidence, probability), for the scheduler."""
         return {}
@@ -76,6 +81,14 @@ class Drafter:
 
 class NoDrafter(Drafter):
     """Plain decoding: never proposes."""
+
+
+def top1(logits: np.ndarray) -> tuple[int, float]:
+    """The argmax of a row of logits and its softmax probability (float32: a signal, and a vocabulary-wide
+    exp in float64 costs several times more)."""
+    j = int(np.argmax(logits))
+    z = np.asarray(logits, np.float32) - np.float32(logits[j])
+    return j, float(1.0 / np.exp(z).sum())
 
 
 def next_pow2(x: int) -> int:

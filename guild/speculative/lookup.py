@@ -247,6 +247,7 @@ class SuffixDrafter(Drafter):
       the winner (the winner included), so ``1 <= last_freq <= last_group``.
     * ``last_consensus``: ``last_freq / last_group``, the fraction of equal-length candidates agreeing on the
       first continuation token (1.0 for a single candidate).
+    * ``last_dist``: how many tokens back the winner's match ends (its recency).
     """
 
     name = "lookup"
@@ -270,7 +271,7 @@ class SuffixDrafter(Drafter):
 
     def signals(self) -> dict:
         return {"match_len": self.last_match_len, "freq": self.last_freq, "group": self.last_group,
-                "consensus": self.last_consensus}
+                "consensus": self.last_consensus, "dist": self.last_dist}
 
     def __init__(self, min_match: int = 3, max_match: int = 64, max_history: int = 65536,
                  table_bits: int | None = None):
@@ -288,6 +289,7 @@ class SuffixDrafter(Drafter):
         self.last_freq = 0
         self.last_group = 0
         self.last_consensus = 0.0
+        self.last_dist = 0
         self._alloc(max_history)
 
     # ---------------------------------------------------------------- storage
@@ -410,6 +412,7 @@ class SuffixDrafter(Drafter):
                              self.min_match, self.max_match)
         self.last_match_len, self.last_freq, self.last_group = m, f, g
         self.last_consensus = f / g if g else 0.0
+        self.last_dist = n - 1 - q if q >= 0 else 0
         if q < 0 or k <= 0:
             return np.empty(0, np.int32)
         return self._buf[q + 1 : min(q + 1 + k, n)].copy()

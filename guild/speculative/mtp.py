@@ -20,13 +20,7 @@ import numpy as np
 
 from ..errors import BadFlagError
 from ..window import MAX_DRAFT
-from .base import Drafter
-
-
-def _top1(logits: np.ndarray) -> tuple[int, float]:
-    j = int(np.argmax(logits))
-    z = logits.astype(np.float64) - float(logits[j])
-    return j, float(1.0 / np.exp(z).sum())
+from .base import Drafter, top1
 
 
 class MtpDrafter(Drafter):
@@ -117,7 +111,7 @@ class MtpDrafter(Drafter):
             if i:
                 h, logits = self.head.forward([drafts[-1]], h, self.cache, 1)
                 self.cache.commit(1)
-            j, p = _top1(logits[0])
+            j, p = top1(logits[0])
             if i == 0:
                 self.last_prob = p
             if p < self.min_p:

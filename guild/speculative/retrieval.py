@@ -389,7 +389,8 @@ class RetrievalDrafter(Drafter):
         return "conf3" if signals.get("confidence", 0.0) >= 0.6 else "weak3"
 
     def signals(self) -> dict:
-        return {"match_len": self.last_match_len, "confidence": self.last_confidence}
+        return {"match_len": self.last_match_len, "confidence": self.last_confidence,
+                "candidates": self.last_n_candidates}
 
     def __init__(self, max_corpus_tokens: int = 1 << 20, min_confidence: float = 0.35, max_candidates: int = 16,
                  stream_boost: float = 1.0, corpus_boost: float = 0.8, max_stream_tokens: int = 65536):

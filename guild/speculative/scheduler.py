@@ -28,6 +28,30 @@ def bucket(strategy: str, signals: dict) -> str:
     return drafter(strategy).bucket(signals)
 
 
+def keys(strategy: str, signals: dict, refine: Sequence[str]) -> tuple[str, ...]:
+    """The proposal's acceptance keys, coarse to fine: its bucket, then the bucket split by each refining
+    signal in turn (REFINE: how each is banded)."""
+    out = [bucket(strategy, signals)]
+    for r in refine:
+        band = REFINE[r](signals)
+        if band is None:
+            break
+        out.append(f"{out[-1]}|{r}={band}")
+    return tuple(out)
+
+
+def _band(edges: Sequence[float], name: str):
+    def f(signals: dict):
+        v = signals.get(name)
+        return None if v is None else sum(v >= e for e in edges)
+    return f
+
+
+# signals the scheduler refines buckets by, banded: the target's top-1 probability at the root, whether this
+# drafter's previous proposal had its first draft accepted, how far back lookup's match is
+REFINE = {"root": _band((0.5, 0.9), "root"), "prev": lambda s: s.get("prev"), "dist": _band((64, 512), "dist")}
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_draft: int = 4  # k at most of the drafters that do not use the MTP head
@@ -36,6 +60,8 @@ class SchedulerConfig:
     min_dwell: int = 3  # windows in a mode before switching away (backing off to normal is always allowed)
     backoff_after: int = 2  # consecutive zero-acceptance windows that send the mode back to normal
     prior_strength: float = 2.0  # pseudo-trials behind each prior
+    refine_strength: float = 4.0  # pseudo-trials of its coarser key behind each refined key
+    refine: tuple[str, ...] = ("prev", "root")  # signals that split the buckets (REFINE), coarse to fine
     depth_penalty: float = 0.55  # pseudo-failures 0.55 i(i-1), fading with trials (docs/adaptive.md "Acceptance")
     decay: float = 0.98  # per-update decay of acceptance counts: tracks a changing text
     cost_decay: float = 0.9  # decay of the empirical cost sums and window-time averages
@@ -56,18 +82,23 @@ class SchedulerConfig:
 
 class Acceptance:
     """Beta-Binomial posteriors of the conditional acceptance a_i (draft i accepted given 1..i-1 were), per
-    (strategy, bucket, position i = 1..7). Counts decay so that the estimate follows the text."""
+    strategy and a chain of keys from coarse to fine: the drafter's bucket, then that bucket split by the
+    signals `refine` names. Each level's estimate is the prior of the next (hierarchical shrinkage), so a fine
+    key speaks only once it has trials of its own. Counts decay so that the estimate follows the text."""
 
     def __init__(self, cfg: SchedulerConfig):
         self.cfg = cfg
         self.succ: dict[tuple[str, str], list[float]] = {}
         self.trials: dict[tuple[str, str], list[float]] = {}
 
-    def probs(self, strategy: str, b: str, k: int) -> list[float]:
+    def _counts(self, strategy: str, key: str) -> tuple[list[float], list[float]]:
+        z = [0.0] * (MAX_T - 1)
+        return self.succ.get((strategy, key), z), self.trials.get((strategy, key), z)
+
+    def probs(self, strategy: str, keys: Sequence[str], k: int) -> list[float]:
         c = self.cfg
-        q = drafter(strategy).priors[b]
-        s = self.succ.get((strategy, b), [0.0] * (MAX_T - 1))
-        n = self.trials.get((strategy, b), [0.0] * (MAX_T - 1))
+        q = drafter(strategy).priors[keys[0]]
+        s, n = self._counts(strategy, keys[0])
         # the first draft has its own rate; deeper ones (accepted given the previous were, typically higher)
         # share a pooled rate that each shrinks toward, so their few trials do not make k jump around
         out = [(s[0] + c.prior_strength * q) / (n[0] + c.prior_strength)]
@@ -77,22 +108,25 @@ class Acceptance:
             ni = n[i - 1]
             pen = c.depth_penalty * i * (i - 1) / (1.0 + ni)  # deep positions: few trials, stay cautious
             out.append((s[i - 1] + m * pooled) / (ni + m + pen))
+        for key in keys[1:]:
+            s, n = self._counts(strategy, key)
+            out = [(s[i] + c.refine_strength * out[i]) / (n[i] + c.refine_strength) for i in range(len(out))]
         return out[:k]
 
-    def update(self, strategy: str, b: str, drafted: int, accepted: int) -> None:
+    def update(self, strategy: str, keys: Sequence[str], drafted: int, accepted: int) -> None:
         """A proposal of `drafted` tokens whose first `accepted` matched (positions 1..accepted succeeded,
         position accepted+1 failed if it exists)."""
-        key = (strategy, b)
-        s = self.succ.setdefault(key, [0.0] * (MAX_T - 1))
-        n = self.trials.setdefault(key, [0.0] * (MAX_T - 1))
         g = self.cfg.decay
-        for i in range(min(drafted, MAX_T - 1)):
-            s[i] *= g
-            n[i] *= g
-        for i in range(min(accepted + 1, drafted, MAX_T - 1)):
-            n[i] += 1.0
-            if i < accepted:
-                s[i] += 1.0
+        for key in keys:
+            s = self.succ.setdefault((strategy, key), [0.0] * (MAX_T - 1))
+            n = self.trials.setdefault((strategy, key), [0.0] * (MAX_T - 1))
+            for i in range(min(drafted, MAX_T - 1)):
+                s[i] *= g
+                n[i] *= g
+            for i in range(min(accepted + 1, drafted, MAX_T - 1)):
+                n[i] += 1.0
+                if i < accepted:
+                    s[i] += 1.0
 
     def forget(self, strategy: str, keep: float = 0.1) -> None:
         """A back-off says the text changed: shrink the strategy's evidence so new outcomes dominate."""
@@ -230,9 +264,9 @@ class AdaptiveScheduler:
         w = self.emp_w[s] / (self.emp_w[s] + 2.0)  # trust grows with the windows behind it
         return w * c_emp + (1 - w) * c_model
 
-    def _curve(self, strategy: str, b: str, kmax: int) -> list[tuple[float, float]]:
-        """(V(1+k), E[keep]) for k = 1..kmax drafts of `strategy` in acceptance bucket b."""
-        a = self.acc.probs(strategy, b, kmax)
+    def _curve(self, strategy: str, ks: Sequence[str], kmax: int) -> list[tuple[float, float]]:
+        """(V(1+k), E[keep]) for k = 1..kmax drafts of `strategy` with acceptance keys ks."""
+        a = self.acc.probs(strategy, ks, kmax)
         out, q, e = [], 1.0, 1.0
         for k in range(1, kmax + 1):
             q *= a[k - 1]
@@ -244,13 +278,17 @@ class AdaptiveScheduler:
         cap = self.cfg.mtp_cap_k if drafter(strategy).uses_head else self.cfg.max_draft
         return min(n_tokens, cap, room, MAX_T - 1)
 
+    def acceptance(self, p: Proposal, k: int) -> list[float]:
+        """The predicted a_1..a_k of a proposal's drafts (each given its predecessors were accepted)."""
+        return self.acc.probs(p.strategy, keys(p.strategy, p.signals, self.cfg.refine), min(k, MAX_T - 1))
+
     def candidate_costs(self, p: Proposal, room: int) -> list[float]:
         """C(s, k) for k = 1..min(len(tokens), cap, room), in ms per committed token."""
         kmax = self._kmax(p.strategy, len(p.tokens), room)
         if kmax <= 0:
             return []
         extra = self.costs.draft(p.strategy) + self.costs.catchup(p.strategy)
-        curve = self._curve(p.strategy, bucket(p.strategy, p.signals), kmax)
+        curve = self._curve(p.strategy, keys(p.strategy, p.signals, self.cfg.refine), kmax)
         return [self._blend(p.strategy, (extra + v) / e) for v, e in curve]
 
     # ---------------------------------------------------------------- decisions
@@ -263,7 +301,7 @@ class AdaptiveScheduler:
         total = sum(shares.values())
         gain = 0.0
         for b, w in shares.items():
-            gain += w / total * max([0.0] + [best * e - v for v, e in self._curve(strategy, b, kmax)])
+            gain += w / total * max([0.0] + [best * e - v for v, e in self._curve(strategy, (b,), kmax)])
         return gain - self.costs.draft(strategy) - self.costs.catchup(strategy)
 
     def _shares(self, strategy: str) -> dict[str, float]:
@@ -369,7 +407,7 @@ class AdaptiveScheduler:
     def observe_proposal(self, p: Proposal, accepted: int) -> None:
         """Shadow verification of a proposal (executed or not): its first `accepted` tokens were emitted."""
         if p.tokens:
-            self.acc.update(p.strategy, bucket(p.strategy, p.signals), len(p.tokens), accepted)
+            self.acc.update(p.strategy, keys(p.strategy, p.signals, self.cfg.refine), len(p.tokens), accepted)
 
     def observe_draft_ms(self, strategy: str, ms: float) -> None:
         self.costs.observe_draft(strategy, ms)

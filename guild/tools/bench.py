@@ -42,6 +42,7 @@ from ..speculative.options import MtpOptions
 from ..text.chat import run_turn
 from ..text.grammar import compile_grammar
 from ..workloads import load_workloads
+from .replay import captured, oracle, record_instance
 
 
 class ParityError(GuildError):
@@ -128,6 +129,15 @@ def _check_parity(rec: RunRecord, ref: RunRecord) -> None:
             )
 
 
+def _oracle(lm, w, opts: DecodeOptions, ref: RunRecord) -> float:
+    """The oracle's speedup on workload w: its recording (plain decoding, every drafter asked at every position,
+    so its tokens are normal's) replayed by the policy that knew each draft's fate (guild.tools.replay)."""
+    wl = record_instance(lm, w, opts)
+    _check_parity(RunRecord(w.key, "oracle", 0, [t["tokens"][t["n0"] - 1 :] for t in wl["turns"]], 0, 0.0, 0, 0),
+                  ref)
+    return oracle(wl, max_draft=opts.max_draft)
+
+
 def noise(records: list[RunRecord], extra: list[RunRecord]) -> dict[str, float | None]:
     """Per workload: the CV (stdev / mean) of normal's tok/s over its runs (repeats and the noise-check run)."""
     out: dict[str, float | None] = {}
@@ -173,10 +183,12 @@ def summarise(records: list[RunRecord], cv: dict[str, float | None] | None = Non
 LEGEND = """\
 tok/s: decode tokens per second (each turn's first token, which comes from the prefill, is left out) · ms/token:
 1000 / tok/s · vs normal: tok/s over normal's in the same repeat (median over repeats); "(noise)" marks a ratio
-that differs from 1.00 by less than the noise · acceptance: accepted drafts / drafted tokens · mean T: mean
-verification window size (1 root + drafts) · windows: verification windows per run, by the strategy that drafted
-them (normal = plain one-token steps) · experts/layer: distinct routed experts per layer per window, the union over
-the window's rows (dense models: 0) · noise: CV (stdev / mean) of normal's tok/s over its repeated runs."""
+that differs from 1.00 by less than the noise; for adaptive, "N% of X×" is the share of the oracle's gain it won,
+X× being the replayed speedup of a policy that knew each draft's fate (python -m guild.tools.replay) ·
+acceptance: accepted drafts / drafted tokens · mean T: mean verification window size (1 root + drafts) ·
+windows: verification windows per run, by the strategy that drafted them (normal = plain one-token steps) ·
+experts/layer: distinct routed experts per layer per window, the union over the window's rows (dense models: 0) ·
+noise: CV (stdev / mean) of normal's tok/s over its repeated runs."""
 
 
 def markdown(rows: list[dict], info: dict) -> str:
@@ -190,6 +202,8 @@ def markdown(rows: list[dict], info: dict) -> str:
         acc = f"{r['acceptance'] * 100:.0f}%" if r["acceptance"] is not None else "–"
         wins = ", ".join(f"{k} {v}" for k, v in r["windows"].items())
         flag = " (noise)" if r.get("reliable") is False else ""
+        if r.get("captured") is not None:
+            flag += f" · {r['captured'] * 100:.0f}% of {r['oracle']:.2f}×"
         lines.append(
             f"| {r['workload']} | {r['strategy']} | {r['tok_s']:.1f} | {r['ms_per_token'] or 0:.1f} | "
             f"{r['speedup'] or 0:.2f}×{flag} | {acc} | {r['mean_T'] or 1:.2f} | {wins} | "
@@ -226,11 +240,14 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
           sampling: SamplingParams | None = None, max_draft: int = 4, context: int = 8192,
           max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True,
           sessions: int = 1, gexec: str | None = None, strict_plan: bool = False, device: str = "cpu",
-          mtp: MtpOptions = MtpOptions(), sampling_overrides: dict | None = None, noise_check: bool = True) -> dict:
+          mtp: MtpOptions = MtpOptions(), sampling_overrides: dict | None = None, noise_check: bool = True,
+          oracle: bool = True) -> dict:
     """`gexec`: a `guild optimize` plan whose calibrated costs seed the adaptive drafters (checked against this
     machine and model; regenerated next to it on a mismatch unless `strict_plan`). `sampling` replaces each
     workload's sampling; `sampling_overrides` (SamplingParams fields) change only those fields of it. With
-    `noise_check` and one repeat, normal runs once more per workload for the noise figure."""
+    `noise_check` and one repeat, normal runs once more per workload for the noise figure. With `oracle` and
+    adaptive among the strategies, each workload is also recorded (guild.tools.replay) for the speedup of a
+    policy that knew each draft's fate, and adaptive's row says what share of that gain it won."""
     strategies = list(dict.fromkeys(["normal", *strategies]))
     for s in strategies:
         if s not in registry.strategies():
@@ -251,6 +268,9 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     jobs = [(rep, w, s, False) for rep in range(repeats) for w in ws for s in strategies]
     if extra:
         jobs = [j for w in ws for j in [*(x for x in jobs if x[1] is w), (0, w, "normal", True)]]
+    oracle = oracle and "adaptive" in strategies and sessions == 1
+    jobs += [(0, w, "oracle", False) for w in ws] if oracle else []
+    oracles: dict[str, float] = {}
     records: list[RunRecord] = []
     checks: list[RunRecord] = []
     ref: dict = {}
@@ -266,7 +286,12 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
             sp = sampling or w.sampling_params()
             if sampling_overrides:
                 sp = replace(sp, **sampling_overrides)
-            opts = replace(base, strategy=s, sampling=sp, max_tokens=max_tokens or w.max_tokens)
+            opts = replace(base, strategy="adaptive" if s == "oracle" else s, sampling=sp,
+                           max_tokens=max_tokens or w.max_tokens)
+            if s == "oracle":
+                oracles[w.key] = _oracle(lm, w, opts, ref[(w.key, 0)])
+                bar.advance(task)
+                continue
             rec = run_workload(lm, w, opts, rep)
             if s == "normal" and not check:
                 ref[(w.key, rep)] = rec
@@ -277,6 +302,10 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     load_end = os.getloadavg()
     cv = noise(records, checks) if noise_check or repeats > 1 else {}
     rows = summarise(records, cv)
+    for r in rows:
+        if r["strategy"] == "adaptive" and r["workload"] in oracles and r["speedup"] is not None:
+            c = captured(r["speedup"], oracles[r["workload"]])
+            r["oracle"], r["captured"] = round(oracles[r["workload"]], 3), None if c is None else round(c, 3)
     cores = os.cpu_count() or 1
     sampling_desc = "workload defaults" if sampling is None else str(sampling)
     if sampling_overrides:

@@ -28,7 +28,7 @@ from ..cli.run import DecodeOptions, load_for, slots
 from ..errors import GuildError
 from ..formats.files import write_bytes
 from ..speculative.adaptive import AdaptiveDrafter
-from ..speculative.base import Drafter
+from ..speculative.base import Drafter, top1
 from ..speculative.options import MTP_K
 from ..speculative.registry import DRAFTERS
 from ..text.chat import run_turn
@@ -37,6 +37,7 @@ from .perf import window_costs
 
 CATCHUP_MS_PER_ROW = 0.12  # MTP catch-up per extra lagging row (64-row catch-ups on the embedded MoE: ~0.1-0.13 ms)
 OVERHEAD_MS = 0.05  # scheduler and bookkeeping per adaptive window
+CONFIDENCE_MS = 0.15  # the target's top-1 probability at the root: a float32 softmax over the 49,152-token vocabulary
 
 
 class Recorder(AdaptiveDrafter):
@@ -47,6 +48,7 @@ class Recorder(AdaptiveDrafter):
     def __init__(self, drafters: Sequence[Drafter]):
         super().__init__(drafters)
         self.turns: list[dict] = []
+        self.root = 0.0
 
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         super().start(history, prompt_start)
@@ -60,8 +62,11 @@ class Recorder(AdaptiveDrafter):
             ms = (time.perf_counter() - t) * 1e3
             rec[d.name] = {"tokens": [int(x) for x in toks], "signals": d.signals(), "ms": ms,
                            "lazy": d.lazy, "rows": int(d.catchup_rows)}
-        self.turns[-1]["windows"][len(history)] = {"room": int(k), "proposals": rec}
+        self.turns[-1]["windows"][len(history)] = {"room": int(k), "proposals": rec, "root": self.root}
         return np.empty(0, np.int32)
+
+    def observe_logits(self, row: np.ndarray) -> None:
+        self.root = top1(row)[1]
 
 
 def _window_rho(model, tokens: list[int], n0: int, max_T: int, repeats: int = 20) -> list[float]:
@@ -81,23 +86,29 @@ def record(workloads: Sequence[str], model: str | None = None, max_draft: int = 
             if progress:
                 progress(f"recording {inst.key}")
             o = replace(opts, sampling=inst.sampling_params(), max_tokens=max_tokens or inst.max_tokens)
-            ss = slots(lm, o, 1, corpus_texts=inst.corpus_texts())
-            ad = ss[0].drafter
-            if not isinstance(ad, AdaptiveDrafter):
-                raise TypeError("replay records the adaptive strategy's drafters")
-            rec = ss[0] = replace(ss[0], drafter=Recorder(ad.drafters))
-            turns = []
-            for text in inst.render_turns():
-                t = run_turn(ss, text, chat=inst.chat, max_tokens=o.max_tokens, max_draft=max_draft)[0][0]
-                turn = rec.drafter.turns[-1]
-                turns.append({
-                    "tokens": turn["prompt"] + [int(x) for x in t.tokens], "n0": len(turn["prompt"]) + 1,
-                    "max_tokens": o.max_tokens, "v1_ms": statistics.median(r.verify_ms for r in t.stats.windows),
-                    "windows": {str(n): v for n, v in turn["windows"].items()},
-                })
-            rho = _window_rho(lm.model, turns[0]["tokens"], turns[0]["n0"], max_draft + 1)
-            out["workloads"].append({"id": inst.key, "rho": rho, "turns": turns})
+            out["workloads"].append(record_instance(lm, inst, o))
     return out
+
+
+def record_instance(lm, inst, o: DecodeOptions) -> dict:
+    """One workload instance decoded plainly under options `o` (strategy adaptive: its drafters are asked at every
+    position), with V(T)/V(1) measured at its first turn's context: one workload of a trace."""
+    ss = slots(lm, o, 1, corpus_texts=inst.corpus_texts())
+    ad = ss[0].drafter
+    if not isinstance(ad, AdaptiveDrafter):
+        raise TypeError("replay records the adaptive strategy's drafters")
+    rec = ss[0] = replace(ss[0], drafter=Recorder(ad.drafters))
+    turns = []
+    for text in inst.render_turns():
+        t = run_turn(ss, text, chat=inst.chat, max_tokens=o.max_tokens, max_draft=o.max_draft)[0][0]
+        turn = rec.drafter.turns[-1]
+        turns.append({
+            "tokens": turn["prompt"] + [int(x) for x in t.tokens], "n0": len(turn["prompt"]) + 1,
+            "max_tokens": o.max_tokens, "v1_ms": statistics.median(r.verify_ms for r in t.stats.windows),
+            "windows": {str(n): v for n, v in turn["windows"].items()},
+        })
+    rho = _window_rho(lm.model, turns[0]["tokens"], turns[0]["n0"], o.max_draft + 1)
+    return {"id": inst.key, "rho": rho, "turns": turns}
 
 
 class _Replayed(Drafter):
@@ -138,15 +149,30 @@ def _accepted(tokens: list[int], n: int, end: int, draft: Sequence[int]) -> int:
     return a
 
 
-def replay(wl: dict, make: Callable | None = None, max_draft: int = 4) -> dict:
-    """The adaptive drafter (`make(drafters, clock)`, default AdaptiveDrafter) over one recorded workload."""
+def _rho(wl: dict, flatten: float) -> list[float]:
+    """The workload's V(T)/V(1), its growth scaled by `flatten` (1: as recorded; 0.5: half as steep)."""
+    return [1.0 + flatten * (r - 1.0) for r in wl["rho"]]
+
+
+def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: float = 1.0) -> dict:
+    """The adaptive drafter (`make(drafters, clock, confidence)`, default AdaptiveDrafter) over one recorded
+    workload. Besides the speedup: the drafters' share of decode time (the asking cost) and, for every proposal,
+    the acceptance the scheduler predicted for each draft position beside what happened (`calibration`)."""
     clock = [0.0]
     ms, lazy = _propose_ms(wl)
+    rho = _rho(wl, flatten)
     fakes = [_Replayed(name, lazy[name], ms[name], clock) for name in ms]
-    ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, max_draft=max_draft, mtp_cap_k=MTP_K)))(
-        fakes, lambda: clock[0])
-    t_plain = t_ad = 0.0
+
+    def confidence(p: float) -> float:  # the recorded probability, at the modelled cost of computing it
+        clock[0] += CONFIDENCE_MS / 1e3
+        return p
+
+    ad = (make or (lambda ds, c, conf: AdaptiveDrafter(ds, clock=c, max_draft=max_draft, mtp_cap_k=MTP_K,
+                                                       confidence=conf)))(fakes, lambda: clock[0], confidence)
+    t_plain = t_ad = t_draft = 0.0
     n_win = drafted = accepted = 0
+    ks: list[int] = []
+    calib: list[tuple[str, int, float, int]] = []  # (strategy, draft position, predicted, accepted 0/1)
     for turn in wl["turns"]:
         h, n0 = turn["tokens"], turn["n0"]
         end, v1 = len(h), turn["v1_ms"]
@@ -157,24 +183,40 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4) -> dict:
         t_plain += (end - n0) * v1
         while n < end:
             room = min(turn["max_tokens"] - (n - n0 + 1) - 1, max_draft)
+            w = turn["windows"].get(str(n))
+            ad.observe_logits(w.get("root", 0.0) if w else 0.0)
             c0 = clock[0]
             draft = list(ad.propose(h[:n], room))[:room] if room > 0 else []
             d_ms = (clock[0] - c0) * 1e3 + OVERHEAD_MS
+            for p, pos in ad.pending:
+                if pos == n:
+                    calib += _calibration(p, ad.scheduler.acceptance(p, len(p.tokens)), _accepted(h, n, end, p.tokens),
+                                          end - n)
             a = _accepted(h, n, end, draft)
             e = min(a + 1, end - n)
-            v_ms = v1 * wl["rho"][len(draft)]
+            v_ms = v1 * rho[len(draft)]
             ad.observe(len(draft), d_ms, v_ms, e)
             t_ad += d_ms + v_ms
+            t_draft += d_ms
             n_win, drafted, accepted = n_win + 1, drafted + len(draft), accepted + a
+            if draft:
+                ks.append(len(draft))
             n += e
-    return {"speedup": t_plain / t_ad, "windows": n_win, "drafted": drafted, "accepted": accepted}
+    return {"speedup": t_plain / t_ad, "windows": n_win, "drafted": drafted, "accepted": accepted,
+            "mean_k": sum(ks) / len(ks) if ks else 0.0, "asking": t_draft / t_ad, "calibration": calib}
 
 
-def oracle(wl: dict, strategies: Sequence[str] | None = None, max_draft: int = 4) -> float:
+def _calibration(p, probs: Sequence[float], a: int, left: int) -> list[tuple[str, int, float, int]]:
+    """Each draft position the text reached (its predecessors accepted, its token emitted): predicted vs kept."""
+    return [(p.strategy, i + 1, probs[i], int(a > i)) for i in range(min(len(probs), left, a + 1))]
+
+
+def oracle(wl: dict, strategies: Sequence[str] | None = None, max_draft: int = 4, flatten: float = 1.0) -> float:
     """Speedup of the cheapest windows a policy that knew each draft's accepted length could choose from the same
     proposals (each paying only the drafter it uses, at its recorded median propose time)."""
     t_plain = t_best = 0.0
     ms, _ = _propose_ms(wl)
+    rho = _rho(wl, flatten)
     for turn in wl["turns"]:
         h, n0, v1 = turn["tokens"], turn["n0"], turn["v1_ms"]
         end = len(h)
@@ -187,7 +229,7 @@ def oracle(wl: dict, strategies: Sequence[str] | None = None, max_draft: int = 4
                     continue
                 a = _accepted(h, n, end, p["tokens"])
                 for k in range(1, min(len(p["tokens"]), max_draft, w["room"]) + 1):
-                    c = min(c, ms[name] + v1 * wl["rho"][k] + best[min(n + min(a, k) + 1, end)])
+                    c = min(c, ms[name] + v1 * rho[k] + best[min(n + min(a, k) + 1, end)])
             best[n] = c
         t_plain += (end - n0) * v1
         t_best += best[n0]
@@ -221,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("-o", "--out", default="replay-trace.json")
     p = sub.add_parser("run", help="replay the scheduler over a recorded trace; print it beside the oracle")
     p.add_argument("trace")
+    p.add_argument("--flatten", type=float, default=1.0,
+                   help="scale the growth of V(T)/V(1) (0.5: half as steep), as a cheaper window would")
     p.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "record":
@@ -228,22 +272,60 @@ def main(argv: Sequence[str] | None = None) -> None:
         write_bytes(Path(a.out), json.dumps(tr).encode(), "the replay trace")
         print(f"written to {a.out}")
         return
-    tr = load_trace(a.trace)
-    rows = []
-    for wl in tr["workloads"]:
-        res = replay(wl, max_draft=tr["max_draft"])
-        rows.append({"workload": wl["id"], **res, "oracle": oracle(wl, max_draft=tr["max_draft"]),
-                     "oracle_no_mtp": oracle(wl, [n for n, d in DRAFTERS.items() if not d.uses_head],
-                                             tr["max_draft"]),
-                     "rho": [round(x, 3) for x in wl["rho"]]})
+    if not a.flatten > 0:
+        raise GuildError(f"--flatten must be > 0, got {a.flatten}")
+    rows, calib = run(load_trace(a.trace), a.flatten)
     if a.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"workloads": rows, "calibration": calib}, indent=1))
         return
-    print("| workload | replayed adaptive | oracle | oracle without MTP | windows | drafted | accepted | V(T)/V(1) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| workload | replayed adaptive | oracle | captured | oracle without MTP | windows | drafted | accepted "
+          "| mean k | asking | V(T)/V(1) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
-        print(f"| {x['workload']} | {x['speedup']:.3f}× | {x['oracle']:.3f}× | {x['oracle_no_mtp']:.3f}× | "
-              f"{x['windows']} | {x['drafted']} | {x['accepted']} | {', '.join(f'{v:.2f}' for v in x['rho'])} |")
+        cap = "–" if x["captured"] is None else f"{x['captured']:.0%}"
+        print(f"| {x['workload']} | {x['speedup']:.3f}× | {x['oracle']:.3f}× | {cap} | "
+              f"{x['oracle_no_mtp']:.3f}× | {x['windows']} | {x['drafted']} | {x['accepted']} | {x['mean_k']:.2f} | "
+              f"{x['asking']:.1%} | {', '.join(f'{v:.2f}' for v in x['rho'])} |")
+    print("\nCalibration: the acceptance the scheduler predicted for each draft position the text reached, "
+          "beside how often it was kept")
+    print("| drafter | position | predicted | n | mean predicted | observed |")
+    print("|---|---|---|---|---|---|")
+    for c in calib:
+        print(f"| {c['strategy']} | {c['position']} | {c['bin']} | {c['n']} | {c['predicted']:.2f} | "
+              f"{c['observed']:.2f} |")
+
+
+def captured(speedup: float, oracle_speedup: float) -> float | None:
+    """The share of the oracle's gain over plain decoding that the scheduler won (None: there is none to win)."""
+    return (speedup - 1.0) / (oracle_speedup - 1.0) if oracle_speedup > 1.0 + 1e-9 else None
+
+
+BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)  # predicted-acceptance bins of the calibration table
+
+
+def calibration(calib: Sequence[tuple[str, int, float, int]]) -> list[dict]:
+    """Predicted against observed acceptance per drafter, first draft and deeper ones, per predicted bin."""
+    groups: dict[tuple, list[tuple[float, int]]] = {}
+    for s, i, q, ok in calib:
+        j = 1 + sum(q >= b for b in BINS[1:-1])
+        groups.setdefault((s, "1" if i == 1 else "2+", j), []).append((q, ok))
+    return [{"strategy": s, "position": pos, "bin": f"{BINS[j - 1]:.1f}–{BINS[j]:.1f}", "n": len(v),
+             "predicted": sum(q for q, _ in v) / len(v), "observed": sum(ok for _, ok in v) / len(v)}
+            for (s, pos, j), v in sorted(groups.items())]
+
+
+def run(tr: dict, flatten: float = 1.0) -> tuple[list[dict], list[dict]]:
+    """Every workload of a trace replayed beside the oracle (with and without MTP), and the pooled calibration."""
+    rows, calib = [], []
+    md = tr["max_draft"]
+    for wl in tr["workloads"]:
+        res = replay(wl, max_draft=md, flatten=flatten)
+        calib += res.pop("calibration")
+        orc = oracle(wl, max_draft=md, flatten=flatten)
+        rows.append({"workload": wl["id"], **res, "oracle": orc, "captured": captured(res["speedup"], orc),
+                     "oracle_no_mtp": oracle(wl, [n for n, d in DRAFTERS.items() if not d.uses_head], md, flatten),
+                     "rho": [round(x, 3) for x in _rho(wl, flatten)]})
+    return rows, calibration(calib)
 
 
 if __name__ == "__main__":

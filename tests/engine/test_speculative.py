@@ -87,3 +87,28 @@ def test_records_per_window(case):
         assert w.verify_ms > 0 and w.draft_ms >= 0 and 1 <= w.emitted <= w.k + 1 and w.kept == w.emitted
         assert len(w.distinct_experts) == 30 and 2 <= min(w.distinct_experts)
         assert max(w.distinct_experts) <= min(8, 2 * (w.k + 1))
+
+
+def test_drafter_sees_the_row_that_sampled_each_root(moe_model):
+    """observe_logits gets, before every window, the logits of the row that sampled its root: the prefill's last
+    row, then each window's last kept row (greedy: their argmax is the root)."""
+    import numpy as np
+
+    class Watching(RandomDrafter):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.roots = []  # (argmax of the last observed row, the root the next propose continues from)
+            self.row = None
+
+        def observe_logits(self, row):
+            self.row = np.array(row)
+
+        def propose(self, history, k):
+            self.roots.append((int(np.argmax(self.row)), history[-1]))
+            return super().propose(history, k)
+
+    truth, _ = _run(moe_model, SamplingParams())
+    d = Watching(len(PROMPT), truth, seed=3)
+    got, st = _run(moe_model, SamplingParams(), d, 4)
+    assert got == truth and len(d.roots) == len(st.windows) and st.summary()["accepted"] > 0
+    assert all(a == b for a, b in d.roots), d.roots

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from guild.speculative.costs import DraftCosts
-from guild.speculative.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket
+from guild.speculative.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket, keys
 
 
 def linear_v(v1, slope):
@@ -136,14 +136,14 @@ def test_one_off_stall_barely_moves_the_estimate():
 def test_acceptance_posterior_tracks_data():
     s = AdaptiveScheduler()
     p = Proposal("lookup", tuple(range(4)), {"match_len": 3, "freq": 1})
-    prior = s.acc.probs("lookup", bucket("lookup", p.signals), 1)[0]
+    prior = s.acc.probs("lookup", (bucket("lookup", p.signals),), 1)[0]
     assert prior == pytest.approx(0.32)
     for _ in range(60):
         s.observe_proposal(p, 4)
-    assert s.acc.probs("lookup", "iso3", 4)[0] > 0.95
+    assert s.acc.probs("lookup", ("iso3",), 4)[0] > 0.95
     for _ in range(150):
         s.observe_proposal(p, 0)
-    assert s.acc.probs("lookup", "iso3", 1)[0] < 0.1
+    assert s.acc.probs("lookup", ("iso3",), 1)[0] < 0.1
 
 
 def test_buckets_follow_signals():
@@ -256,3 +256,48 @@ def test_four_way_arbitration_follows_the_text():
     fixed = {f: _arbitrate(AdaptiveScheduler(cfg), 1200, segment, v, np.random.default_rng(1), fixed=f)[1]
              for f in ("lookup", "mtp")}
     assert adaptive < 0.95 * min(*fixed.values(), 10.0), (adaptive, fixed)
+
+
+def test_refined_keys_split_a_bucket_and_fall_back_to_it():
+    """Within one bucket, the signals in `refine` (here: whether the drafter's previous first draft was right)
+    learn their own rates; a refinement with no trials of its own reads its coarser key's estimate."""
+    s = AdaptiveScheduler(SchedulerConfig(refine=("prev",)))
+    sig = {"match_len": 5, "freq": 1}
+    for i in range(80):
+        prev = i % 2
+        s.observe_proposal(Proposal("lookup", (1, 2, 3), {**sig, "prev": prev}), 3 if prev else 0)
+    right, wrong = (s.acceptance(Proposal("lookup", (1,), {**sig, "prev": v}), 1)[0] for v in (1, 0))
+    coarse = s.acceptance(Proposal("lookup", (1,), sig), 1)[0]
+    assert right > 0.85 and wrong < 0.15 and wrong < coarse < right, (right, wrong, coarse)
+    # a key never seen: its bucket's rate
+    assert s.acceptance(Proposal("lookup", (1,), {**sig, "prev": 7}), 1)[0] == pytest.approx(coarse)
+    assert keys("lookup", {**sig, "prev": 1, "root": 0.95}, ("prev", "root")) == ("m4", "m4|prev=1",
+                                                                                 "m4|prev=1|root=2")
+    assert keys("lookup", sig, ("prev", "root")) == ("m4",)  # no previous proposal: the bucket alone
+
+
+def test_adaptive_drafter_adds_the_roots_confidence_and_the_previous_outcome():
+    """Each proposal carries the target's top-1 probability at the root (computed only when a proposal has
+    tokens: a softmax over the vocabulary is not free) and whether the drafter's previous first draft was right."""
+    from guild.speculative.adaptive import AdaptiveDrafter
+    from guild.speculative.lookup import SuffixDrafter
+
+    calls = []
+    ad = AdaptiveDrafter([SuffixDrafter()], confidence=lambda row: calls.append(row) or 0.7)
+    novel = list(range(100, 140))
+    ad.start(novel, 0)
+    ad.observe_logits("row0")
+    ad.propose(novel, 4)
+    assert calls == []  # nothing to price: no softmax
+    text = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    ad.start(text, 0)
+    ad.observe_logits("row1")
+    ad.propose(text, 4)
+    p = ad.pending[-1][0]
+    assert calls == ["row1"] and p.signals["root"] == 0.7 and "prev" not in p.signals
+    ad.observe(0, 0.0, 10.0, 1)
+    ad.observe_logits("row2")
+    ad.propose([*text, p.tokens[0]], 4)  # the first draft of the last proposal was right
+    assert calls == ["row1", "row2"] and ad.pending[-1][0].signals["prev"] == 1
+    ad.propose([*text, p.tokens[0], 999], 4)  # the next proposal's first draft was wrong
+    assert ad.first["lookup"] == (len(text) + 1, 0)

@@ -24,6 +24,22 @@ def test_bench_small_run(tmp_path, dense_path):
     assert "| W9 | lookup |" in (tmp_path / "bench.md").read_text()
 
 
+def test_bench_prints_adaptives_share_of_the_oracles_gain(dense_path):
+    """With adaptive, each workload is also recorded and replayed by the oracle: adaptive's row carries the oracle's
+    speedup and the share of its gain adaptive won, printed beside its speedup; no other row does."""
+    rep = bench("smollm2-135m", ["W3"], ["adaptive"], max_tokens=24, out=None, progress=False, noise_check=False)
+    rows = {r["strategy"]: r for r in rep["rows"]}
+    a = rows["adaptive"]
+    assert a["oracle"] >= 1.0
+    if a["oracle"] > 1.0:
+        assert a["captured"] * (a["oracle"] - 1) == pytest.approx(a["speedup"] - 1, abs=0.01)
+    assert "oracle" not in rows["normal"]
+    assert a["captured"] is None if a["oracle"] <= 1.0 else f"% of {a['oracle']:.2f}×" in rep["markdown"]
+    off = bench("smollm2-135m", ["W3"], ["adaptive"], max_tokens=8, out=None, progress=False, noise_check=False,
+                oracle=False)
+    assert all("oracle" not in r for r in off["rows"])
+
+
 def test_parity_failure_is_loud():
     a = RunRecord("W1", "normal", 0, [[1, 2, 3]], 2, 1.0, 0, 0)
     b = RunRecord("W1", "lookup", 0, [[1, 2, 4]], 2, 1.0, 3, 1)
