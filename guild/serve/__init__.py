@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cli.options import MAX_SESSIONS, DecodeOptions
@@ -58,13 +58,6 @@ def build(lm, opts: DecodeOptions, sopts: ServeOptions, name: str):
     return Server(engine, name, Defaults(opts.sampling, opts.strategy, opts.max_draft)), engine
 
 
-def _warm_up(lm, opts: DecodeOptions) -> None:
-    """Compile (or load from Numba's cache) the kernels a first request would wait for."""
-    s = lm.session(64, opts.prefill_batch)
-    d = lm.drafter(replace(DraftOptions(), strategy=opts.strategy, mtp=opts.mtp), 64)
-    s.generate(lm.tokenizer.encode("Hello, hello, hello, hello", add_special=True), 6, drafter=d, max_draft=4)
-
-
 def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: int | None = None,
           log=lambda s: print(s, file=sys.stderr, flush=True)) -> None:
     try:
@@ -84,7 +77,7 @@ def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: 
     name = model or Path(lm.path).stem
     server, engine = build(lm, opts, sopts, name)
     log("guild serve: warming up the kernels")
-    _warm_up(lm, opts)
+    lm.warm_up(opts.strategy, opts.mtp)
     host, port = sock.getsockname()[:2]
     log(f"guild serve: {name} on http://{host}:{port}/v1 ({lm.threads} threads, device {lm.device}, "
         f"--parallel {sopts.parallel}, --context {opts.context}); Ctrl-C or SIGTERM drains and stops")
