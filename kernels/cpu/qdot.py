@@ -53,6 +53,9 @@ from ..blocks import (
     GRID_IQ3XXS,
     IQ1S_DELTA,
     KSIGNS_IQ2XS,
+    KVALUES_IQ4NL,
+    KVALUES_MXFP4,
+    e8m0_half,
     iq1m_d,
     k_scale_min,
     q3k_scales,
@@ -70,7 +73,7 @@ from .simd import (
     dot4ss,
     dot8,
     dpbusd,
-    e8m0_half,
+    e8m0_f,
     fma_f,
     gather_u32,
     hi4,
@@ -109,9 +112,6 @@ ACT_EXTRA = 20  # bytes per row and block besides the quants: scale, Σq, scale�
 # kernel kinds
 Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = range(13)
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = range(13, 20)  # grid types: values read from a table by index
-# the signed levels a nibble indexes: IQ4_NL's non-linear grid (also IQ4_XS's), MXFP4's e2m1 values doubled
-IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-FP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -466,14 +466,13 @@ def get_rows(kind: int, qtype: int, arrays: tuple, rows: np.ndarray, out: np.nda
             db = d * (f32(0.5) + s1) * (f32(0.5) if q == Q.IQ3_XXS else f32(0.25))
         y = db * mag * sign
     elif q in (Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4):
-        v = np.array(FP4_LEVELS if q == Q.MXFP4 else IQ4_LEVELS, np.int8)[_unquad4(f["qs"])].astype(f32)
+        v = (KVALUES_MXFP4 if q == Q.MXFP4 else KVALUES_IQ4NL)[_unquad4(f["qs"])].astype(f32)
         if q == Q.IQ4_NL:
             d = _h2f(f["d"])
         elif q == Q.IQ4_XS:
             d = np.repeat(_h2f(f["d"]), SB, axis=1) * f["ls"].astype(f32)
         else:
-            e = f["e"].astype(np.uint32)
-            d = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).view(f32)
+            d = e8m0_half(f["e"])
         y = d[..., None] * v
     elif q in (Q.Q6_K, Q.Q2_K, Q.Q3_K):
         if q == Q.Q6_K:
@@ -625,8 +624,9 @@ def _nibbles(kind, p0, ph, g, nb, b, j, xa):
     return a
 
 
-_lut_iq4_s, _lut_iq4_u = lookup16(IQ4_LEVELS), lookup16([v + 128 for v in IQ4_LEVELS])
-_lut_fp4_s, _lut_fp4_u = lookup16(FP4_LEVELS), lookup16([v + 128 for v in FP4_LEVELS])
+# the signed levels a nibble indexes (blocks.KVALUES_*), and the same + 128 for vpdpbusd's unsigned operand
+_lut_iq4_s, _lut_iq4_u = lookup16(KVALUES_IQ4NL), lookup16(KVALUES_IQ4NL.astype(np.int32) + 128)
+_lut_fp4_s, _lut_fp4_u = lookup16(KVALUES_MXFP4), lookup16(KVALUES_MXFP4.astype(np.int32) + 128)
 _SIGNED = AVX2 and not VNNI512  # signed levels, |w| · sign(x, w) pairs; else unsigned levels + 128 (vpdpbusd)
 
 
@@ -847,7 +847,7 @@ def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
             return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
         if kind == IQ4_XS:
             return fma_f(cvt(mul_i(ld_s8(p1 + _b1off(g, nb, b, j)), a)), mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), y)
-        return fma_f(cvt(a), mul_f(e8m0_half(ld_u8(p1 + _b1off(g, nb, b, j))), dx), y)
+        return fma_f(cvt(a), mul_f(e8m0_f(ld_u8(p1 + _b1off(g, nb, b, j))), dx), y)
     if kind == Q4_0 or kind == Q4_1:
         a = _nibbles(kind, p0, p0, g, nb, b, j, xa)
         if kind == Q4_0:

@@ -524,7 +524,7 @@ def lookup16(table, portable=False):
 
 
 @intrinsic
-def e8m0_half(typingctx, v):
+def e8m0_f(typingctx, v):
     """MXFP4's block scale: the e8m0 exponent byte e in each lane → 2^(e − 128) as f32 (ggml's
     e8m0_to_fp32_half: subnormal for e < 2)."""
 

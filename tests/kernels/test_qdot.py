@@ -22,7 +22,7 @@ from gguf import quants
 from numba import njit
 
 from guild.kernels import ref_quant
-from guild.kernels.blocks import BLOCK
+from guild.kernels.blocks import BLOCK, KVALUES_IQ4NL
 from guild.kernels.cpu import qdot, simd
 from guild.kernels.cpu import quant as kq
 
@@ -198,8 +198,8 @@ def test_isa_dots_exact_in_their_ranges():
         assert np.array_equal(out[2], (a + (w.astype(np.int64) * s[:64]).reshape(16, 4).sum(1)).astype(np.float32))
 
 
-_LUT = simd.lookup16(qdot.IQ4_LEVELS)
-_LUT_PORTABLE = simd.lookup16(qdot.IQ4_LEVELS, portable=True)
+_LUT = simd.lookup16(KVALUES_IQ4NL)
+_LUT_PORTABLE = simd.lookup16(KVALUES_IQ4NL, portable=True)
 
 
 @njit
@@ -215,7 +215,7 @@ def test_table_lookup_forms_agree():
     idx = np.random.default_rng(5).integers(0, 16, 64).astype(np.uint8)
     out = np.zeros(128, np.uint8)
     _lookups(idx, out)
-    want = np.array(qdot.IQ4_LEVELS, np.int8).view(np.uint8)[idx]
+    want = KVALUES_IQ4NL.view(np.uint8)[idx]
     for form in (out[:64], out[64:]):
         assert np.array_equal(form.reshape(4, 16).T.reshape(64), want)
 
