@@ -87,6 +87,12 @@ def row_bytes(qtype: int, n_cols: int) -> int:
     return n_cols // bs * ts
 
 
+def act_block(qtype: int) -> int:
+    """Elements per activation scale on the int8 path for weights of this type: QK_K for the super-block types
+    (ggml's Q8_K vec_dot type), else QK (Q8_0's)."""
+    return QK_K if BLOCK[Q(int(qtype))][0] == QK_K else QK
+
+
 def k_scale_min(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K/Q5_K 12-byte packed 6-bit scales → (scale[..., 8], min[..., 8]) as uint8 (get_scale_min_k4)."""
     s = sc12.astype(np.uint8)

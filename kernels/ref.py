@@ -70,18 +70,19 @@ def softmax_topk(logits, k, renorm):
     return ids, w.astype(np.float32)
 
 
-def moe_ffn(h, router, gate, up, down, k, renorm, q8act=False):
+def moe_ffn(h, router, gate, up, down, k, renorm, acts=None):
     """Mixture-of-experts SwiGLU FFN. h [T, D]; router [E, D]; gate/up [E, F, D]; down [E, D, F] (float).
-    q8act: the experts' inputs quantised as the int8 path does (quantize_act_q8); the router's never are."""
+    acts: (gate|up's, down's) activation blocks, the experts' inputs quantised as the int8 path does
+    (quantize_act_q8); the router's never are."""
     ids, w = softmax_topk(h.astype(np.float64) @ router.T.astype(np.float64), k, renorm)
     out = np.zeros(h.shape, np.float64)
     for t in range(h.shape[0]):
-        x = quantize_act_q8(h[t : t + 1])[0] if q8act else h[t]
+        x = quantize_act_q8(h[t : t + 1], acts[0])[0] if acts else h[t]
         for r in range(k):
             e = ids[t, r]
             a = silu_mul(gate[e] @ x, up[e] @ x)
-            if q8act:
-                a = quantize_act_q8(a[None])[0]
+            if acts:
+                a = quantize_act_q8(a[None], acts[1])[0]
             out[t] += w[t, r] * (down[e].astype(np.float64) @ np.asarray(a, np.float64))
     return out.astype(np.float32)
 

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as Q
 
 # block facts live in kernels/blocks.py (shared with the fast kernels); re-exported for callers
 from . import blocks as B
-from .blocks import BLOCK, KVALUES_IQ4NL, QK, QK_K, iq4xs_scales, k_scale_min, row_bytes  # noqa: F401
+from .blocks import BLOCK, KVALUES_IQ4NL, QK, QK_K, act_block, iq4xs_scales, k_scale_min, row_bytes  # noqa: F401
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -264,13 +264,13 @@ _NEW = {
 }
 
 
-def quantize_act_q8(x: np.ndarray) -> np.ndarray:
-    """The int8-activation path's view of rows x [T, K] (K a multiple of 32), as float64: each block of 32
-    quantised as Q8_0 does it (d = max|x| / 127, q = rint(x * (1 / d)), all in float32), then q * d exactly.
-    Twin of kernels/cpu/qdot.quantize_acts."""
+def quantize_act_q8(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """The int8-activation path's view of rows x [T, K] (K a multiple of `block`), as float64: each block of
+    `block` elements (32: Q8_0's rule; 256: Q8_K's, for the super-block weight types) quantised as d = max|x| /
+    127, q = rint(x * (1 / d)), all in float32, then q * d exactly. Twin of kernels/cpu/qdot.quantize_acts."""
     x = np.asarray(x, np.float32)
     T, K = x.shape
-    xb = x.reshape(T, K // QK, QK)
+    xb = x.reshape(T, K // block, block)
     d = (np.abs(xb).max(-1) / np.float32(127.0)).astype(np.float32)
     inv = np.zeros_like(d)
     np.divide(np.float32(1.0), d, out=inv, where=d > 0)
@@ -278,14 +278,12 @@ def quantize_act_q8(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * d[..., None].astype(np.float64)).reshape(T, K)
 
 
-def matmul_ref(w: np.ndarray, x: np.ndarray, q8act: bool = False) -> np.ndarray:
+def matmul_ref(w: np.ndarray, x: np.ndarray, act: int | None = None) -> np.ndarray:
     """out[t, n] = sum_k w[n, k] * x[t, k], accumulated in float64, returned as float32. w [N, K], x [T, K].
-    q8act: the activations as the int8 path quantises them (quantize_act_q8)."""
+    act: the activations as the int8 path quantises them, in blocks of `act` (quantize_act_q8)."""
     w64 = np.asarray(w, np.float64)
-    x64 = quantize_act_q8(x) if q8act else np.asarray(x, np.float64)
+    x64 = quantize_act_q8(x, act) if act else np.asarray(x, np.float64)
     return (x64 @ w64.T).astype(np.float32)
-
-
 
 
 def random_raw(qtype: int, n_rows: int, n_cols: int, rng: np.random.Generator, scale: float = 0.1) -> np.ndarray:

@@ -1,8 +1,9 @@
 """The int8-activation path ("i8" numerics): integer dot products for every quant type it covers, one kernel per
 type, batch-invariant.
 
-Activations. Each row is quantised in blocks of 32 (Q8_0's rule: d = max|x| / 127, q = rint(x * (1 / d)) in
-float32), with the block's Σq and the sums of its two halves (the 16-element sub-blocks of Q2_K, Q3_K, Q6_K).
+Activations. Each row is quantised with one scale per 32 elements for the 32-element-block weight types and
+per 256 for the super-block types (ggml's Q8_0 and Q8_K: d = max|x| / 127, q = rint(x * (1 / d)) in float32),
+with each 32-block's Σq and the sums of its two halves (the 16-element sub-blocks of Q2_K, Q3_K, Q6_K).
 
 Weights ("quad tiles"). Features in tiles of NT = 64; per 32-element block, the four bytes of consecutive k of
 one feature are adjacent, so one 64-byte load holds 16 features × 4 k: the operand of a 4-byte integer dot
@@ -13,28 +14,29 @@ a mask give the bits of one quad), integer sub-block scales as bytes, and the f1
 super-block; the grid types keep their grid indices, sign bits and scales (kernels below). The packed bytes per
 weight stay those of the GGUF type within 3 % (Q3_K, IQ3_S, IQ1_M +3.6 %; IQ3_XXS +8 %, IQ2_XS +11 %, IQ2_XXS +12 %).
 
-Arithmetic per output feature n of row t, block b (x̂ the row's quantised block, dx its scale, s = Σx̂, s_A and
-s_B the sums of its halves, a = Σ u·x̂ over the block's unsigned quants u, a_A, a_B over each half; D, M the
-super-block's f16 scale and min scale):
+Arithmetic per output feature n of row t (x̂ the row's quantised block, dx its scale, s = Σx̂, s_A and s_B the
+sums of its halves, a = Σ u·x̂ over the block's unsigned quants u, a_A, a_B over each half). The 32-element
+types, per block b:
   Q4_0: y = fma(a − 8s, d·dx, y)             Q5_0: y = fma(a − 16s, d·dx, y)
   Q4_1, Q5_1: y = fma(a, d·dx, y); y = fma(m, dx·s, y)
   Q8_0: y = fma(Σ q·x̂, d·dx, y)
-  Q4_K, Q5_K: y = fma(sc·a, D·dx, y); y = fma(−mn·s, M·dx, y)
-  Q6_K: y = fma(sc_A·(a_A − 32 s_A) + sc_B·(a_B − 32 s_B), D·dx, y)
-  Q3_K: y = fma(sc_A·(a_A − 4 s_A) + sc_B·(a_B − 4 s_B), D·dx, y)
-  Q2_K: y = fma(sc_A·a_A + sc_B·a_B, D·dx, y); y = fma(−(mn_A·s_A + mn_B·s_B), M·dx, y)
-  IQ4_NL: y = fma(Σ v·x̂, d·dx, y)   IQ4_XS: y = fma((ls − 32)·Σ v·x̂, D·dx, y)   MXFP4: y = fma(Σ v·x̂, 2^(e−128)·dx, y)
-  (v: the signed level a nibble indexes, looked up 64 bytes at a time with vpshufb)
-  IQ2_XXS, IQ3_XXS, IQ3_S: y = fma(sc·(a_A + a_B), D·dx·c, y)   IQ2_XS, IQ2_S: y = fma(sc_A·a_A + sc_B·a_B, D·dx·c, y)
+  IQ4_NL: y = fma(Σ v·x̂, d·dx, y)   MXFP4: y = fma(Σ v·x̂, 2^(e−128)·dx, y)
+The super-block types sum integers i (and min terms m) over the 8 blocks of a super-block, then per super-block
+(D, M its f16 scale and min scale, dx the super-block's activation scale): y = fma(Σ i, D·dx·c, y), and
+y = fma(−Σ m, M·dx, y) for Q4_K, Q5_K, Q2_K; per block:
+  Q4_K, Q5_K: i = sc·a, m = mn·s     Q2_K: i = sc_A·a_A + sc_B·a_B, m = mn_A·s_A + mn_B·s_B
+  Q6_K: i = sc_A·(a_A − 32 s_A) + sc_B·(a_B − 32 s_B)      Q3_K: i = sc_A·(a_A − 4 s_A) + sc_B·(a_B − 4 s_B)
+  IQ4_XS: i = (ls − 32)·Σ v·x̂   (v: the signed level a nibble indexes, looked up 64 bytes at a time with vpshufb)
+  IQ2_XXS, IQ3_XXS, IQ3_S: i = sc·(a_A + a_B)   IQ2_XS, IQ2_S: i = sc_A·a_A + sc_B·a_B
   (a: Σ |g|·(±x̂), the grid's magnitudes g read by index, the sign bits applied to x̂; sc = 2s + 1 and c = 1/8
   for ggml's (0.5 + s)·0.25, 1/4 for IQ3_XXS's (0.5 + s)·0.5; IQ3_S: sc = 1 + 2s, c = 1)
-  IQ1_S: y = fma(sc·(8 Σ g·x̂ + σ s), D·dx/8, y)   (g ∈ {−1, 0, 1}, ggml's delta ±1/8 = σ/8)
-  IQ1_M: y = fma(Σ_halves sc_h·(8 Σ g·x̂ + Σ_l σ_l s_l), D·dx/8, y)   (σ_l, s_l per group of 8)
-(integer terms exact in int32 and converted exactly; each product of two f32 scales rounded once). The float
-chain over b is fixed per (row, feature), whichever path computes it and however many rows or threads there
-are: every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking
-Machines, "Defeating Nondeterminism in LLM Inference", 2025: a fixed reduction order per output element).
-Twin: kernels/ref.py `quantize_act_q8`, `matmul_ref(q8act=True)`.
+  IQ1_S: i = sc·(8 Σ g·x̂ + σ s), c = 1/8   (g ∈ {−1, 0, 1}, ggml's delta ±1/8 = σ/8)
+  IQ1_M: i = Σ_halves sc_h·(8 Σ g·x̂ + Σ_l σ_l s_l), c = 1/8   (σ_l, s_l per group of 8)
+(integer sums exact in int32, each converted to f32 once; each product of f32 scales rounded once). The float
+chain is fixed per (row, feature), whichever path computes it and however many rows or threads there are:
+every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking Machines,
+"Defeating Nondeterminism in LLM Inference", 2025: a fixed reduction order per output element).
+Twin: kernels/ref_quant.py `quantize_act_q8`, `matmul_ref(act=...)`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from ..blocks import (
     KSIGNS_IQ2XS,
     KVALUES_IQ4NL,
     KVALUES_MXFP4,
+    act_block,
     e8m0_half,
     iq1m_d,
     k_scale_min,
@@ -100,6 +103,7 @@ from .simd import (
     splat_i,
     st_f32,
     st_i8,
+    st_i32,
     sub_i,
     xor80,
     zero_f,
@@ -512,10 +516,18 @@ def act_bytes(T: int, n_cols: int) -> int:
     return T * nb * (QB + ACT_EXTRA)
 
 
+def act_group(qtype: int) -> int:
+    """Activation blocks of 32 that share one scale for a weight type: 8 for the 256-element super-block types
+    (ggml's Q8_K activations), else 1 (Q8_0's)."""
+    return act_block(qtype) // QB
+
+
 @njit(cache=True)
-def quantize_acts(x, buf):
-    """Quantise the rows of x [T, K] into buf (layout above); the twin is ref.quantize_act_q8. Whole blocks of
-    32 in two 16-lane vectors where the row is stride-1 and K a multiple of 32, else element by element."""
+def quantize_acts(x, buf, sg):
+    """Quantise the rows of x [T, K] into buf (layout above), one scale per `sg` blocks of 32 (1 or 8, K a
+    multiple of 32·sg; every block of the group records the group's scale); the twin is ref.quantize_act_q8.
+    Whole blocks of 32 in two 16-lane vectors where the row is stride-1 and K a multiple of 32, else element by
+    element."""
     T, K = x.shape
     nb = -(-K // QB)
     Kp = nb * QB
@@ -528,52 +540,54 @@ def quantize_acts(x, buf):
     vec = K % QB == 0 and x.strides[1] == 4
     pq = buf.ctypes.data
     for t in range(T):
-        for b in range(nb):
-            k0 = b * QB
-            if vec:
-                px = x.ctypes.data + t * x.strides[0] + 4 * k0
-                v0 = ld_f32(px)
-                v1 = ld_f32(px + 64)
-                amax = hmax_f(max_f(abs_f(v0), abs_f(v1)))
-            else:
-                amax = np.float32(0.0)
-                for k in range(k0, min(k0 + QB, K)):
-                    amax = max(amax, abs(x[t, k]))
+        px0 = x.ctypes.data + t * x.strides[0]
+        for b0 in range(0, nb, sg):
+            b1 = min(b0 + sg, nb)
+            amax = np.float32(0.0)
+            for b in range(b0, b1):
+                k0 = b * QB
+                if vec:
+                    amax = max(amax, hmax_f(max_f(abs_f(ld_f32(px0 + 4 * k0)), abs_f(ld_f32(px0 + 4 * k0 + 64)))))
+                else:
+                    for k in range(k0, min(k0 + QB, K)):
+                        amax = max(amax, abs(x[t, k]))
             d = amax / np.float32(127.0)
             inv = np.float32(1.0) / d if d > np.float32(0.0) else np.float32(0.0)
-            if vec:
-                q0 = rint_i(mul_f(v0, splat_f(inv)))
-                q1 = rint_i(mul_f(v1, splat_f(inv)))
-                st_i8(pq + t * Kp + k0, q0)
-                st_i8(pq + t * Kp + k0 + 16, q1)
-                s0 = hsum_i(q0)
-                s1 = hsum_i(q1)
-            else:
-                s0 = 0
-                s1 = 0
-                for k in range(k0, k0 + QB):
-                    v = np.int32(np.rint(x[t, k] * inv)) if k < K else np.int32(0)
-                    xq[t, k] = v
-                    if k < k0 + 16:
-                        s0 += v
-                    else:
-                        s1 += v
-            xd[t, b] = d
-            sx[t, b] = s0 + s1
-            xs[t, b] = d * np.float32(s0 + s1)
-            sh[t, b, 0] = s0
-            sh[t, b, 1] = s1
+            for b in range(b0, b1):
+                k0 = b * QB
+                if vec:
+                    q0 = rint_i(mul_f(ld_f32(px0 + 4 * k0), splat_f(inv)))
+                    q1 = rint_i(mul_f(ld_f32(px0 + 4 * k0 + 64), splat_f(inv)))
+                    st_i8(pq + t * Kp + k0, q0)
+                    st_i8(pq + t * Kp + k0 + 16, q1)
+                    s0 = hsum_i(q0)
+                    s1 = hsum_i(q1)
+                else:
+                    s0 = 0
+                    s1 = 0
+                    for k in range(k0, k0 + QB):
+                        v = np.int32(np.rint(x[t, k] * inv)) if k < K else np.int32(0)
+                        xq[t, k] = v
+                        if k < k0 + 16:
+                            s0 += v
+                        else:
+                            s1 += v
+                xd[t, b] = d
+                sx[t, b] = s0 + s1
+                xs[t, b] = d * np.float32(s0 + s1)
+                sh[t, b, 0] = s0
+                sh[t, b, 1] = s1
 
 
 @njit(cache=True)
-def quantize_groups(x, offs, buf):
+def quantize_groups(x, offs, buf, sg):
     """quantize_acts of each row group x[offs[g]:offs[g+1]] into its own region of buf, group after group (the
     region of group g starts at act_bytes(offs[g], K))."""
     K = x.shape[1]
     per_row = -(-K // QB) * (QB + ACT_EXTRA)
     for g in range(offs.shape[0] - 1):
         a, b = offs[g], offs[g + 1]
-        quantize_acts(x[a:b], buf[a * per_row : b * per_row])
+        quantize_acts(x[a:b], buf[a * per_row : b * per_row], sg)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -736,6 +750,47 @@ def _grid_dot(kind, pi, ps, ph, g, nb, b, j, xa):
     return aA, aB
 
 
+GRID_TILE_ROWS = 3  # from this many rows the grid types decode a tile's magnitudes once for all its rows
+_DEC = 8 * 64  # decoded bytes per block and 16 features: 8 quads of 16 lanes × 4 magnitudes
+
+
+@njit(cache=True)
+def _grid_decode(kind, pi, ph, g, nb, j, pd):
+    """The magnitudes of group j's 16 features for every block, as _grid_dot's gathers read them: quad r of
+    block b (elements 4r..4r + 3) at pd + b·_DEC + 64 r."""
+    inline_here()
+    base = _grid(kind)
+    for b in range(nb):
+        o = pd + b * _DEC
+        if kind == IQ3_XXS or kind == IQ3_S:
+            for r in range(8):
+                st_i32(o + 64 * r, gather_u32(base, _gidx(kind, pi, ph, g, nb, b, j, 8, r), 4, 0))
+        else:
+            for gl in range(4):
+                ix = _gidx(kind, pi, ph, g, nb, b, j, 4, gl)
+                st_i32(o + 128 * gl, gather_u32(base, ix, 8, 0))
+                st_i32(o + 128 * gl + 64, gather_u32(base, ix, 8, 4))
+
+
+@njit(cache=True)
+def _grid_blk(kind, ps, p2, g, nb, b, j, xa, pd):
+    """_iblk's integer sum for the grid types from magnitudes decoded by _grid_decode: exactly the gathering
+    path's integers, so the same bits."""
+    inline_here()
+    sw = ld_i32(ps + ((g * nb + b) * NT + 16 * j) * 4)
+    o = pd + b * _DEC
+    aA = zero_i()
+    aB = zero_i()
+    for r in range(0, 8, 2):
+        x0 = neg_bytes(bc_i32(xa + 4 * r), sw, r)
+        x1 = neg_bytes(bc_i32(xa + 4 * r + 4), sw, r + 1)
+        if r < 4:
+            aA = dot8(aA, ld_i32(o + 64 * r), x0, ld_i32(o + 64 * r + 64), x1)
+        else:
+            aB = dot8(aB, ld_i32(o + 64 * r), x0, ld_i32(o + 64 * r + 64), x1)
+    return _grid_int(kind, p2, g, nb, b, j, aA, aB)
+
+
 @njit(cache=True)
 def _iq1m(p0, p1, p2, g, nb, b, j, xa, sA, sB):
     """sc_A·tot_A + sc_B·tot_B for IQ1_M's block, tot_h = 8 Σ g·x̂ + Σ_l σ_l s_l over the half's two groups of 8
@@ -809,9 +864,9 @@ def _q6(p0, ph, g, nb, b, j, xa):
 
 
 @njit(cache=True)
-def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
+def _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd, sx, xs, y):
     """y + the contribution of block b to the 16 features of group j (fields p0.. in the type's order) for one
-    row (its quantised block at xa, scale xd, Σq sx, half sums sA, sB, xd·Σq xs)."""
+    row of a 32-element-block type (its quantised block at xa, scale xd, Σq sx, xd·Σq xs)."""
     inline_here()
     dx = splat_f(xd)
     if kind == Q8_0:
@@ -825,28 +880,10 @@ def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
                 a = dpbusd(a, ld_i32(p0 + o + q * NT * 4), bc_i32(xa + 4 * q))
             a = sub_i(a, splat_i(128 * sx))
         return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
-    if kind == IQ1_M:
-        acc = _iq1m(p0, p1, p2, g, nb, b, j, xa, sA, sB)
-        return fma_f(cvt(acc), mul_f(mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), splat_f(np.float32(0.125))), y)
-    if kind == IQ1_S:
-        acc = _iq1s(p0, p1, g, nb, b, j, xa, sx)
-        return fma_f(cvt(acc), mul_f(mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), splat_f(np.float32(0.125))), y)
-    if kind >= IQ2_XXS:  # the grid types
-        aA, aB = _grid_dot(kind, p0, p1, p4, g, nb, b, j, xa)
-        if kind == IQ2_XS or kind == IQ2_S:  # 2s + 1 per half from the two nibbles
-            v = ld_u8(p2 + _b1off(g, nb, b, j))
-            one = splat_i(1)
-            acc = add_i(mul_i(or_i(bits_i(v, 0, 15, 1), one), aA), mul_i(or_i(bits_i(v, 4, 15, 1), one), aB))
-        else:
-            acc = mul_i(ld_u8(p2 + _b1off(g, nb, b, j)), add_i(aA, aB))
-        f = 0.125 if kind <= IQ2_S else (0.25 if kind == IQ3_XXS else 1.0)
-        return fma_f(cvt(acc), mul_f(mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), splat_f(np.float32(f))), y)
-    if kind == IQ4_NL or kind == IQ4_XS or kind == MXFP4:
+    if kind == IQ4_NL or kind == MXFP4:
         a = _lut_dot(kind, p0, g, nb, b, j, xa, sx)
         if kind == IQ4_NL:
             return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
-        if kind == IQ4_XS:
-            return fma_f(cvt(mul_i(ld_s8(p1 + _b1off(g, nb, b, j)), a)), mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), y)
         return fma_f(cvt(a), mul_f(e8m0_f(ld_u8(p1 + _b1off(g, nb, b, j))), dx), y)
     if kind == Q4_0 or kind == Q4_1:
         a = _nibbles(kind, p0, p0, g, nb, b, j, xa)
@@ -854,41 +891,91 @@ def _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd, sx, sA, sB, xs, y):
             return fma_f(cvt(sub_i(a, splat_i(8 * sx))), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
         y = fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
         return fma_f(ld_h2f(p2 + _hoff(g, nb, b, j)), splat_f(xs), y)
-    if kind == Q5_0 or kind == Q5_1:
-        a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
-        if kind == Q5_0:
-            return fma_f(cvt(sub_i(a, splat_i(16 * sx))), mul_f(ld_h2f(p2 + _hoff(g, nb, b, j)), dx), y)
-        y = fma_f(cvt(a), mul_f(ld_h2f(p2 + _hoff(g, nb, b, j)), dx), y)
-        return fma_f(ld_h2f(p3 + _hoff(g, nb, b, j)), splat_f(xs), y)
+    # Q5_0, Q5_1
+    a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
+    if kind == Q5_0:
+        return fma_f(cvt(sub_i(a, splat_i(16 * sx))), mul_f(ld_h2f(p2 + _hoff(g, nb, b, j)), dx), y)
+    y = fma_f(cvt(a), mul_f(ld_h2f(p2 + _hoff(g, nb, b, j)), dx), y)
+    return fma_f(ld_h2f(p3 + _hoff(g, nb, b, j)), splat_f(xs), y)
+
+
+@njit(cache=True)
+def _super(kind):
+    """Whether the kind has 256-element super-blocks (its activations share one scale per 256: ggml's Q8_K)."""
+    inline_here()
+    return (kind >= Q4_K and kind <= Q3_K) or kind == IQ4_XS or kind >= IQ2_XXS
+
+
+@njit(cache=True)
+def _grid_int(kind, p2, g, nb, b, j, aA, aB):
+    """The grid types' integer block sum: sc·(a_A + a_B), or sc_A·a_A + sc_B·a_B (IQ2_XS, IQ2_S: 2s + 1 per
+    half from the byte's two nibbles)."""
+    inline_here()
+    v = ld_u8(p2 + _b1off(g, nb, b, j))
+    if kind == IQ2_XS or kind == IQ2_S:
+        one = splat_i(1)
+        return add_i(mul_i(or_i(bits_i(v, 0, 15, 1), one), aA), mul_i(or_i(bits_i(v, 4, 15, 1), one), aB))
+    return mul_i(v, add_i(aA, aB))
+
+
+@njit(cache=True)
+def _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx, sA, sB, acc, macc):
+    """Block b of a super-block kind for one row, in integers: acc + the block's scaled sum, macc + its
+    scaled min term (Q4_K, Q5_K, Q2_K); exact in int32 over a super-block's 8 blocks."""
+    inline_here()
     if kind == Q4_K or kind == Q5_K:
         if kind == Q4_K:
             a = _nibbles(kind, p0, p0, g, nb, b, j, xa)
-            ps, pd, pm = p1, p2, p3
+            ps = p1
         else:
             a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
-            ps, pd, pm = p2, p3, p4
+            ps = p2
         sc = ld_u8(ps + _b2off(g, nb, b, 0, j))
         mn = ld_u8(ps + _b2off(g, nb, b, 1, j))
-        y = fma_f(cvt(mul_i(sc, a)), mul_f(ld_h2f(pd + _hsoff(g, nb, b, j)), dx), y)
-        return fma_f(cvt(mul_i(mn, splat_i(-sx))), mul_f(ld_h2f(pm + _hsoff(g, nb, b, j)), dx), y)
-    if kind == Q6_K:
-        aA, aB = _q6(p0, p1, g, nb, b, j, xa)
-        acc = add_i(mul_i(ld_s8(p2 + _b2off(g, nb, b, 0, j)), sub_i(aA, splat_i(32 * sA))),
-                    mul_i(ld_s8(p2 + _b2off(g, nb, b, 1, j)), sub_i(aB, splat_i(32 * sB))))
-        return fma_f(cvt(acc), mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), y)
-    if kind == Q3_K:
-        aA, aB = _halves2(kind, p0, p1, g, nb, b, j, xa)
-        acc = add_i(mul_i(ld_s8(p2 + _b2off(g, nb, b, 0, j)), sub_i(aA, splat_i(4 * sA))),
-                    mul_i(ld_s8(p2 + _b2off(g, nb, b, 1, j)), sub_i(aB, splat_i(4 * sB))))
-        return fma_f(cvt(acc), mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), y)
-    # Q2_K: scale in the low nibble of each byte, min in the high nibble
-    aA, aB = _halves2(kind, p0, p0, g, nb, b, j, xa)
-    vA = ld_u8(p1 + _b2off(g, nb, b, 0, j))
-    vB = ld_u8(p1 + _b2off(g, nb, b, 1, j))
-    acc = add_i(mul_i(bits_i(vA, 0, 15, 0), aA), mul_i(bits_i(vB, 0, 15, 0), aB))
-    macc = add_i(mul_i(bits_i(vA, 4, 15, 0), splat_i(sA)), mul_i(bits_i(vB, 4, 15, 0), splat_i(sB)))
-    y = fma_f(cvt(acc), mul_f(ld_h2f(p2 + _hsoff(g, nb, b, j)), dx), y)
-    return fma_f(cvt(neg_i(macc)), mul_f(ld_h2f(p3 + _hsoff(g, nb, b, j)), dx), y)
+        return add_i(acc, mul_i(sc, a)), add_i(macc, mul_i(mn, splat_i(sx)))
+    if kind == Q6_K or kind == Q3_K:
+        if kind == Q6_K:
+            aA, aB = _q6(p0, p1, g, nb, b, j, xa)
+            c = 32
+        else:
+            aA, aB = _halves2(kind, p0, p1, g, nb, b, j, xa)
+            c = 4
+        t = add_i(mul_i(ld_s8(p2 + _b2off(g, nb, b, 0, j)), sub_i(aA, splat_i(c * sA))),
+                  mul_i(ld_s8(p2 + _b2off(g, nb, b, 1, j)), sub_i(aB, splat_i(c * sB))))
+        return add_i(acc, t), macc
+    if kind == Q2_K:  # scale in the low nibble of each byte, min in the high nibble
+        aA, aB = _halves2(kind, p0, p0, g, nb, b, j, xa)
+        vA = ld_u8(p1 + _b2off(g, nb, b, 0, j))
+        vB = ld_u8(p1 + _b2off(g, nb, b, 1, j))
+        acc = add_i(acc, add_i(mul_i(bits_i(vA, 0, 15, 0), aA), mul_i(bits_i(vB, 0, 15, 0), aB)))
+        return acc, add_i(macc, add_i(mul_i(bits_i(vA, 4, 15, 0), splat_i(sA)),
+                                       mul_i(bits_i(vB, 4, 15, 0), splat_i(sB))))
+    if kind == IQ4_XS:
+        return add_i(acc, mul_i(ld_s8(p1 + _b1off(g, nb, b, j)), _lut_dot(kind, p0, g, nb, b, j, xa, sx))), macc
+    if kind == IQ1_S:
+        return add_i(acc, _iq1s(p0, p1, g, nb, b, j, xa, sx)), macc
+    if kind == IQ1_M:
+        return add_i(acc, _iq1m(p0, p1, p2, g, nb, b, j, xa, sA, sB)), macc
+    aA, aB = _grid_dot(kind, p0, p1, p4, g, nb, b, j, xa)
+    return add_i(acc, _grid_int(kind, p2, g, nb, b, j, aA, aB)), macc
+
+
+@njit(cache=True)
+def _sfin(kind, p1, p2, p3, p4, g, nb, b, j, acc, macc, xd, y):
+    """y + a super-block's integer sums (_iblk over its 8 blocks, b its first) times D·dx (and −macc·M·dx):
+    one rounding of each sum, the float chain over super-blocks fixed per (row, feature)."""
+    inline_here()
+    dx = splat_f(xd)
+    pd = p2 if kind == Q4_K or kind == Q2_K or kind == IQ4_XS or kind == IQ1_S else p3  # the field d
+    d = mul_f(ld_h2f(pd + _hsoff(g, nb, b, j)), dx)
+    if kind >= IQ2_XXS:  # ggml's (0.5 + s)·c factors: 1/8 (IQ2_*, IQ1_*), 1/4 (IQ3_XXS), 1 (IQ3_S)
+        f = 0.25 if kind == IQ3_XXS else (1.0 if kind == IQ3_S else 0.125)
+        d = mul_f(d, splat_f(np.float32(f)))
+    y = fma_f(cvt(acc), d, y)
+    if kind == Q4_K or kind == Q2_K or kind == Q5_K:
+        pm = p4 if kind == Q5_K else p3
+        y = fma_f(cvt(neg_i(macc)), mul_f(ld_h2f(pm + _hsoff(g, nb, b, j)), dx), y)
+    return y
 
 
 @njit(cache=True, inline="always")
@@ -912,6 +999,25 @@ def _drive(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N):
     xs = carray(_pf32(o + 8 * T * nb), (T, nb))
     sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
     out = carray(_pf32(pout), (T, N))
+    if _super(kind):
+        dec = kind >= IQ2_XXS and kind <= IQ3_S and T >= GRID_TILE_ROWS
+        # the grid types' magnitudes decoded once per group of 16 features for all rows (the gathers are most
+        # of a grid block's cost)
+        scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
+        pd = scratch.ctypes.data
+        for g in range(g0, g1):
+            for j in range(4):
+                n0 = g * NT + 16 * j
+                if n0 >= N:
+                    break
+                if dec:
+                    _grid_decode(kind, p0, p4, g, nb, j, pd)
+                    _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
+                                pd, True)
+                else:
+                    _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
+                                pd, False)
+        return
     for g in range(g0, g1):
         for j in range(4):
             n0 = g * NT + 16 * j
@@ -922,19 +1028,56 @@ def _drive(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N):
                 u = t + 1
                 for b in range(nb):
                     xa = pxp + t * Kp + b * QB
-                    y = _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, xd[t, b], sx[t, b], sh[t, b, 0],
-                             sh[t, b, 1], xs[t, b], y)
-                    z = _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], sh[u, b, 0],
-                             sh[u, b, 1], xs[u, b], z)
+                    y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd[t, b], sx[t, b], xs[t, b], y)
+                    z = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], xs[u, b], z)
                 _put(pout, out, t, N, n0, y)
                 _put(pout, out, u, N, n0, z)
             if T % 2 == 1:  # the last row alone
                 t = T - 1
                 y = zero_f()
                 for b in range(nb):
-                    y = _blk(kind, p0, p1, p2, p3, p4, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
-                             sh[t, b, 0], sh[t, b, 1], xs[t, b], y)
+                    y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
+                             xs[t, b], y)
                 _put(pout, out, t, N, n0, y)
+
+
+@njit(cache=True, inline="always")
+def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec):
+    """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
+    its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode)."""
+    for t in range(0, T - 1, 2):
+        y = z = zero_f()
+        u = t + 1
+        for s in range(0, nb, SB):
+            a1 = m1 = a2 = m2 = zero_i()
+            for b in range(s, s + SB):
+                xa = pxp + t * Kp + b * QB
+                if dec:
+                    a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
+                    a2 = add_i(a2, _grid_blk(kind, p1, p2, g, nb, b, j, xa + Kp, pd))
+                else:
+                    a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[t, b], sh[t, b, 0], sh[t, b, 1],
+                                   a1, m1)
+                    a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa + Kp, sx[u, b], sh[u, b, 0],
+                                   sh[u, b, 1], a2, m2)
+            y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[t, s], y)
+            z = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a2, m2, xd[u, s], z)
+        _put(pout, out, t, N, n0, y)
+        _put(pout, out, u, N, n0, z)
+    if T % 2 == 1:  # the last row alone
+        t = T - 1
+        y = zero_f()
+        for s in range(0, nb, SB):
+            a1 = m1 = zero_i()
+            for b in range(s, s + SB):
+                xa = pxp + t * Kp + b * QB
+                if dec:
+                    a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
+                else:
+                    a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[t, b], sh[t, b, 0], sh[t, b, 1],
+                                   a1, m1)
+            y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[t, s], y)
+        _put(pout, out, t, N, n0, y)
 
 
 # C entry points (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp, g0, g1, out, N)

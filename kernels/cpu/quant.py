@@ -424,7 +424,7 @@ def experts_matmul(ws: list, eids: np.ndarray, offs: np.ndarray, x: np.ndarray, 
         x = np.ascontiguousarray(x, dtype=np.float32)
     buf = np.empty(qdot.act_bytes(x.shape[0], t.n_cols), np.uint8)
     offs = np.ascontiguousarray(offs, np.int64)
-    qdot.quantize_groups(x, offs, buf)
+    qdot.quantize_groups(x, offs, buf, qdot.act_group(t.ws[0].qtype))
     _launch_experts(t.addr, t.dims, np.ascontiguousarray(eids, np.int64), offs, buf, out, _N_CHUNKS)
 
 
@@ -443,7 +443,8 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
     if w.numerics == "i8":  # every T: the integer kernels share each decoded weight group among the rows
         fn = _KADDR.get(w.kind + _I8) or _kernel_address(w.kind + _I8)
         buf = np.empty(qdot.act_bytes(T, w.n_cols), np.uint8)
-        qdot.quantize_acts(x, buf)  # called from here: a kernel compiled into _launch_i8 would cache with it
+        # called from here: a kernel compiled into _launch_i8 would cache with it
+        qdot.quantize_acts(x, buf, qdot.act_group(w.qtype))
         dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
         _launch_i8(fn, *w.flat, w.dims, T, buf, dst, _N_CHUNKS)
         if dst is not out:

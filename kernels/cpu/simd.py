@@ -92,15 +92,21 @@ def ld_f32(typingctx, addr):
     return _simple(F32(types.int64), lambda b, a: b.load(_at(b, a[0], _VF), align=4))(typingctx, addr)
 
 
+def _store(b, a):
+    b.store(a[1], _at(b, a[0], a[1].type), align=4)
+    return ir.Constant(ir.IntType(8), 0)
+
+
 @intrinsic
 def st_f32(typingctx, addr, v):
     """Store all 16 lanes at addr."""
+    return _simple(types.uint8(types.int64, F32), _store)(typingctx, addr, v)
 
-    def body(b, a):
-        b.store(a[1], _at(b, a[0], _VF), align=4)
-        return ir.Constant(ir.IntType(8), 0)
 
-    return _simple(types.uint8(types.int64, F32), body)(typingctx, addr, v)
+@intrinsic
+def st_i32(typingctx, addr, v):
+    """Store all 16 i32 lanes at addr."""
+    return _simple(types.uint8(types.int64, I32), _store)(typingctx, addr, v)
 
 
 @intrinsic

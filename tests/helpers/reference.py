@@ -12,6 +12,7 @@ from gguf.quants import dequantize
 
 from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
+from guild.kernels.blocks import act_block
 from guild.kernels.cpu.quant import numerics_for
 
 
@@ -23,7 +24,7 @@ def _w(g: GGUFFile, name: str) -> np.ndarray:
 def _act(g: GGUFFile, name: str, h: np.ndarray) -> np.ndarray:
     """h as the kernels see it when multiplying by tensor `name`."""
     if numerics_for(g.tensors[name].qtype) == "i8":
-        return ref.quantize_act_q8(np.asarray(h, np.float32))
+        return ref.quantize_act_q8(np.asarray(h, np.float32), act_block(g.tensors[name].qtype))
     return np.asarray(h, np.float64)
 
 
@@ -49,9 +50,11 @@ def _layer(g: GGUFFile, p: str, x: np.ndarray, c: dict, cos, sin) -> np.ndarray:
     h = ref.rmsnorm(x, _w(g, p + "ffn_norm.weight"), eps)
     if p + "ffn_gate_inp.weight" in g.tensors:
         q8 = numerics_for(g.tensors[p + "ffn_down_exps.weight"].qtype) == "i8"
+        acts = (act_block(g.tensors[p + "ffn_gate_exps.weight"].qtype),
+                act_block(g.tensors[p + "ffn_down_exps.weight"].qtype)) if q8 else None
         ffn = ref.moe_ffn(
             h, _w(g, p + "ffn_gate_inp.weight"), _w(g, p + "ffn_gate_exps.weight"),
-            _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), c["k_used"], True, q8act=q8,
+            _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), c["k_used"], True, acts=acts,
         )
     else:
         a_ = ref.silu_mul(_mm(g, p + "ffn_gate.weight", h), _mm(g, p + "ffn_up.weight", h))

@@ -11,6 +11,7 @@ import numpy as np
 
 from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
+from guild.kernels.blocks import act_block
 from guild.kernels.cpu.quant import numerics_for
 
 from .reference import _act, _mm, _w  # dequantised float64 weights and products, shared with the llama reference
@@ -80,8 +81,10 @@ def reference_hybrid_forward(path: str, tokens) -> np.ndarray:
         x = x + mix
         h = ref.rmsnorm(x, _w(g, p + "post_attention_norm.weight"), eps).astype(np.float64)
         q8 = numerics_for(g.tensors[p + "ffn_down_exps.weight"].qtype) == "i8"
+        acts = (act_block(g.tensors[p + "ffn_gate_exps.weight"].qtype),
+                act_block(g.tensors[p + "ffn_down_exps.weight"].qtype)) if q8 else None
         moe = ref.moe_ffn(h, _w(g, p + "ffn_gate_inp.weight"), _w(g, p + "ffn_gate_exps.weight"),
-                          _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), k_used, True, q8act=q8)
+                          _w(g, p + "ffn_up_exps.weight"), _w(g, p + "ffn_down_exps.weight"), k_used, True, acts=acts)
         act = ref.silu_mul(_mm(g, p + "ffn_gate_shexp.weight", h), _mm(g, p + "ffn_up_shexp.weight", h))
         shared = _mm(g, p + "ffn_down_shexp.weight", act)
         gate = _act(g, p + "ffn_gate_inp_shexp.weight", h) @ _w(g, p + "ffn_gate_inp_shexp.weight").reshape(1, dim).T

@@ -6,6 +6,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 from guild.kernels import ref
+from guild.kernels.blocks import act_block
 from guild.kernels.cpu.moe import moe_ffn, route_groups
 from guild.kernels.cpu.quant import dequantize, pack
 
@@ -35,7 +36,8 @@ def test_moe_matches_twin(experts, k, renorm):
     h = np.random.default_rng(1).standard_normal((8, D)).astype(np.float32)
     out = np.empty_like(h)
     n = moe_ffn(h, r, gu, dn, k, renorm, out)
-    want = ref.moe_ffn(h, *dense, k, renorm, q8act=gu[0].numerics == "i8")
+    acts = (act_block(gu[0].qtype), act_block(dn[0].qtype)) if gu[0].numerics == "i8" else None
+    want = ref.moe_ffn(h, *dense, k, renorm, acts=acts)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     ids, _ = ref.softmax_topk(h @ dense[0].T, k, renorm)
     assert n == np.unique(ids).size

@@ -22,7 +22,7 @@ from gguf import quants
 from numba import njit
 
 from guild.kernels import ref_quant
-from guild.kernels.blocks import BLOCK, KVALUES_IQ4NL
+from guild.kernels.blocks import BLOCK, KVALUES_IQ4NL, act_block
 from guild.kernels.cpu import qdot, simd
 from guild.kernels.cpu import quant as kq
 
@@ -70,8 +70,8 @@ def test_matmul_matches_twin(qt, n, k):
         if T > 1:
             x[1, :32] = 0.0  # a block of zeros: scale 0
         got = _mm(w, x).astype(np.float64)
-        ref = ref_quant.matmul_ref(W, x, q8act=True).astype(np.float64)
-        bound = TOL * (np.abs(ref_quant.quantize_act_q8(x)) @ np.abs(W).T) + 1e-30
+        ref = ref_quant.matmul_ref(W, x, act_block(qt)).astype(np.float64)
+        bound = TOL * (np.abs(ref_quant.quantize_act_q8(x, act_block(qt))) @ np.abs(W).T) + 1e-30
         err = np.abs(got - ref)
         assert np.all(err <= bound), f"T={T}: worst {np.max(err / bound):.3g} x tolerance"
 

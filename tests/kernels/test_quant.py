@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from guild.kernels import ref_quant
+from guild.kernels.blocks import act_block
 from guild.kernels.cpu import quant as kq
 
 OLD = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
@@ -59,11 +60,11 @@ def _packed(qt, n=N_TEST, k=K_TEST, seed=0):
 
 def _ref(w, W, x):
     """The twin of matmul(w, x) for dequantised W: the activations quantised as w's numerics do."""
-    return ref_quant.matmul_ref(W, x, q8act=w.numerics == "i8")
+    return ref_quant.matmul_ref(W, x, act_block(w.qtype) if w.numerics == "i8" else None)
 
 
 def _absx(w, x):
-    return np.abs(ref_quant.quantize_act_q8(x) if w.numerics == "i8" else x.astype(np.float64))
+    return np.abs(ref_quant.quantize_act_q8(x, act_block(w.qtype)) if w.numerics == "i8" else x.astype(np.float64))
 
 
 def _mm(w, x):
