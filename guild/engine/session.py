@@ -111,19 +111,33 @@ class GuildSession:
     def prefill(self, tokens: Sequence[int], drafter: Drafter | None = None) -> np.ndarray:
         """Append tokens and feed everything not yet in the cache, in chunks of up to prefill_batch rows; a
         drafter that follows the rows gets them. Returns the last row's logits [vocab]."""
+        self.append(tokens)
+        return self.feed(drafter)
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the conversation without feeding them (`feed` does)."""
         new = [int(t) for t in tokens]
-        pending = self.tokens[self.state.pos :] + new
+        pending = len(self.tokens) - self.state.pos + len(new)
         if not pending:
             raise GuildError("empty prompt")
-        if self.state.pos + len(pending) >= self.n_ctx:
+        if self.state.pos + pending >= self.n_ctx:
             raise ContextOverflowError(
-                f"prompt of {len(pending)} tokens does not fit the context of {self.n_ctx} tokens "
+                f"prompt of {pending} tokens does not fit the context of {self.n_ctx} tokens "
                 f"({self.state.pos} already used; at least one generated token must fit)", self.n_ctx
             )
         self.tokens += new
-        arr = np.asarray(pending, np.int64)
+
+    def feed(self, drafter: Drafter | None = None, max_chunks: int | None = None) -> np.ndarray | None:
+        """Feed the tokens not yet in the cache, at most max_chunks chunks of prefill_batch rows (chunked as one
+        whole prefill would be, so the rows are the same bits). Returns the last row's logits once every token
+        is in, else None."""
+        arr = np.asarray(self.tokens[self.state.pos :], np.int64)
+        if not arr.size:
+            raise GuildError("empty prompt")
         logits = None
-        for s in range(0, arr.size, self.prefill_batch):
+        for i, s in enumerate(range(0, arr.size, self.prefill_batch)):
+            if max_chunks is not None and i == max_chunks:
+                return None
             chunk = arr[s : s + self.prefill_batch]
             pos0 = self.state.pos
             res = self.model.forward_batch([(chunk, self.state)], last_only=True)[0]
@@ -170,7 +184,8 @@ class Generation:
 
     def __init__(self, session: GuildSession, prompt: Sequence[int], max_tokens: int, on_token=None,
                  sampling: SamplingParams = GREEDY, drafter: Drafter | None = None, max_draft: int = 4,
-                 strategy: str | None = None, constraint: Constraint | None = None, logprobs: int | None = None):
+                 strategy: str | None = None, constraint: Constraint | None = None, logprobs: int | None = None,
+                 chunked: bool = False):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if not 0 <= max_draft <= MAX_DRAFT:
@@ -183,19 +198,33 @@ class Generation:
         self.verifier = Verifier(sampling, session.eos_ids, constraint, logprobs)
         self.logprobs: list[TokenLogprob] = []
         self.st = GenerationStats(prompt_tokens=len(prompt))
-        t0 = time.perf_counter()
-        prompt_start = len(session.tokens)
-        logits = session.prefill(prompt, self.drafter)
-        self.drafter.start(session.tokens, prompt_start)  # indexes the prompt: counted as prefill
-        self.st.prefill_s = time.perf_counter() - t0
         self.out: list[int] = []
+        self._pending: tuple | None = None
+        self._prompt_start = len(session.tokens)
+        session.append(prompt)
+        self.prefilling = True
+        if not chunked:
+            self.prefill_chunk(None)
+
+    def prefill_chunk(self, max_chunks: int | None = 1) -> bool:
+        """Feed up to max_chunks prefill chunks (None: all); once the prompt is in, draw the first token.
+        Returns whether the prefill is complete. A server interleaves these with other sessions' rounds."""
+        s = self.s
+        t0 = time.perf_counter()
+        logits = s.feed(self.drafter, max_chunks)
+        if logits is not None:
+            self.drafter.start(s.tokens, self._prompt_start)  # indexes the prompt: counted as prefill
+        self.st.prefill_s += time.perf_counter() - t0
+        if logits is None:
+            return False
+        self.prefilling = False
         self.t0 = time.perf_counter()
-        first, lp = self.verifier.draw(logits, session.tokens, len(session.tokens))
+        first, lp = self.verifier.draw(logits, s.tokens, len(s.tokens))
         if lp is not None:
             self.logprobs.append(lp)
         self.drafter.observe_logits(logits)
         self.st.stop_reason = "stop" if self._emit(first) else self._stop_reason(first)
-        self._pending: tuple | None = None
+        return True
 
     @property
     def done(self) -> bool:

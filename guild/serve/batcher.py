@@ -1,7 +1,8 @@
 """Continuous batching for `guild serve`: one thread owns the model; each round, every active request proposes
 its window (its own strategy, drafter, scheduler state and sampling) and one batched forward within the
 kernels' row-invariant size serves them all (`run_round`), so each request's tokens equal its solo run's.
-Requests join (prefill) and leave between rounds. Finished sessions stay in a bounded pool for prefix reuse.
+Requests join between rounds and prefill one chunk per round, so a long prompt never stalls the others' tokens
+for its whole prefill; they leave between rounds. Finished sessions stay in a bounded pool for prefix reuse.
 
 No HTTP and no asyncio here: requests come in through `submit`, results go out through each job's `emit`."""
 
@@ -69,6 +70,7 @@ class Job:
     gen: Generation | None = None
     stream: TextStream | None = None
     reused: int = 0
+    prefill_start: int = 0  # the cache row its prefill began at
     ttft_s: float = 0.0
     lp_sent: int = 0  # log-probabilities already handed to emit
 
@@ -243,7 +245,7 @@ class BatchEngine:
         for job in [j for j in self._active if j.cancelled]:
             self.metrics.inc("guild_cancelled_total")
             self._leave(job)
-        gens = [j.gen for j in self._active if not j.gen.done]
+        gens = [j.gen for j in self._active if not j.gen.done and not j.gen.prefilling]
         if gens:
             t = time.perf_counter()
             n0 = sum(len(g.out) for g in gens)
@@ -258,6 +260,7 @@ class BatchEngine:
             self.metrics.inc("guild_round_requests_total", len(gens))
             self.metrics.set("guild_batch_size", len(gens))
             self.metrics.set("guild_decode_tokens_per_second", (sum(len(g.out) for g in gens) - n0) / dt)
+        self._prefill_chunk()
         for job in self._active:
             self._send_logprobs(job)
         for job in [j for j in self._active if j.gen.done]:
@@ -273,17 +276,31 @@ class BatchEngine:
             job.emit("error", str(exc))
             return False
         job.entry, job.reused = e, n
-        start = e.session.state.pos
+        job.prefill_start = e.session.state.pos
         job.stream = TextStream(self.tok, lambda s: job.emit("text", s), job.stop)
         try:
             job.gen = Generation(e.session, job.prompt[n:], job.max_tokens, job.stream.push, job.sampling,
-                                 e.drafter, job.max_draft, job.strategy, job.constraint, job.logprobs)
+                                 e.drafter, job.max_draft, job.strategy, job.constraint, job.logprobs,
+                                 chunked=True)
         except Exception as exc:  # noqa: BLE001
             self._fail(job, exc)
             return False
-        job.ttft_s = time.perf_counter() - job.t_submit
-        self.pool.prefilled(e, start)
         return True
+
+    def _prefill_chunk(self) -> None:
+        """One prefill chunk of the oldest request still prefilling: a long prompt delays the others' rounds by
+        one chunk at a time, never by its whole prefill."""
+        job = next((j for j in self._active if j.gen.prefilling), None)
+        if job is None:
+            return
+        try:
+            if not job.gen.prefill_chunk():
+                return
+        except Exception as exc:  # noqa: BLE001 - a failed prefill fails its request, not the server
+            self._fail(job, exc)
+            return
+        job.ttft_s = time.perf_counter() - job.t_submit
+        self.pool.prefilled(job.entry, job.prefill_start)
 
     def _done(self, job: Job) -> None:
         out, st = job.gen.result()

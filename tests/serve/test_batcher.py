@@ -181,3 +181,42 @@ def test_hybrid_reuse_reports_the_rows_really_kept(batch, tmp_path):
     held = pool.entries[0].session.tokens
     n, _ = serve(held + [6, 5])  # continues the whole conversation: every row the state holds
     assert n == (len(held) - 1 if batch == 32 else 0)
+
+
+def test_long_prompt_prefills_between_the_others_rounds(lm):
+    """A long prompt is fed one chunk per round: a request already decoding gets tokens while it prefills, and
+    both replies are the tokens each request gets alone."""
+    long_prompt = _ids(lm, DOC * 3 + "Question: what is it devoted to?")
+    short = _ids(lm, "Hello, how are")
+    e = _engine(lm, prefill_batch=16)
+    try:
+        solo_long, solo_short = _run(e, long_prompt, 4, "normal"), _run(e, short, 24, "normal")
+    finally:
+        e.close()
+    e = _engine(lm, prefill_batch=16)
+    seen, done, out = [], threading.Event(), {}
+    jobs = {}
+
+    def emitter(name):
+        def emit(kind, payload):
+            if kind == "text":
+                other = jobs["long"].gen
+                seen.append(name == "short" and other is not None and other.prefilling)
+            elif kind in ("done", "error"):
+                out[name] = (kind, payload)
+                if len(out) == 2:
+                    done.set()
+        return emit
+
+    try:
+        jobs["short"] = Job(short, 24, SamplingParams(), "normal", 4, (), emitter("short"))
+        jobs["long"] = Job(long_prompt, 4, SamplingParams(), "normal", 4, (), emitter("long"))
+        e.submit(jobs["short"])
+        e.submit(jobs["long"])
+        assert done.wait(600)
+    finally:
+        e.close()
+    assert out["short"][0] == out["long"][0] == "done", out
+    assert len(long_prompt) > 6 * 16
+    assert sum(seen) >= 3  # the short request's text arrived during at least three of the long one's chunks
+    assert out["long"][1].tokens == solo_long.tokens and out["short"][1].tokens == solo_short.tokens
