@@ -40,10 +40,6 @@ class RopeScaling:
         if self.orig_ctx < 0:
             raise GuildError(f"rope.scaling.original_context_length must be > 0, got {self.orig_ctx}")
 
-    @property
-    def scaled(self) -> bool:
-        return self.type != "none" and self.factor != 1.0
-
     def describe(self) -> str:
         if self.type == "none":
             return "none"

@@ -34,7 +34,7 @@ class ModelArgs:
     rope_base: float = 10000.0
     rope_dim: int = 0  # rotated dims per head; 0 = head_dim
     rope_neox: bool = False  # rotate halves (NEOX) instead of adjacent pairs
-    rope_scaling: RopeScaling = NO_SCALING  # orig_ctx resolved (0 in the file: context_length)
+    rope_scaling: RopeScaling = NO_SCALING  # its orig_ctx 0 becomes context_length
     norm_eps: float = 1e-5
     qk_norm: bool = False
     n_experts: int = 0
@@ -52,6 +52,8 @@ class ModelArgs:
             raise GuildError(f"model {self.arch}: rope dimension_count {self.rope_dim} invalid for head_dim")
         if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
             raise GuildError(f"model {self.arch}: expert_used_count {self.n_experts_used} not in 1..expert_count")
+        if not self.rope_scaling.orig_ctx:  # llama.cpp's n_ctx_orig_yarn defaults to the trained context
+            object.__setattr__(self, "rope_scaling", replace(self.rope_scaling, orig_ctx=self.context_length))
 
     @property
     def is_moe(self) -> bool:
@@ -85,7 +87,7 @@ class ModelArgs:
             expert_ffn_dim=g.get(f"{a}.expert_feed_forward_length", int, 0),
             norm_topk_prob=bool(g.get(f"{a}.expert_weights_norm", int, 1)),
         )
-        kw["rope_scaling"] = rope_scaling_from_gguf(g, kw["context_length"])
+        kw["rope_scaling"] = rope_scaling_from_gguf(g)
         kw.update(overrides)
         return cls(**kw)
 
@@ -101,10 +103,10 @@ class ModelArgs:
         return max(self.context_length, round(s.orig_ctx * s.factor) if s.type != "none" else 0)
 
 
-def rope_scaling_from_gguf(g: GGUFFile, context_length: int) -> RopeScaling:
+def rope_scaling_from_gguf(g: GGUFFile) -> RopeScaling:
     """{arch}.rope.scaling.* as llama.cpp reads them: a factor of 0 (or none) means 1, the older
     rope.scale_linear key stands in for rope.scaling.factor, original_context_length 0 (or none) is the
-    context_length; the YaRN betas default to 32 and 1."""
+    context_length (ModelArgs fills it in); the YaRN betas default to 32 and 1."""
     a = g.architecture
     k = f"{a}.rope.scaling."
     factor = g.get(k + "factor", float, None)
@@ -113,7 +115,7 @@ def rope_scaling_from_gguf(g: GGUFFile, context_length: int) -> RopeScaling:
     ext = g.get(k + "yarn_ext_factor", float, -1.0)
     try:
         return RopeScaling(type=g.get(k + "type", str, "none") or "none", factor=factor if factor != 0 else 1.0,
-                           orig_ctx=g.get(k + "original_context_length", int, 0) or context_length,
+                           orig_ctx=g.get(k + "original_context_length", int, 0),
                            attn_factor=g.get(k + "attn_factor", float, 1.0),
                            beta_fast=g.get(k + "yarn_beta_fast", float, 32.0),
                            beta_slow=g.get(k + "yarn_beta_slow", float, 1.0),
