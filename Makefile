@@ -47,6 +47,11 @@ bench: setup
 	$(BIN)/python -m guild.tools.perf
 	$(BIN)/guild bench --workloads W2,W4,W7,W8,W9 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 1
 
+# bench-full's long-context W10: every size up to W10_MAX tokens (16,384 and 32,768 by default; W10_MAX=65472
+# W10_ROPE=8 adds the 65K one) on the embedded dense and MoE models, their 8,192 trained tokens stretched by YaRN
+W10_MAX ?= 32768
+W10_ROPE ?= 4
+
 bench-full: setup
 	$(BIN)/python -m guild.tools.perf --full
 	$(BIN)/python -m guild.tools.perf --spec
@@ -60,6 +65,9 @@ bench-full: setup
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
 	$(BIN)/python -m guild.tools.replay record --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 -o results/replay-trace.json
 	$(BIN)/python -m guild.tools.replay run results/replay-trace.json
+	for m in smollm2-135m smollm2-135m-moe; do \
+		$(BIN)/guild bench $$m --workloads W10 --strategies normal,adaptive -c $$(( $(W10_MAX) + 128 )) \
+			--rope-scaling yarn --rope-scale $(W10_ROPE) --out results/w10-long-$$m || exit 1; done
 
 # guild serve under 1/2/4/8 streaming clients (normal, adaptive; W2, W7), beside llama.cpp's server when
 # llama-cpp-python[server] is installed: aggregate and per-request tok/s, time to first token

@@ -3,6 +3,7 @@ CPU threads, device placement and MTP head → LoadedModel, which then hands out
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import numba
 
 from .calib.optimize import plan_for
+from .cli.options import RopeOptions
 from .engine.device import place_model, resolve_device
 from .engine.gpu import describe as describe_placement
 from .engine.session import GuildSession
@@ -28,6 +30,8 @@ from .speculative.registry import needs
 from .text.inputs import MAX_CORPUS_BYTES, read_text_file
 from .text.tokenizer import Tokenizer
 from .upcycle import resolve_model
+
+log = logging.getLogger(__name__)
 
 
 def set_threads(threads: int | None) -> int:
@@ -97,6 +101,20 @@ class LoadedModel:
         self.load_s += time.perf_counter() - t0
 
 
+def apply_rope(model, rope: RopeOptions, context: int) -> None:
+    """The --rope-* flags over the model's metadata, tables for `context` positions; a context past what the
+    rope covers (trained, or stretched by its scaling) runs, with a one-line warning on stderr."""
+    a = model.args
+    base, scaling = rope.resolve(a.rope_base, a.rope_scaling)
+    if (base, scaling) != (a.rope_base, a.rope_scaling) or context > model.cos.shape[0]:
+        model.set_rope(base, scaling, context)
+    a = model.args
+    if context > a.trained_context:
+        log.warning("warning: --context %d is past the %d tokens %s was trained for (rope scaling %s); past them "
+                    "its output may degrade (--rope-scaling yarn --rope-scale %d stretches the rope to cover it)",
+                    context, a.trained_context, a.arch, scaling.describe(), -(-context // a.context_length))
+
+
 def move_to_device(lm: LoadedModel, device: str | None, context: int, placement=None) -> None:
     """Put lm's model on `device` (see engine.device.place_model) and say where it runs."""
     t0 = time.perf_counter()
@@ -107,10 +125,11 @@ def move_to_device(lm: LoadedModel, device: str | None, context: int, placement=
 
 def load(model: str | None, plan: str | Path | None = None, threads: int | None = None, device: str | None = "cpu",
          mtp: MtpOptions = MtpOptions(), *, context: int = 4096, strict_plan: bool = False,
-         progress: bool = True, numerics: str | None = None) -> LoadedModel:
+         progress: bool = True, numerics: str | None = None, rope: RopeOptions = RopeOptions()) -> LoadedModel:
     """Open `model` (a tag or a GGUF path), check `plan` (a `guild optimize` file: regenerated next to it when
     it is for another machine or model, unless strict_plan) and apply its thread count unless `threads` is
-    given, then place the model on `device` (the plan's placement when it has one). `numerics`: "i8" (int8
+    given, then place the model on `device` (the plan's placement when it has one) with rope tables for
+    `context` positions under `rope` (the --rope-* flags). `numerics`: "i8" (int8
     activations where the quant type has such kernels) or "f32"; default: the process's (quant.set_default_numerics)."""
     if strict_plan and plan is None:
         raise BadFlagError("--strict-plan needs --gexec PLAN")
@@ -122,6 +141,7 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     g = GGUFFile(path)
     with quant.numerics(numerics):
         model, _ = load_cached(g, load_model, progress=progress)  # repacked weights mapped from guild's cache
+    apply_rope(model, rope, context)
     lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp,
                      numerics=numerics or quant.current_numerics())
     lm.load_s = time.perf_counter() - t0

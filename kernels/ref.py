@@ -15,13 +15,6 @@ def rmsnorm(x, w, eps):
     return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w).astype(np.float32)
 
 
-def rope_tables(n_ctx, n_rot, base):
-    """cos/sin [n_ctx, n_rot/2] with theta_i = base^(-2i/n_rot) (RoFormer, Su et al. 2021)."""
-    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
-    ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
 def rope(x, positions, cos, sin, n_rot, neox):
     """Returns a rotated copy of x [T, H, hd]."""
     x = np.array(x, np.float64)

@@ -96,6 +96,27 @@ _RUN_SAMPLING = _sampling_options(dict(temperature=0.0, top_k=40, top_p=0.95, mi
 _BENCH_SAMPLING = _sampling_options(None)
 _SAMPLING_FIELDS = {"repeat_last_n": "penalty_last_n"}  # flag name → SamplingParams field where they differ
 
+ROPE = "Rope and long context (llama.cpp names; unset: the model's GGUF metadata)"
+_ROPE = {  # parameter -> option, in RopeOptions' field order
+    "rope_scaling": typer.Option(None, "--rope-scaling", help="none, linear or yarn: how the rope stretches past "
+                                 "the trained context.", rich_help_panel=ROPE),
+    "rope_scale": typer.Option(None, "--rope-scale", help="Context factor N: the rope covers N times the trained "
+                               "context (a factor alone scales linearly).", rich_help_panel=ROPE),
+    "rope_freq_base": typer.Option(None, "--rope-freq-base", help="Rope base frequency.", rich_help_panel=ROPE),
+    "rope_freq_scale": typer.Option(None, "--rope-freq-scale", help="Rope frequency scale: 1/N of --rope-scale N.",
+                                    rich_help_panel=ROPE),
+    "yarn_orig_ctx": typer.Option(None, "--yarn-orig-ctx", help="YaRN's original context (default: the model's "
+                                  "rope.scaling.original_context_length, else its context_length).",
+                                  rich_help_panel=ROPE),
+}
+
+
+def _rope_options(*flags):
+    """RopeOptions from the rope flags in _ROPE's order (checked there, with each flag's name)."""
+    from .options import RopeOptions
+
+    return RopeOptions(*flags)
+
 
 def _sampling_kw(**flags) -> dict:
     """SamplingParams keyword arguments from the sampling flags that were given (None = not given)."""
@@ -277,6 +298,11 @@ def run(
     frequency_penalty: float = _RUN_SAMPLING["frequency_penalty"],
     presence_penalty: float = _RUN_SAMPLING["presence_penalty"],
     seed: int | None = _RUN_SAMPLING["seed"],
+    rope_scaling: str | None = _ROPE["rope_scaling"],
+    rope_scale: float | None = _ROPE["rope_scale"],
+    rope_freq_base: float | None = _ROPE["rope_freq_base"],
+    rope_freq_scale: float | None = _ROPE["rope_freq_scale"],
+    yarn_orig_ctx: int | None = _ROPE["yarn_orig_ctx"],
 ):
     """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
     from ..engine.sampling import SamplingParams  # deferred: see the module docstring
@@ -318,7 +344,8 @@ def run(
                              sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
                              gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                              mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, mtp_min_p, mtp_vocab),
-                             sessions=sessions)
+                             sessions=sessions, rope=_rope_options(rope_scaling, rope_scale, rope_freq_base,
+                                                                   rope_freq_scale, yarn_orig_ctx))
         notes = _notes(verbose)
         if interactive:
             if sessions != 1:
@@ -414,6 +441,11 @@ def serve(
     repeat_last_n: int = _RUN_SAMPLING["repeat_last_n"],
     frequency_penalty: float = _RUN_SAMPLING["frequency_penalty"],
     presence_penalty: float = _RUN_SAMPLING["presence_penalty"],
+    rope_scaling: str | None = _ROPE["rope_scaling"],
+    rope_scale: float | None = _ROPE["rope_scale"],
+    rope_freq_base: float | None = _ROPE["rope_freq_base"],
+    rope_freq_scale: float | None = _ROPE["rope_freq_scale"],
+    yarn_orig_ctx: int | None = _ROPE["yarn_orig_ctx"],
 ):
     """Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus /health and
     /metrics (Prometheus). Requests are batched into one forward per round; each decodes exactly as `guild run`.
@@ -429,7 +461,9 @@ def serve(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, sampling=sampling, context=context,
-                             prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec), device=device)
+                             prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec), device=device,
+                             rope=_rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale,
+                                                yarn_orig_ctx))
         serve_model(_model_arg(model, model_opt), opts,
                     ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout,
                                  None if chat_template is None else str(chat_template)), threads)
@@ -482,6 +516,11 @@ def bench(
     frequency_penalty: float | None = _BENCH_SAMPLING["frequency_penalty"],
     presence_penalty: float | None = _BENCH_SAMPLING["presence_penalty"],
     seed: int | None = _BENCH_SAMPLING["seed"],
+    rope_scaling: str | None = _ROPE["rope_scaling"],
+    rope_scale: float | None = _ROPE["rope_scale"],
+    rope_freq_base: float | None = _ROPE["rope_freq_base"],
+    rope_freq_scale: float | None = _ROPE["rope_freq_scale"],
+    yarn_orig_ctx: int | None = _ROPE["yarn_orig_ctx"],
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table. Sampling flags
     change those settings of every workload (the rest stay each workload's own)."""
@@ -503,7 +542,8 @@ def bench(
                         repeats=repeats, max_draft=max_draft, context=context, sampling_overrides=overrides,
                         max_tokens=max_tokens, out=out, sessions=sessions, noise_check=noise_check, oracle=oracle,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
-                        mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab))
+                        mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab),
+                        rope=_rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx))
     except OSError as e:  # writing bench.md / bench.json after the runs
         _fail(GuildError(f"--out {out}: cannot write ({e.strerror or e})"))
     except GuildError as e:

@@ -96,6 +96,7 @@ class RunResult:
     mtp_head: str | None = None  # the MTP head file drafting used (mtp, adaptive)
     device_reason: str = ""  # why the CPU runs it when --device auto did not take the GPU
     text_options: TextOptions = field(default_factory=TextOptions)
+    rope: dict = field(default_factory=dict)  # ModelArgs.rope_settings: base and scaling the run used
 
     @property
     def text(self) -> str:
@@ -116,6 +117,7 @@ class RunResult:
                 "device": "cpu" if self.device == "cpu" else "cuda", "device_detail": self.device,
                 "device_reason": self.device_reason, "strategy": self.options.strategy,
                 "mtp_head": self.mtp_head, "max_tokens": self.options.max_tokens, "context": self.options.context,
+                "rope": self.rope,
                 "sampling": sampling_dict(self.options.sampling), "seed": self.options.sampling.seed,
                 "stop": list(t.stop), "ignore_eos": t.ignore_eos,
                 "load_ms": round(self.load_s * 1e3, 1)}
@@ -139,7 +141,8 @@ class RunResult:
 
 def load_for(model: str | None, opts: DecodeOptions, threads: int | None = None) -> LoadedModel:
     """The model as `opts` wants it: its plan (--gexec), threads, device and MTP head options."""
-    return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan)
+    return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan,
+                rope=opts.rope)
 
 
 def slots(lm: LoadedModel, opts: DecodeOptions, n: int = 1, corpus_texts=(),
@@ -211,7 +214,8 @@ class Runner:
     def result(self, turns: list[Turn]) -> RunResult:
         head = self.lm.mtp_head(self.opts.strategy)
         return RunResult(turns, self.lm.path, self.threads, self.lm.load_s, self.opts, self.lm.device,
-                         head.info.source if head is not None else None, self.lm.device_reason, self.text)
+                         head.info.source if head is not None else None, self.lm.device_reason, self.text,
+                         self.lm.model.args.rope_settings())
 
 
 def run(model: str | None, prompts: Sequence[str], *, chat: bool = False, opts: DecodeOptions = DecodeOptions(),

@@ -493,6 +493,13 @@ class Layout:
     def host(cls, n_layers: int, cos, sin) -> Layout:
         return cls([HOST] * n_layers, HOST, HOST, {HOST.name: (cos, sin)})
 
+    def set_rope(self, cos, sin) -> None:
+        """New rope tables on every backend that holds them, in place: an MTP head's layout shares the dict."""
+        bes = {be.name: be for be in (*self.layer_be, self.embed_be, self.out_be, self.head_be)}
+        for name in list(self.rope):
+            with bes[name].activate():
+                self.rope[name] = (bes[name].upload(cos), bes[name].upload(sin))
+
     def stage(self, key: str, with_dev: bool = True) -> _Staging:
         s = self._stage.get(key)
         if s is None:

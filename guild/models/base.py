@@ -5,13 +5,14 @@ placement (Architecture)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from ..engine.backends import Layout
-from ..errors import GuildError, UnsupportedArchitectureError
+from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile
+from ..kernels.rope import NO_SCALING, RopeScaling, rope_tables
 
 # ModelArgs field -> the GGUF metadata key (under the architecture's prefix) it comes from, for error messages
 _KEYS = {"n_layers": "block_count", "dim": "embedding_length", "n_heads": "attention.head_count",
@@ -33,6 +34,7 @@ class ModelArgs:
     rope_base: float = 10000.0
     rope_dim: int = 0  # rotated dims per head; 0 = head_dim
     rope_neox: bool = False  # rotate halves (NEOX) instead of adjacent pairs
+    rope_scaling: RopeScaling = NO_SCALING  # its orig_ctx 0 becomes context_length
     norm_eps: float = 1e-5
     qk_norm: bool = False
     n_experts: int = 0
@@ -50,6 +52,8 @@ class ModelArgs:
             raise GuildError(f"model {self.arch}: rope dimension_count {self.rope_dim} invalid for head_dim")
         if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
             raise GuildError(f"model {self.arch}: expert_used_count {self.n_experts_used} not in 1..expert_count")
+        if not self.rope_scaling.orig_ctx:  # llama.cpp's n_ctx_orig_yarn defaults to the trained context
+            object.__setattr__(self, "rope_scaling", replace(self.rope_scaling, orig_ctx=self.context_length))
 
     @property
     def is_moe(self) -> bool:
@@ -83,11 +87,41 @@ class ModelArgs:
             expert_ffn_dim=g.get(f"{a}.expert_feed_forward_length", int, 0),
             norm_topk_prob=bool(g.get(f"{a}.expert_weights_norm", int, 1)),
         )
-        scaling = g.get(f"{a}.rope.scaling.type", str, "none")
-        if scaling not in ("none", ""):
-            raise UnsupportedArchitectureError(f"{g.path}: rope scaling '{scaling}' is not supported yet")
+        kw["rope_scaling"] = rope_scaling_from_gguf(g)
         kw.update(overrides)
         return cls(**kw)
+
+    def rope_settings(self) -> dict:
+        """The rope a run uses, recorded with its results (run --json, bench.json)."""
+        return {"freq_base": self.rope_base, **asdict(self.rope_scaling)}
+
+    @property
+    def trained_context(self) -> int:
+        """Positions the model's rope covers as trained, or as its scaling stretches it (llama.cpp's n_ctx_train,
+        adjusted for a YaRN factor set at run time): --context past it runs, with a warning."""
+        s = self.rope_scaling
+        return max(self.context_length, round(s.orig_ctx * s.factor) if s.type != "none" else 0)
+
+
+def rope_scaling_from_gguf(g: GGUFFile) -> RopeScaling:
+    """{arch}.rope.scaling.* as llama.cpp reads them: a factor of 0 (or none) means 1, the older
+    rope.scale_linear key stands in for rope.scaling.factor, original_context_length 0 (or none) is the
+    context_length (ModelArgs fills it in); the YaRN betas default to 32 and 1."""
+    a = g.architecture
+    k = f"{a}.rope.scaling."
+    factor = g.get(k + "factor", float, None)
+    if factor is None:
+        factor = g.get(f"{a}.rope.scale_linear", float, 0.0)
+    ext = g.get(k + "yarn_ext_factor", float, -1.0)
+    try:
+        return RopeScaling(type=g.get(k + "type", str, "none") or "none", factor=factor if factor != 0 else 1.0,
+                           orig_ctx=g.get(k + "original_context_length", int, 0),
+                           attn_factor=g.get(k + "attn_factor", float, 1.0),
+                           beta_fast=g.get(k + "yarn_beta_fast", float, 32.0),
+                           beta_slow=g.get(k + "yarn_beta_slow", float, 1.0),
+                           ext_factor=None if ext < 0 else ext)  # negative: unset, as llama.cpp reads it
+    except GuildError as e:
+        raise MetadataError(f"{g.path}: {a}.{e}") from None
 
 
 @dataclass(frozen=True)
@@ -156,6 +190,28 @@ class Architecture(ABC):
         by any chunking (or by decoding) serves as a prefix of any later prompt. Architectures that can tell
         override this; the default promises it only up to ROW_INVARIANT_ROWS rows per chunk."""
         return False
+
+    def build_rope(self, n_ctx: int = 0) -> None:
+        """The cos/sin tables (kernels/rope.py rope_tables) for positions 0..max(n_ctx, context_length)-1 under the
+        args' base and scaling; a layout already built (a placed model's devices) gets the new ones."""
+        a = self.args
+        self.cos, self.sin = rope_tables(max(n_ctx, a.context_length), self.n_rot, a.rope_base, a.rope_scaling)
+        lay = self.__dict__.get("_layout")
+        if lay is not None:
+            lay.set_rope(self.cos, self.sin)
+
+    def set_rope(self, base: float, scaling: RopeScaling, n_ctx: int = 0) -> None:
+        """Run with another rope base and scaling (the --rope-* flags), tables for n_ctx positions."""
+        self.args = replace(self.args, rope_base=base, rope_scaling=scaling)
+        self.build_rope(n_ctx)
+
+    def rope_positions(self, n_ctx: int) -> int:
+        """A state of n_ctx positions (None or 0: the trained context) needs that many rows of rope tables:
+        grown here when --context goes past the trained context, never capped."""
+        n_ctx = n_ctx or self.args.context_length
+        if n_ctx > self.cos.shape[0]:
+            self.build_rope(n_ctx)
+        return n_ctx
 
     @property
     def layout(self) -> Layout:

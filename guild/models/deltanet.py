@@ -18,7 +18,6 @@ from ..engine.state import DeviceHybridState, HybridState
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import pack
-from ..kernels.ref import rope_tables
 from ..window import MAX_WINDOW
 from .base import Architecture, ForwardResult, ModelArgs
 from .llama import Linear, Window, _expert, output_logits
@@ -160,7 +159,7 @@ class HybridMoe(Architecture):
         self.out_norm = f32(g.tensor("output_norm.weight"))
         self.output = self.embed if not g.has("output.weight") else Linear([g.tensor("output.weight")]).parts[0]
         self.n_rot = args.rope_dim or args.head_dim
-        self.cos, self.sin = rope_tables(args.context_length, self.n_rot, args.rope_base)
+        self.build_rope()
 
     @classmethod
     def from_gguf(cls, g: GGUFFile, rollback: str = "snapshot", **overrides):
@@ -215,7 +214,7 @@ class HybridMoe(Architecture):
         """float32: a KV cache per attention layer; per DeltaNet layer a snapshot pool of 1 + MAX_WINDOW
         states and the conv history."""
         a, d = self.args, self.d
-        kv = 2 * a.n_kv_heads * a.head_dim * min(n_ctx, a.context_length) * 4
+        kv = 2 * a.n_kv_heads * a.head_dim * n_ctx * 4
         rec = ((1 + MAX_WINDOW) * d.v_heads * d.head_dim * d.head_dim + (d.conv_kernel - 1) * d.conv_dim) * 4
         return [rec if r else kv for r in d.recurrent]
 
@@ -232,7 +231,7 @@ class HybridMoe(Architecture):
 
     def new_state(self, n_ctx: int | None = None, rollback: str | None = None) -> HybridState:
         a, d = self.args, self.d
-        n_ctx = min(n_ctx or a.context_length, a.context_length)
+        n_ctx = self.rope_positions(n_ctx)
         rec = [i for i, r in enumerate(d.recurrent) if r]
         att = [i for i, r in enumerate(d.recurrent) if not r]
         if self.placement is not None:  # each layer's state where guild.engine.gpu placed the layer

@@ -13,7 +13,6 @@ from ..engine.state import DeviceKVCache, KVCache
 from ..errors import UnsupportedQuantTypeError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import matmul, pack
-from ..kernels.ref import rope_tables
 from .base import Architecture, ForwardResult, ModelArgs, check_finite
 from .validate import llama_layer_rules
 
@@ -106,9 +105,8 @@ class Llama(Architecture):
         self.out_norm = f32(g.tensor("output_norm.weight"))
         self.tied = not g.has("output.weight")
         self.output = self.embed if self.tied else Linear([g.tensor("output.weight")]).parts[0]
-        n_rot = args.rope_dim or args.head_dim
-        self.cos, self.sin = rope_tables(args.context_length, n_rot, args.rope_base)
-        self.n_rot = n_rot
+        self.n_rot = args.rope_dim or args.head_dim
+        self.build_rope()
 
     @classmethod
     def from_gguf(cls, g: GGUFFile, **overrides):
@@ -126,7 +124,7 @@ class Llama(Architecture):
 
     def state_bytes(self, n_ctx: int) -> list[int]:
         a = self.args
-        return [2 * a.n_kv_heads * a.head_dim * min(n_ctx, a.context_length) * 4] * a.n_layers  # float32 K, V
+        return [2 * a.n_kv_heads * a.head_dim * n_ctx * 4] * a.n_layers  # float32 K, V
 
     def blocks(self) -> list:
         return self.layers
@@ -146,7 +144,7 @@ class Llama(Architecture):
 
     def new_state(self, n_ctx: int | None = None) -> KVCache | DeviceKVCache:
         a = self.args
-        n_ctx = min(n_ctx or a.context_length, a.context_length)
+        n_ctx = self.rope_positions(n_ctx)
         if self.placement is not None:  # each layer's cache where guild.engine.gpu placed the layer
             return DeviceKVCache(self.layout.layer_be, a.n_kv_heads, a.head_dim, n_ctx)
         return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx)

@@ -97,12 +97,14 @@ def check_args(path: str, a, n_tensors: int) -> None:
 
 
 def check_context(model, n_ctx: int) -> None:
-    """`--context`: the KV cache a session of the model allocates (keys and values, float32, every layer)."""
+    """`--context`: the KV cache a session of the model allocates (keys and values, float32, every layer) and,
+    past the trained context, the rope tables it grows to."""
     a = model.args
-    n = min(n_ctx, a.context_length)
-    check_alloc(getattr(model.gguf, "path", a.arch), f"--context {n_ctx} (KV cache)",
-                2 * 4 * a.n_layers * a.n_kv_heads * a.head_dim * n,
-                f"; give a smaller --context (the model allows {a.context_length})")
+    path = getattr(model.gguf, "path", a.arch)
+    check_alloc(path, f"--context {n_ctx} (KV cache)", 2 * 4 * a.n_layers * a.n_kv_heads * a.head_dim * n_ctx,
+                "; give a smaller --context")
+    check_alloc(path, f"--context {n_ctx} (rope tables)", n_ctx * ((a.rope_dim or a.head_dim) // 2) * 32,
+                "; give a smaller --context")
 
 
 def symbols(a, d=None) -> dict:

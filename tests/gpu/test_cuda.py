@@ -24,6 +24,7 @@ from guild.engine.device import fake_gpu_requested, probe_cuda
 from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
+from guild.kernels.rope import rope_tables
 
 pytestmark = pytest.mark.gpu
 
@@ -134,7 +135,7 @@ def test_norms_rope_swiglu_vs_twins(gpu):
     qk = q[:, :, :64].copy()
     for neox in (False, True):
         for n_rot in (64, 32):
-            c, s = ref.rope_tables(512, n_rot, 10000.0)
+            c, s = rope_tables(512, n_rot, 10000.0)
             xd = cp.asarray(qk)
             g.rope(xd, cp.asarray(pos), cp.asarray(c), cp.asarray(s), n_rot, neox)
             np.testing.assert_allclose(h(xd), ref.rope(qk, pos, c, s, n_rot, neox), rtol=1e-5, atol=1e-5)

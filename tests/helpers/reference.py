@@ -14,6 +14,7 @@ from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
 from guild.kernels.blocks import act_block
 from guild.kernels.cpu.quant import numerics_for
+from guild.kernels.rope import rope_tables
 
 
 def _w(g: GGUFFile, name: str) -> np.ndarray:
@@ -70,7 +71,7 @@ def _config(g: GGUFFile, T: int):
     n_rot = md.get(f"{a}.rope.dimension_count", hd)
     c = dict(H=H, Hkv=md.get(f"{a}.attention.head_count_kv", H), hd=hd, eps=md[f"{a}.attention.layer_norm_rms_epsilon"],
              n_rot=n_rot, neox=a in ("qwen3", "qwen3moe"), k_used=md.get(f"{a}.expert_used_count", 0))
-    return c, *ref.rope_tables(T, n_rot, md.get(f"{a}.rope.freq_base", 10000.0))
+    return c, *rope_tables(T, n_rot, md.get(f"{a}.rope.freq_base", 10000.0))
 
 
 def reference_hidden(path: str, tokens) -> np.ndarray:

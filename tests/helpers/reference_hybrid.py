@@ -13,6 +13,7 @@ from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
 from guild.kernels.blocks import act_block
 from guild.kernels.cpu.quant import numerics_for
+from guild.kernels.rope import rope_tables
 
 from .reference import _act, _mm, _w  # dequantised float64 weights and products, shared with the llama reference
 
@@ -38,7 +39,7 @@ def reference_hybrid_forward(path: str, tokens) -> np.ndarray:
     kmap = np.arange(nv) % nk if a == "qwen35moe" else np.arange(nv) // r
     tokens = np.asarray(tokens)
     T = tokens.size
-    cos, sin = ref.rope_tables(T, n_rot, md[f"{a}.rope.freq_base"])
+    cos, sin = rope_tables(T, n_rot, md[f"{a}.rope.freq_base"])
     x = _w(g, "token_embd.weight")[tokens]
     for i in range(n_layers):
         p = f"blk.{i}."

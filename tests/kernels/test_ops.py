@@ -8,6 +8,7 @@ from numba import njit
 from guild.kernels import ref
 from guild.kernels.cpu import ops
 from guild.kernels.cpu.moe import combine_groups
+from guild.kernels.rope import rope_tables
 
 rng = np.random.default_rng(0)
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -30,7 +31,7 @@ def test_rmsnorm():
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("n_rot", [32, 16])
 def test_rope(neox, n_rot):
-    cos, sin = ref.rope_tables(64, n_rot, 10000.0)
+    cos, sin = rope_tables(64, n_rot, 10000.0)
     x = rng.standard_normal((4, 3, 32)).astype(np.float32)
     pos = np.array([0, 5, 17, 63], np.int64)
     y = x.copy()

@@ -15,6 +15,7 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 from guild.errors import GuildError, ModelNotFoundError  # noqa: E402
 from guild.formats.gguf import GGUFFile  # noqa: E402
 from guild.kernels import ref  # noqa: E402
+from guild.kernels.rope import rope_tables  # noqa: E402
 from guild.models import load_model  # noqa: E402
 from guild.tools import train_mtp as tm  # noqa: E402
 from guild.tools.tiny import write_tiny_model  # noqa: E402
@@ -53,7 +54,7 @@ def _reference_head(g, args, hn, hnorm_w):
     eps, T = args.norm_eps, hn.shape[0]
     H, Hkv, hd = args.n_heads, args.n_kv_heads, args.head_dim
     n_rot = args.rope_dim or hd
-    cos, sin = ref.rope_tables(T, n_rot, args.rope_base)
+    cos, sin = rope_tables(T, n_rot, args.rope_base)
     pos = np.arange(T)
     x = ref.rmsnorm(hn, hnorm_w, eps).astype(np.float64)
     h = ref.rmsnorm(x, _w(g, p + "attn_norm.weight"), eps).astype(np.float64)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ...formats.gguf import f32
-from ...kernels.ref import rope_tables
+from ...kernels.rope import rope_tables
 from .config import CE_CHUNK, EMB_INIT_REL, QUANTIZABLE
 from .write import written_type
 
@@ -95,7 +95,7 @@ def build_head(torch, args, block: dict, out_norm: np.ndarray, seq_len: int, see
                 "shared_head_norm": nn.Parameter(torch.from_numpy(np.array(out_norm, np.float32))),
                 **{k: nn.Parameter(torch.from_numpy(np.array(v, np.float32))) for k, v in block.items()},
             })
-            cos, sin = rope_tables(max(seq_len, 1), n_rot, args.rope_base)
+            cos, sin = rope_tables(max(seq_len, 1), n_rot, args.rope_base, args.rope_scaling)
             self.register_buffer("cos", torch.from_numpy(cos), persistent=False)
             self.register_buffer("sin", torch.from_numpy(sin), persistent=False)
 
