@@ -4,6 +4,7 @@ placement (Architecture)."""
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -156,6 +157,12 @@ class Architecture(ABC):
         by any chunking (or by decoding) serves as a prefix of any later prompt. Architectures that can tell
         override this; the default promises it only up to ROW_INVARIANT_ROWS rows per chunk."""
         return False
+
+    def on_layout(self, layout: Layout):
+        """A shallow copy of this model (the same weights and blocks) whose parts run where layout says."""
+        m = copy.copy(self)
+        m._layout = layout
+        return m
 
     @property
     def layout(self) -> Layout:
