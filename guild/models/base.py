@@ -115,11 +115,13 @@ def check_finite(x: np.ndarray, where: str) -> None:
 
 class Architecture(ABC):
     """The declarations the rest of guild reads off an architecture class (guild/models/__init__.py REGISTRY):
-    whether guild.engine.gpu can place it (`GPU`: kernels/cuda has every op its forward calls), the arguments
-    and per-layer tensor rules the validator checks a file against (models/validate.py), and what one block
-    holds and what its state costs, for the GPU placement and the device twins."""
+    whether guild.engine.gpu can place it (`GPU`: kernels/cuda has every op its forward calls), whether `guild
+    train-mtp` trains heads for it (`MTP_TRAINABLE`: guild/tools/train_mtp/model.py's PyTorch block mirrors its
+    block), the arguments and per-layer tensor rules the validator checks a file against (models/validate.py),
+    and what one block holds and what its state costs, for the GPU placement and the device twins."""
 
     GPU = False
+    MTP_TRAINABLE = False
     placement = None  # the GpuSplit guild.engine.gpu placed this model with; None on the CPU
 
     @classmethod
