@@ -1,4 +1,4 @@
-"""Timing verification windows: the one loop behind `guild optimize`'s window costs V(T) (calib/spec.py) and
+"""Timing verification windows: the one loop behind `guild optimize`'s window costs V(T) (calib/draft_costs.py) and
 the benchmarks' (guild.tools.perf, guild.tools.perf_hybrid).
 
 A window is one forward of T rows at the state's position, then `state.commit(keep)`. Each round runs every T
