@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup setup-oracle run test bench bench-full bench-serve mtp-head lint clean fuzz fuzz-boundscheck
+.PHONY: setup setup-oracle run test bench bench-full bench-serve llama-server mtp-head lint clean fuzz fuzz-boundscheck
 
 setup: $(VENV)/.setup-done
 
@@ -26,7 +26,7 @@ run: setup
 	$(BIN)/guild run --chat -p "$(PROMPT)" -n 128
 
 # the whole suite. Markers select parts of it: gpu (CuPy and a device, the CUDA emulator or NVRTC), oracle
-# (compared against llama.cpp or HF transformers), slow (files whose tests take over 20 s here), e.g.
+# (compared against llama.cpp or HF transformers), slow (tests over 20 s here; this target runs them too), e.g.
 #   $(BIN)/python -m pytest -m "not slow"            the quick part
 #   $(BIN)/python -m pytest -m "not gpu and not oracle"
 test: setup
@@ -69,10 +69,35 @@ bench-full: setup
 		$(BIN)/guild bench $$m --workloads W10 --strategies normal,adaptive -c $$(( $(W10_MAX) + 128 )) \
 			--rope-scaling yarn --rope-scale $(W10_ROPE) --out results/w10-long-$$m || exit 1; done
 
-# guild serve under 1/2/4/8 streaming clients (normal, adaptive; W2, W7), beside llama.cpp's server when
-# llama-cpp-python[server] is installed: aggregate and per-request tok/s, time to first token
-bench-serve: setup
-	$(BIN)/python -m guild.tools.bench_serve
+# guild serve under 1/2/4/8 streaming clients (normal, adaptive; W2, W7), beside llama.cpp's own llama-server
+# (continuous batching, one slot per client) on the same GGUF, threads and requests: aggregate and per-request
+# tok/s, time to first token
+bench-serve: setup llama-server
+	$(BIN)/python -m guild.tools.bench_serve --llama-server $(LLAMA_SERVER)
+
+# llama.cpp's llama-server from the sources that llama-cpp-python's source package vendors (the version the oracles
+# pin), built once into the user cache (about 10 minutes on 2 cores, at the lowest priority) and reused
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_SERVER_DIR ?= $(or $(GUILD_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/guild)/llama-server-$(LLAMA_CPP_PYTHON)
+LLAMA_SERVER := $(LLAMA_SERVER_DIR)/build/bin/llama-server
+LLAMA_SDIST := $(LLAMA_SERVER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SDIST): | setup
+	mkdir -p $(LLAMA_SERVER_DIR)
+	$(BIN)/python -m pip download -q --no-binary :all: --no-deps -d $(LLAMA_SERVER_DIR) \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON)
+
+# no web UI download, no HTTPS: the bench talks plain HTTP on the loopback interface
+$(LLAMA_SERVER): $(LLAMA_SDIST)
+	tar -xzf $< -C $(LLAMA_SERVER_DIR)
+	nice -n 19 cmake -S $(LLAMA_SERVER_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp \
+		-B $(LLAMA_SERVER_DIR)/build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+	nice -n 19 cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j $$(nproc)
+	test -x $@
 
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
 # an interrupted run resumes from guild/heads/*.ckpt/

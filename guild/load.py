@@ -11,9 +11,9 @@ from pathlib import Path
 import numba
 
 from .calib.optimize import plan_for
-from .cli.options import RopeOptions
 from .engine.device import place_model, resolve_device
 from .engine.gpu import describe as describe_placement
+from .engine.options import DecodeOptions, RopeOptions
 from .engine.session import GuildSession
 from .errors import BadFlagError
 from .formats.gguf import GGUFFile
@@ -27,7 +27,9 @@ from .speculative.base import Drafter
 from .speculative.build import make_drafter
 from .speculative.options import DraftOptions, MtpOptions
 from .speculative.registry import needs
+from .text.chat import Conversation, Slot
 from .text.inputs import MAX_CORPUS_BYTES, read_text_file
+from .text.options import TextOptions
 from .text.tokenizer import Tokenizer
 from .upcycle import resolve_model
 
@@ -152,3 +154,24 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     lm.threads = set_threads(None)
     move_to_device(lm, device, context, lm.plan.placement if lm.plan is not None else None)
     return lm
+
+
+def load_for(model: str | None, opts: DecodeOptions, threads: int | None = None) -> LoadedModel:
+    """The model as `opts` wants it: its plan (--gexec), threads, device and MTP head options."""
+    return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan,
+                rope=opts.rope)
+
+
+def slots(lm: LoadedModel, opts: DecodeOptions, n: int = 1, corpus_texts=(),
+          text: TextOptions = TextOptions()) -> list[Slot]:
+    """n sessions, each with its own cache, drafter (corpus ingested) and sampling seed (seed + i)."""
+    out = []
+    grammar = text.compile(lm.tokenizer)
+    for i in range(n):
+        session = lm.session(opts.context, opts.prefill_batch)
+        if text.ignore_eos:
+            session.eos_ids = frozenset()
+        conv = Conversation(session, lm.tokenizer, text.system)
+        out.append(Slot(conv, lm.drafter(opts, opts.context, corpus_texts),
+                        replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64), grammar))
+    return out

@@ -20,6 +20,22 @@ from ..formats.files import check_writable
 from ..speculative.options import MTP_K, MTP_VOCAB, MtpOptions
 from ..text.inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
+from .options import (
+    BENCH_SAMPLING,
+    DEVICE_HELP,
+    GEXEC_HELP,
+    MODEL_HELP,
+    NUMERICS_HELP,
+    PARALLEL_HELP,
+    ROPE_FLAGS,
+    RUN_SAMPLING,
+    SESSIONS_RANGE,
+    SPEC,
+    STRICT_HELP,
+    TEXT,
+    rope_options,
+    sampling_kw,
+)
 
 
 def _plain_flag_metavar() -> None:
@@ -66,63 +82,6 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
                                        help="Print guild's version and exit.")):
     pass
 
-SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
-MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."
-TEXT = "Prompt and text"
-
-
-_SAMPLING_FLAGS = (  # (SamplingParams-ish name, flags, help)
-    ("temperature", ("--temperature", "--temp"), "0 = greedy."),
-    ("top_k", ("--top-k",), "Keep the k most likely tokens (0 = off)."),
-    ("top_p", ("--top-p",), "Nucleus: smallest set with this mass (1 = off)."),
-    ("min_p", ("--min-p",), "Drop tokens below min_p x the top probability (0 = off)."),
-    ("repeat_penalty", ("--repeat-penalty",), "1 = off."),
-    ("repeat_last_n", ("--repeat-last-n",), "History the penalties see (-1 = all)."),
-    ("frequency_penalty", ("--frequency-penalty",), "0 = off."),
-    ("presence_penalty", ("--presence-penalty",), "0 = off."),
-    ("seed", ("-s", "--seed"), "Seed of the position-keyed draws (run default: random; bench: the workload's)."),
-)
-
-
-def _sampling_options(d: dict | None) -> dict:
-    """The sampling flags, shared by run and bench: `d` the defaults (None: bench, each flag None = the
-    workload's own setting; the seed defaults to None on both)."""
-    return {k: typer.Option(None if d is None else d.get(k), *flags, help=h, rich_help_panel=SAMPLING)
-            for k, flags, h in _SAMPLING_FLAGS}
-
-
-_RUN_SAMPLING = _sampling_options(dict(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0,
-                                       repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0))
-_BENCH_SAMPLING = _sampling_options(None)
-_SAMPLING_FIELDS = {"repeat_last_n": "penalty_last_n"}  # flag name → SamplingParams field where they differ
-
-ROPE = "Rope and long context (llama.cpp names; unset: the model's GGUF metadata)"
-_ROPE = {  # parameter -> option, in RopeOptions' field order
-    "rope_scaling": typer.Option(None, "--rope-scaling", help="none, linear or yarn: how the rope stretches past "
-                                 "the trained context.", rich_help_panel=ROPE),
-    "rope_scale": typer.Option(None, "--rope-scale", help="Context factor N: the rope covers N times the trained "
-                               "context (a factor alone scales linearly).", rich_help_panel=ROPE),
-    "rope_freq_base": typer.Option(None, "--rope-freq-base", help="Rope base frequency.", rich_help_panel=ROPE),
-    "rope_freq_scale": typer.Option(None, "--rope-freq-scale", help="Rope frequency scale: 1/N of --rope-scale N.",
-                                    rich_help_panel=ROPE),
-    "yarn_orig_ctx": typer.Option(None, "--yarn-orig-ctx", help="YaRN's original context (default: the model's "
-                                  "rope.scaling.original_context_length, else its context_length).",
-                                  rich_help_panel=ROPE),
-}
-
-
-def _rope_options(*flags):
-    """RopeOptions from the rope flags in _ROPE's order (checked there, with each flag's name)."""
-    from .options import RopeOptions
-
-    return RopeOptions(*flags)
-
-
-def _sampling_kw(**flags) -> dict:
-    """SamplingParams keyword arguments from the sampling flags that were given (None = not given)."""
-    return {_SAMPLING_FIELDS.get(k, k): v for k, v in flags.items() if v is not None}
-
-
 def _set_numerics(mode: str) -> None:
     """--numerics: the mode every matrix of this process is packed under (kernels/cpu/quant.py NUMERICS)."""
     from ..kernels.cpu import quant  # deferred: see the module docstring
@@ -164,16 +123,6 @@ def _writable(path: Path | None, what: str, error=GuildError) -> None:
     """An output path checked before the work that ends by writing it (guild.formats.files.check_writable)."""
     if path is not None:
         check_writable(path, what, error)
-
-
-SPEC = "Speculative decoding (exact: the same tokens as --decode-strategy normal)"
-NUMERICS_HELP = ("i8 (activations quantised to 8 bits per block of 32, integer dot products, as llama.cpp; for "
-                 "Q4_0, Q4_1, Q8_0 weights, the rest fp32) or f32 (fp32 dequant-dot for every type).")
-DEVICE_HELP = ("auto (a CUDA GPU when CuPy sees one, else the CPU), cpu or cuda: where attention and dense layers "
-               "run; routed experts always run on the CPU.")
-GEXEC_HELP = ("Plan from `guild optimize`: calibrated costs for the scheduler, tuned threads. A plan for another "
-              "machine or model is regenerated next to it (PLAN.local.gexec); a tampered one is an error.")
-STRICT_HELP = "Fail on a --gexec plan for another machine or model instead of regenerating it."
 
 
 def _conversation(path: Path) -> list[str]:
@@ -251,7 +200,8 @@ def run(
         rich_help_panel=TEXT),
     interactive: bool = typer.Option(False, "-i", "--interactive", help="Chat in the terminal (implies --chat): "
                                      "line editing, history, /help; Ctrl-C stops a reply.", rich_help_panel=TEXT),
-    sessions: int = typer.Option(1, "--sessions", help="Run N sessions concurrently (seeds seed+i), batched."),
+    sessions: int = typer.Option(1, "--sessions", help=f"Run N sessions ({SESSIONS_RANGE}) concurrently (seeds "
+                                 "seed+i), batched."),
     max_tokens: int = typer.Option(128, "-n", "--max-tokens", "--n-predict", help="Tokens to generate at most "
                                    "(per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
@@ -289,24 +239,26 @@ def run(
                                              "ingests (repeatable).", rich_help_panel=SPEC),
     gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP, rich_help_panel=SPEC),
     strict_plan: bool = typer.Option(False, "--strict-plan", help=STRICT_HELP, rich_help_panel=SPEC),
-    temperature: float = _RUN_SAMPLING["temperature"],
-    top_k: int = _RUN_SAMPLING["top_k"],
-    top_p: float = _RUN_SAMPLING["top_p"],
-    min_p: float = _RUN_SAMPLING["min_p"],
-    repeat_penalty: float = _RUN_SAMPLING["repeat_penalty"],
-    repeat_last_n: int = _RUN_SAMPLING["repeat_last_n"],
-    frequency_penalty: float = _RUN_SAMPLING["frequency_penalty"],
-    presence_penalty: float = _RUN_SAMPLING["presence_penalty"],
-    seed: int | None = _RUN_SAMPLING["seed"],
-    rope_scaling: str | None = _ROPE["rope_scaling"],
-    rope_scale: float | None = _ROPE["rope_scale"],
-    rope_freq_base: float | None = _ROPE["rope_freq_base"],
-    rope_freq_scale: float | None = _ROPE["rope_freq_scale"],
-    yarn_orig_ctx: int | None = _ROPE["yarn_orig_ctx"],
+    temperature: float = RUN_SAMPLING["temperature"],
+    top_k: int = RUN_SAMPLING["top_k"],
+    top_p: float = RUN_SAMPLING["top_p"],
+    min_p: float = RUN_SAMPLING["min_p"],
+    repeat_penalty: float = RUN_SAMPLING["repeat_penalty"],
+    repeat_last_n: int = RUN_SAMPLING["repeat_last_n"],
+    frequency_penalty: float = RUN_SAMPLING["frequency_penalty"],
+    presence_penalty: float = RUN_SAMPLING["presence_penalty"],
+    seed: int | None = RUN_SAMPLING["seed"],
+    rope_scaling: str | None = ROPE_FLAGS["rope_scaling"],
+    rope_scale: float | None = ROPE_FLAGS["rope_scale"],
+    rope_freq_base: float | None = ROPE_FLAGS["rope_freq_base"],
+    rope_freq_scale: float | None = ROPE_FLAGS["rope_freq_scale"],
+    yarn_orig_ctx: int | None = ROPE_FLAGS["yarn_orig_ctx"],
 ):
     """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
+    from ..engine.options import DecodeOptions
     from ..engine.sampling import SamplingParams  # deferred: see the module docstring
-    from .run import DecodeOptions, Runner, TextOptions, write_trace
+    from ..text.options import TextOptions
+    from .run import Runner, write_trace
     from .run import run as run_prompts
 
     def stream(s: str) -> None:
@@ -324,7 +276,7 @@ def run(
         if interactive and prompt == "-":
             raise BadFlagError("-p - reads the prompt from standard input, which -i reads the chat from")
         prompt = prompt_source(prompt, file)
-        sampling = SamplingParams(**_sampling_kw(
+        sampling = SamplingParams(**sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             seed=secrets.randbits(63) if seed is None else seed))
@@ -344,7 +296,7 @@ def run(
                              sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
                              gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                              mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, mtp_min_p, mtp_vocab),
-                             sessions=sessions, rope=_rope_options(rope_scaling, rope_scale, rope_freq_base,
+                             sessions=sessions, rope=rope_options(rope_scaling, rope_scale, rope_freq_base,
                                                                    rope_freq_scale, yarn_orig_ctx))
         notes = _notes(verbose)
         if interactive:
@@ -411,8 +363,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (only this one).",
                              rich_help_panel=SERVE),
     port: int = typer.Option(8080, "--port", help="TCP port (0 = any free port).", rich_help_panel=SERVE),
-    parallel: int = typer.Option(4, "--parallel", "-np", help="Requests decoding at once (1..8); their windows "
-                                 "share each forward.", rich_help_panel=SERVE),
+    parallel: int = typer.Option(4, "--parallel", "-np", help=PARALLEL_HELP, rich_help_panel=SERVE),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait for a slot; more get HTTP 429 "
                                   "with Retry-After.", rich_help_panel=SERVE),
     cache_mem: int = typer.Option(4096, "--cache-mem", help="MiB of KV cache for active sessions and those kept "
@@ -433,36 +384,36 @@ def serve(
     chat_template: Path | None = typer.Option(None, "--chat-template", "--chat-template-file", help="Jinja chat "
                                               "template file replacing the model's (its `tools` variable offers "
                                               "tools; checked and sandboxed alike)."),
-    temperature: float = _RUN_SAMPLING["temperature"],
-    top_k: int = _RUN_SAMPLING["top_k"],
-    top_p: float = _RUN_SAMPLING["top_p"],
-    min_p: float = _RUN_SAMPLING["min_p"],
-    repeat_penalty: float = _RUN_SAMPLING["repeat_penalty"],
-    repeat_last_n: int = _RUN_SAMPLING["repeat_last_n"],
-    frequency_penalty: float = _RUN_SAMPLING["frequency_penalty"],
-    presence_penalty: float = _RUN_SAMPLING["presence_penalty"],
-    rope_scaling: str | None = _ROPE["rope_scaling"],
-    rope_scale: float | None = _ROPE["rope_scale"],
-    rope_freq_base: float | None = _ROPE["rope_freq_base"],
-    rope_freq_scale: float | None = _ROPE["rope_freq_scale"],
-    yarn_orig_ctx: int | None = _ROPE["yarn_orig_ctx"],
+    temperature: float = RUN_SAMPLING["temperature"],
+    top_k: int = RUN_SAMPLING["top_k"],
+    top_p: float = RUN_SAMPLING["top_p"],
+    min_p: float = RUN_SAMPLING["min_p"],
+    repeat_penalty: float = RUN_SAMPLING["repeat_penalty"],
+    repeat_last_n: int = RUN_SAMPLING["repeat_last_n"],
+    frequency_penalty: float = RUN_SAMPLING["frequency_penalty"],
+    presence_penalty: float = RUN_SAMPLING["presence_penalty"],
+    rope_scaling: str | None = ROPE_FLAGS["rope_scaling"],
+    rope_scale: float | None = ROPE_FLAGS["rope_scale"],
+    rope_freq_base: float | None = ROPE_FLAGS["rope_freq_base"],
+    rope_freq_scale: float | None = ROPE_FLAGS["rope_freq_scale"],
+    yarn_orig_ctx: int | None = ROPE_FLAGS["yarn_orig_ctx"],
 ):
     """Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus /health and
     /metrics (Prometheus). Requests are batched into one forward per round; each decodes exactly as `guild run`.
     Sampling flags are the defaults for requests that leave a field out."""
+    from ..engine.options import DecodeOptions
     from ..engine.sampling import SamplingParams  # deferred: see the module docstring
     from ..serve import ServeOptions
     from ..serve import serve as serve_model
-    from .run import DecodeOptions
 
     try:
         _set_numerics(numerics)
-        sampling = SamplingParams(**_sampling_kw(
+        sampling = SamplingParams(**sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, sampling=sampling, context=context,
                              prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec), device=device,
-                             rope=_rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale,
+                             rope=rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale,
                                                 yarn_orig_ctx))
         serve_model(_model_arg(model, model_opt), opts,
                     ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout,
@@ -498,7 +449,8 @@ def bench(
                                 help="Context length (W10 sizes above it are skipped)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
-    sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions per run, batched into one forward."),
+    sessions: int = typer.Option(1, "--sessions", help=f"Concurrent sessions per run ({SESSIONS_RANGE}), "
+                                 "batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
     gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP),
@@ -507,20 +459,20 @@ def bench(
     mtp_head: Path | None = typer.Option(None, "--mtp-head", help="MTP head GGUF for mtp/adaptive."),
     mtp_k: int = typer.Option(MTP_K, "--spec-mtp-k", help="MTP drafts per window at most (1..7)."),
     mtp_vocab: int = typer.Option(MTP_VOCAB, "--spec-mtp-vocab", help="Draft LM head rows (0 = whole vocabulary)."),
-    temperature: float | None = _BENCH_SAMPLING["temperature"],
-    top_k: int | None = _BENCH_SAMPLING["top_k"],
-    top_p: float | None = _BENCH_SAMPLING["top_p"],
-    min_p: float | None = _BENCH_SAMPLING["min_p"],
-    repeat_penalty: float | None = _BENCH_SAMPLING["repeat_penalty"],
-    repeat_last_n: int | None = _BENCH_SAMPLING["repeat_last_n"],
-    frequency_penalty: float | None = _BENCH_SAMPLING["frequency_penalty"],
-    presence_penalty: float | None = _BENCH_SAMPLING["presence_penalty"],
-    seed: int | None = _BENCH_SAMPLING["seed"],
-    rope_scaling: str | None = _ROPE["rope_scaling"],
-    rope_scale: float | None = _ROPE["rope_scale"],
-    rope_freq_base: float | None = _ROPE["rope_freq_base"],
-    rope_freq_scale: float | None = _ROPE["rope_freq_scale"],
-    yarn_orig_ctx: int | None = _ROPE["yarn_orig_ctx"],
+    temperature: float | None = BENCH_SAMPLING["temperature"],
+    top_k: int | None = BENCH_SAMPLING["top_k"],
+    top_p: float | None = BENCH_SAMPLING["top_p"],
+    min_p: float | None = BENCH_SAMPLING["min_p"],
+    repeat_penalty: float | None = BENCH_SAMPLING["repeat_penalty"],
+    repeat_last_n: int | None = BENCH_SAMPLING["repeat_last_n"],
+    frequency_penalty: float | None = BENCH_SAMPLING["frequency_penalty"],
+    presence_penalty: float | None = BENCH_SAMPLING["presence_penalty"],
+    seed: int | None = BENCH_SAMPLING["seed"],
+    rope_scaling: str | None = ROPE_FLAGS["rope_scaling"],
+    rope_scale: float | None = ROPE_FLAGS["rope_scale"],
+    rope_freq_base: float | None = ROPE_FLAGS["rope_freq_base"],
+    rope_freq_scale: float | None = ROPE_FLAGS["rope_freq_scale"],
+    yarn_orig_ctx: int | None = ROPE_FLAGS["yarn_orig_ctx"],
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table. Sampling flags
     change those settings of every workload (the rest stay each workload's own)."""
@@ -533,7 +485,7 @@ def bench(
         model = _model_arg(model, model_opt)
         _set_numerics(numerics)
         set_threads(threads)
-        overrides = _sampling_kw(
+        overrides = sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             seed=seed)
@@ -543,7 +495,7 @@ def bench(
                         max_tokens=max_tokens, out=out, sessions=sessions, noise_check=noise_check, oracle=oracle,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                         mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab),
-                        rope=_rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx))
+                        rope=rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx))
     except OSError as e:  # writing bench.md / bench.json after the runs
         _fail(GuildError(f"--out {out}: cannot write ({e.strerror or e})"))
     except GuildError as e:

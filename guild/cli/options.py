@@ -1,91 +1,76 @@
-"""The options every command's flags become: one frozen dataclass per concern, each flag validated here, once,
-with the flag's name in the message. Light on purpose (no numba): `guild --help` imports it."""
+"""The command line's shared flags and help texts, built from the library's option tables (guild.engine.options,
+guild.engine.sampling): the CLI reads them, the library never reads this. Light on purpose (no numba): `guild
+--help` imports it."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+import typer
 
-from ..engine.sampling import GREEDY, SamplingParams
-from ..errors import BadFlagError
-from ..kernels.rope import ROPE_SCALING_TYPES, RopeScaling
-from ..speculative.options import DraftOptions
+from ..engine.options import DEVICES, MAX_SESSIONS
 
-DEVICES = ("auto", "cpu", "cuda")  # --device
+SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
+MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."
+TEXT = "Prompt and text"
+SPEC = "Speculative decoding (exact: the same tokens as --decode-strategy normal)"
+NUMERICS_HELP = ("i8 (activations quantised to 8 bits per block of 32, integer dot products, as llama.cpp; for "
+                 "Q4_0, Q4_1, Q8_0 weights, the rest fp32) or f32 (fp32 dequant-dot for every type).")
+DEVICE_HELP = (f"{', '.join(DEVICES)}: where attention and dense layers run (auto: a CUDA GPU when CuPy sees one, "
+               "else the CPU); routed experts always run on the CPU.")
+GEXEC_HELP = ("Plan from `guild optimize`: calibrated costs for the scheduler, tuned threads. A plan for another "
+              "machine or model is regenerated next to it (PLAN.local.gexec); a tampered one is an error.")
+STRICT_HELP = "Fail on a --gexec plan for another machine or model instead of regenerating it."
+PARALLEL_HELP = f"Requests decoding at once (1..{MAX_SESSIONS}); their windows share each forward."
+SESSIONS_RANGE = f"1..{MAX_SESSIONS}"
 
-
-@dataclass(frozen=True)
-class RopeOptions:
-    """llama.cpp's rope flags; None keeps what the model's GGUF metadata says."""
-
-    scaling: str | None = None  # --rope-scaling
-    scale: float | None = None  # --rope-scale: the context factor
-    freq_base: float | None = None  # --rope-freq-base
-    freq_scale: float | None = None  # --rope-freq-scale: 1 / the context factor
-    yarn_orig_ctx: int | None = None  # --yarn-orig-ctx
-
-    def __post_init__(self):
-        if self.scaling is not None and self.scaling not in ROPE_SCALING_TYPES:
-            raise BadFlagError(f"--rope-scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, got '{self.scaling}'")
-        for flag, v in (("--rope-scale", self.scale), ("--rope-freq-base", self.freq_base),
-                        ("--rope-freq-scale", self.freq_scale)):
-            if v is not None and not (math.isfinite(v) and v > 0):
-                raise BadFlagError(f"{flag} must be finite and > 0, got {v}")
-        if self.scale is not None and self.freq_scale is not None:
-            raise BadFlagError("--rope-scale and --rope-freq-scale both set the scaling factor; give one")
-        if self.yarn_orig_ctx is not None and self.yarn_orig_ctx < 1:
-            raise BadFlagError(f"--yarn-orig-ctx must be >= 1, got {self.yarn_orig_ctx}")
-
-    def resolve(self, base: float, scaling: RopeScaling) -> tuple[float, RopeScaling]:
-        """(rope base, scaling) for a model whose metadata says (base, scaling), as llama.cpp's context
-        parameters override the model's: a factor without a type scales linearly (llama.cpp's default type),
-        and type none never scales."""
-        kw = {}
-        if self.scale is not None or self.freq_scale is not None:
-            kw["factor"] = self.scale if self.scale is not None else 1.0 / self.freq_scale
-            if self.scaling is None and scaling.type == "none":
-                kw["type"] = "linear"
-        if self.scaling is not None:
-            kw["type"] = self.scaling
-        if self.yarn_orig_ctx is not None:
-            kw["orig_ctx"] = self.yarn_orig_ctx
-        scaling = replace(scaling, **kw)
-        if scaling.type == "none":
-            scaling = replace(scaling, factor=1.0)
-        return (base if self.freq_base is None else self.freq_base), scaling
+_SAMPLING_FLAGS = (  # (SamplingParams-ish name, flags, help)
+    ("temperature", ("--temperature", "--temp"), "0 = greedy."),
+    ("top_k", ("--top-k",), "Keep the k most likely tokens (0 = off)."),
+    ("top_p", ("--top-p",), "Nucleus: smallest set with this mass (1 = off)."),
+    ("min_p", ("--min-p",), "Drop tokens below min_p x the top probability (0 = off)."),
+    ("repeat_penalty", ("--repeat-penalty",), "1 = off."),
+    ("repeat_last_n", ("--repeat-last-n",), "History the penalties see (-1 = all)."),
+    ("frequency_penalty", ("--frequency-penalty",), "0 = off."),
+    ("presence_penalty", ("--presence-penalty",), "0 = off."),
+    ("seed", ("-s", "--seed"), "Seed of the position-keyed draws (run default: random; bench: the workload's)."),
+)
+_SAMPLING_FIELDS = {"repeat_last_n": "penalty_last_n"}  # flag name → SamplingParams field where they differ
 
 
-MAX_SESSIONS = 8  # concurrent sessions whose windows share one forward (kernels' row-invariant batch)
+def _sampling_options(d: dict | None) -> dict:
+    """The sampling flags, shared by run and bench: `d` the defaults (None: bench, each flag None = the
+    workload's own setting; the seed defaults to None on both)."""
+    return {k: typer.Option(None if d is None else d.get(k), *flags, help=h, rich_help_panel=SAMPLING)
+            for k, flags, h in _SAMPLING_FLAGS}
 
 
-@dataclass(frozen=True)
-class DecodeOptions(DraftOptions):
-    """How `guild run` decodes: the strategy and its knobs (DraftOptions), sampling, limits. Every flag is
-    validated here, once."""
-
-    sampling: SamplingParams = GREEDY
-    max_tokens: int = 128
-    context: int = 4096
-    prefill_batch: int = 512
-    gexec: str | None = None  # a `guild optimize` plan: its draft costs seed the scheduler, its threads apply
-    strict_plan: bool = False  # fail on a plan for another machine/model instead of regenerating one
-    device: str = "cpu"  # auto | cpu | cuda (the CLI's default is auto)
-    sessions: int = 1  # concurrent copies (seeds seed + i), batched into one forward per round
-    rope: RopeOptions = field(default_factory=RopeOptions)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.context < 16:
-            raise BadFlagError(f"--context must be >= 16, got {self.context}")
-        if self.max_tokens < 1:
-            raise BadFlagError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if self.prefill_batch < 1:
-            raise BadFlagError(f"--prefill-batch must be >= 1, got {self.prefill_batch}")
-        if self.strict_plan and self.gexec is None:
-            raise BadFlagError("--strict-plan needs --gexec PLAN")
-        if self.device not in DEVICES:
-            raise BadFlagError(f"--device must be one of {', '.join(DEVICES)}, got '{self.device}'")
-        if not 1 <= self.sessions <= MAX_SESSIONS:
-            raise BadFlagError(f"--sessions must be in 1..{MAX_SESSIONS}, got {self.sessions}")
+# run and serve default to llama.cpp's sampling chain
+RUN_SAMPLING = _sampling_options(dict(temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0,
+                                      repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0))
+BENCH_SAMPLING = _sampling_options(None)
 
 
+def sampling_kw(**flags) -> dict:
+    """SamplingParams keyword arguments from the sampling flags that were given (None = not given)."""
+    return {_SAMPLING_FIELDS.get(k, k): v for k, v in flags.items() if v is not None}
+
+
+ROPE = "Rope and long context (llama.cpp names; unset: the model's GGUF metadata)"
+ROPE_FLAGS = {  # parameter -> option, in RopeOptions' field order
+    "rope_scaling": typer.Option(None, "--rope-scaling", help="none, linear or yarn: how the rope stretches past "
+                                 "the trained context.", rich_help_panel=ROPE),
+    "rope_scale": typer.Option(None, "--rope-scale", help="Context factor N: the rope covers N times the trained "
+                               "context (a factor alone scales linearly).", rich_help_panel=ROPE),
+    "rope_freq_base": typer.Option(None, "--rope-freq-base", help="Rope base frequency.", rich_help_panel=ROPE),
+    "rope_freq_scale": typer.Option(None, "--rope-freq-scale", help="Rope frequency scale: 1/N of --rope-scale N.",
+                                    rich_help_panel=ROPE),
+    "yarn_orig_ctx": typer.Option(None, "--yarn-orig-ctx", help="YaRN's original context (default: the model's "
+                                  "rope.scaling.original_context_length, else its context_length).",
+                                  rich_help_panel=ROPE),
+}
+
+
+def rope_options(*flags):
+    """RopeOptions from the rope flags in ROPE_FLAGS' order (checked there, with each flag's name)."""
+    from ..engine.options import RopeOptions
+
+    return RopeOptions(*flags)

@@ -7,49 +7,19 @@ import copy
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import __version__
+from ..engine.options import DecodeOptions
 from ..errors import BadFlagError
-from ..load import LoadedModel, load
-from ..text.chat import Conversation, Slot, Turn, drop_note, run_turn, use_chat_template
-from .options import DecodeOptions
+from ..load import LoadedModel, load_for, slots
+from ..text.chat import Turn, drop_note, run_turn, use_chat_template
+from ..text.options import TextOptions
 
-__all__ = ["DecodeOptions", "RunResult", "Runner", "TextOptions", "run", "run_sessions", "slots", "write_trace"]
+__all__ = ["RunResult", "Runner", "run", "run_sessions", "write_trace"]
 
 JSON_SCHEMA = "guild.run/1"  # the --json objects' layout (README, "--json"); bumped on any incompatible change
-
-
-@dataclass(frozen=True)
-class TextOptions:
-    """What the text around the tokens looks like: `--system`, `--stop`, `--ignore-eos`, `--chat-template`, and the
-    grammar it follows: `--json-schema` or `--grammar` (files)."""
-
-    system: str | None = None  # the system prompt of a chat
-    stop: tuple[str, ...] = ()  # the text ends just before the first of these (never shown)
-    ignore_eos: bool = False  # generate past end-of-generation tokens (they are not shown)
-    chat_template: str | None = None  # a Jinja file replacing the GGUF's tokenizer.chat_template
-    json_schema: str | None = None  # a JSON schema file
-    grammar: str | None = None  # an llguidance Lark grammar file
-
-    def __post_init__(self):
-        if any(not s for s in self.stop):
-            raise BadFlagError("--stop: an empty stop string would stop at once")
-        if self.json_schema is not None and self.grammar is not None:
-            raise BadFlagError("--json-schema and --grammar cannot both constrain one reply; give one")
-
-    def compile(self, tok):
-        """The grammar of --json-schema / --grammar for this tokenizer (None without either)."""
-        from ..text.grammar import MAX_GRAMMAR_CHARS, compile_grammar
-        from ..text.inputs import read_text_file
-
-        for flag, path, kind in (("--json-schema", self.json_schema, "json_schema"),
-                                 ("--grammar", self.grammar, "lark")):
-            if path is not None:
-                src = read_text_file(path, flag, MAX_GRAMMAR_CHARS)
-                return compile_grammar(kind, src, tok, f"{flag} {path}")
-        return None
 
 
 def sampling_dict(sp) -> dict:
@@ -137,27 +107,6 @@ class RunResult:
     def json_lines(self) -> list[str]:
         """One JSON object per turn (a conversation prints one line per turn)."""
         return [json.dumps(self.turn_dict(i), ensure_ascii=False) for i in range(len(self.turns))]
-
-
-def load_for(model: str | None, opts: DecodeOptions, threads: int | None = None) -> LoadedModel:
-    """The model as `opts` wants it: its plan (--gexec), threads, device and MTP head options."""
-    return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan,
-                rope=opts.rope)
-
-
-def slots(lm: LoadedModel, opts: DecodeOptions, n: int = 1, corpus_texts=(),
-          text: TextOptions = TextOptions()) -> list[Slot]:
-    """n sessions, each with its own cache, drafter (corpus ingested) and sampling seed (seed + i)."""
-    out = []
-    grammar = text.compile(lm.tokenizer)
-    for i in range(n):
-        session = lm.session(opts.context, opts.prefill_batch)
-        if text.ignore_eos:
-            session.eos_ids = frozenset()
-        conv = Conversation(session, lm.tokenizer, text.system)
-        out.append(Slot(conv, lm.drafter(opts, opts.context, corpus_texts),
-                        replace(opts.sampling, seed=(opts.sampling.seed + i) % 2**64), grammar))
-    return out
 
 
 def _say(notify: Callable[[str], None] | None, msg: str) -> None:

@@ -32,12 +32,14 @@ def _align(n: int) -> int:
 
 
 class KernelClock:
-    """Seconds the host spends in its costliest kernels, by name: "experts" (the routed experts,
-    kernels/cpu/moe) and "gdn_recurrence". Counted while attached to the host (`HOST.clock`, by
-    guild.engine.timing); HOST.clock is None otherwise and nothing is timed."""
+    """Seconds spent inside kernels, by name. The host attributes its costliest ones while attached to it
+    (`HOST.clock`, by guild.engine.timing): "experts" (the routed experts, kernels/cpu/moe) and
+    "gdn_recurrence"; HOST.clock is None otherwise and nothing is timed. A TimedBackend on the clock adds every
+    backend op by its name. A span inside another counts toward the outer one only, so nothing counts twice."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self._depth = 0
 
     def reset(self) -> None:
         self.seconds.clear()
@@ -47,11 +49,23 @@ class KernelClock:
 
     @contextlib.contextmanager
     def span(self, name: str):
+        self._depth += 1
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            self._depth -= 1
+            if not self._depth:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def timed(self, name: str, fn):
+        """fn, its calls counted under name."""
+
+        def call(*args, **kwargs):
+            with self.span(name):
+                return fn(*args, **kwargs)
+
+        return call
 
 
 _UNTIMED = contextlib.nullcontext()  # reusable: it holds no state
@@ -141,6 +155,25 @@ class Backend(Protocol):
     def gated_rmsnorm(self, x, z, w, eps, out) -> None: ...
 
     def sigmoid_mul(self, x, gate, out) -> None: ...
+
+
+def backend_ops() -> tuple[str, ...]:
+    """The Backend Protocol's ops, in declaration order."""
+    return tuple(n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_"))
+
+
+class TimedBackend:
+    """Another backend whose every op (backend_ops) is counted on a KernelClock under its own name: a
+    forward's per-op split, measured by running it on this (guild.engine.timing) with the kernels untouched.
+    The ops' results, and so the bits, are the inner backend's."""
+
+    def __init__(self, inner: Backend, clock: KernelClock):
+        self.inner, self.clock = inner, clock
+        for op in backend_ops():
+            setattr(self, op, clock.timed(op, getattr(inner, op)))
+
+    def __getattr__(self, name: str):  # name, device and the transfer counters: the inner backend's
+        return getattr(self.inner, name)
 
 
 class HostBackend:
@@ -499,6 +532,17 @@ class Layout:
         for name in list(self.rope):
             with bes[name].activate():
                 self.rope[name] = (bes[name].upload(cos), bes[name].upload(sin))
+
+    def timed(self, clock: KernelClock) -> Layout:
+        """This layout with each of its backends wrapped once in a TimedBackend on clock."""
+        wrapped: dict[int, TimedBackend] = {}
+
+        def w(be):
+            if id(be) not in wrapped:
+                wrapped[id(be)] = TimedBackend(be, clock)
+            return wrapped[id(be)]
+
+        return Layout([w(be) for be in self.layer_be], w(self.embed_be), w(self.out_be), self.rope, w(self.head_be))
 
     def stage(self, key: str, with_dev: bool = True) -> _Staging:
         s = self._stage.get(key)

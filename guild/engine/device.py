@@ -15,10 +15,10 @@ import ctypes
 import sys
 from dataclasses import dataclass
 
-from ..cli.options import DEVICES
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
 from ..plans.machine import FAKE_GPU_NAME, fake_gpu_mib
 from .gpu import build
+from .options import DEVICES
 from .placement import placement_from_plan
 
 

@@ -1,11 +1,13 @@
-"""Timing verification windows: the one loop behind `guild optimize`'s window costs V(T) (calib/spec.py) and
+"""Timing verification windows: the one loop behind `guild optimize`'s window costs V(T) (calib/draft_costs.py) and
 the benchmarks' (guild.tools.perf, guild.tools.perf_hybrid).
 
 A window is one forward of T rows at the state's position, then `state.commit(keep)`. Each round runs every T
 once (rotated per round if asked, so no T always runs first and a slow spell of a shared machine hits all T
 alike); warm-up rounds are run and not recorded. With `clock`, the host's KernelClock (guild.engine.backends)
 is attached to HOST for the run and the seconds inside the routed experts and the Gated-DeltaNet recurrence
-inside each forward are recorded per window.
+inside each forward are recorded per window. With `ops`, the forward also runs on its layout wrapped in
+TimedBackends, and every backend op's seconds are recorded by its name: what is left of the forward is the
+Python between the kernels.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class WindowTimes:
 
     forward_ms: dict = field(default_factory=dict)
     commit_ms: dict = field(default_factory=dict)
-    kernel_ms: dict = field(default_factory=dict)  # T -> [{kernel name: ms}, ...]
+    kernel_ms: dict = field(default_factory=dict)  # T -> [{kernel or backend op name: ms}, ...]
     distinct: dict = field(default_factory=dict)  # T -> [mean distinct routed experts per layer, ...]
 
     def window_ms(self, T: int) -> list[float]:
@@ -36,17 +38,23 @@ class WindowTimes:
     def kernel(self, name: str, T: int) -> list[float]:
         return [k.get(name, 0.0) for k in self.kernel_ms[T]]
 
+    def kernels_total(self, T: int) -> list[float]:
+        """Per window, the forward's ms inside any timed kernel (spans never overlap: see KernelClock)."""
+        return [sum(k.values()) for k in self.kernel_ms[T]]
+
 
 def time_windows(model, state, tokens: Callable[[int, int], Sequence[int]], Ts: Sequence[int], repeats: int, *,
                  warmup: int = 0, rotate: bool = False, keep: Callable[[int], int] = lambda T: 0,
-                 after: Callable | None = None, clock: bool = False) -> WindowTimes:
+                 after: Callable | None = None, clock: bool = False, ops: bool = False) -> WindowTimes:
     """Time `repeats` rounds (after `warmup` unrecorded ones) of one window per T in Ts on `state`.
 
     tokens(round, T): the window's token ids (round counts the warm-up ones). after(out, window, T): run on
     each forward's ForwardResult before the commit, inside the forward's time (the verifier's accept rule).
     The commit keeps keep(T) rows: by default none, so the state stays where it is."""
     res = WindowTimes(*({T: [] for T in Ts} for _ in range(4)))
-    kc = KernelClock() if clock else None
+    kc = KernelClock() if clock or ops else None
+    if ops:
+        model = model.on_layout(model.layout.timed(kc))
     saved, HOST.clock = HOST.clock, kc
     try:
         for r in range(warmup + repeats):

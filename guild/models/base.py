@@ -4,6 +4,7 @@ placement (Architecture)."""
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, replace
 
@@ -148,11 +149,13 @@ def check_finite(x: np.ndarray, where: str) -> None:
 
 class Architecture(ABC):
     """The declarations the rest of guild reads off an architecture class (guild/models/__init__.py REGISTRY):
-    whether guild.engine.gpu can place it (`GPU`: kernels/cuda has every op its forward calls), the arguments
-    and per-layer tensor rules the validator checks a file against (models/validate.py), and what one block
-    holds and what its state costs, for the GPU placement and the device twins."""
+    whether guild.engine.gpu can place it (`GPU`: kernels/cuda has every op its forward calls), whether `guild
+    train-mtp` trains heads for it (`MTP_TRAINABLE`: guild/tools/train_mtp/model.py's PyTorch block mirrors its
+    block), the arguments and per-layer tensor rules the validator checks a file against (models/validate.py),
+    and what one block holds and what its state costs, for the GPU placement and the device twins."""
 
     GPU = False
+    MTP_TRAINABLE = False
     placement = None  # the GpuSplit guild.engine.gpu placed this model with; None on the CPU
 
     @classmethod
@@ -212,6 +215,12 @@ class Architecture(ABC):
         if n_ctx > self.cos.shape[0]:
             self.build_rope(n_ctx)
         return n_ctx
+
+    def on_layout(self, layout: Layout):
+        """A shallow copy of this model (the same weights and blocks) whose parts run where layout says."""
+        m = copy.copy(self)
+        m._layout = layout
+        return m
 
     @property
     def layout(self) -> Layout:

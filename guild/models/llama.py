@@ -93,6 +93,7 @@ class Layer:
 
 class Llama(Architecture):
     GPU = True
+    MTP_TRAINABLE = True
     ROPE_NEOX = False
     QK_NORM = False
     n_mtp = 0  # nextn (MTP) blocks the file appends after the trunk (hybrids read it from the metadata)

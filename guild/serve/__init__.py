@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli.options import MAX_SESSIONS, DecodeOptions
+from ..engine.options import MAX_SESSIONS, DecodeOptions
 from ..errors import BadFlagError, GuildError
 from ..speculative.options import DraftOptions
 from .batcher import BatchEngine
@@ -64,7 +64,7 @@ def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: 
         import uvicorn
     except ImportError:
         raise GuildError("guild serve needs uvicorn and starlette: pip install 'guild'") from None
-    from ..cli.run import load_for
+    from ..load import load_for
 
     sock = _bind(sopts.host, sopts.port)
     log(f"guild serve: loading {model or 'the default model'}")

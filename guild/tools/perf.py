@@ -23,8 +23,6 @@ from ..engine.sampling import SamplingParams
 from ..engine.session import GuildSession
 from ..engine.timing import time_windows
 from ..engine.verify import Verifier
-from ..kernels.cpu import moe as moe_mod
-from ..kernels.cpu import ops as ops_mod
 from ..kernels.cpu import quant, simd
 from ..load import load, set_threads
 from ..speculative.build import make_drafter
@@ -243,44 +241,21 @@ def verifier_share(model, ids, T=5, repeats=9):
     return median(vt) / (median(vt) + median(fwd))
 
 
-def python_share(model, ids, steps=24):
-    """Fraction of a decode step's wall time outside kernel calls (timed wrappers around every kernel)."""
+def python_share(model, ids, steps=24) -> tuple[float, dict[str, float]]:
+    """Greedy decode steps after a prefill of ids, timed by time_windows with every backend op on the clock:
+    the fraction of a step's wall time (forward, argmax, commit) outside the kernels and the backend's ops, and
+    the median ms per step of each op (the routed experts as one)."""
 
-    acc = [0.0]
+    s = GuildSession(model, n_ctx=len(ids) + steps + 8)
+    nxt = [int(np.argmax(s.prefill(ids)))]
 
-    def timed(fn):
-        def w(*a, **k):
-            t0 = time.perf_counter()
-            r = fn(*a, **k)
-            acc[0] += time.perf_counter() - t0
-            return r
-        return w
+    def pick(out, window, T):
+        nxt[0] = int(np.argmax(out.logits[-1]))
 
-    names = [n for n in dir(ops_mod) if not n.startswith("_") and hasattr(getattr(ops_mod, n), "py_func")]
-    saved_ops = {n: getattr(ops_mod, n) for n in names}
-    # kernel entry points as each caller module reaches them (the host backend through the quant module)
-    saved_q = {(mod, n): getattr(mod, n) for mod, n in ((quant, "matmul"), (quant, "dequantize_rows"),
-                                                        (moe_mod, "matmul"), (moe_mod, "experts_matmul"))}
-    try:
-        for n, f in saved_ops.items():
-            setattr(ops_mod, n, timed(f))
-        for (mod, n), f in saved_q.items():
-            setattr(mod, n, timed(f))
-        s = GuildSession(model, n_ctx=len(ids) + steps + 8)
-        logits = s.prefill(ids)
-        tok = int(np.argmax(logits))
-        acc[0] = 0.0
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            tok = int(np.argmax(model.forward([tok], s.state)[0]))
-            s.state.commit(1)
-        total = time.perf_counter() - t0
-    finally:
-        for n, f in saved_ops.items():
-            setattr(ops_mod, n, f)
-        for (mod, n), f in saved_q.items():
-            setattr(mod, n, f)
-    return 1.0 - acc[0] / total
+    t = time_windows(model, s.state, lambda r, T: nxt[:1], [1], steps, keep=lambda T: 1, after=pick, ops=True)
+    share = 1.0 - sum(t.kernels_total(1)) / sum(t.window_ms(1))
+    names = sorted({n for k in t.kernel_ms[1] for n in k})
+    return share, {n: round(median(t.kernel(n, 1)), 4) for n in names}
 
 
 AGREEMENT_PROMPTS = (
@@ -403,10 +378,11 @@ def main(argv=None) -> int:
         long_ids = lm.tokenizer.encode(long_prompt_text())
         ms, distinct = window_costs(lm.model, long_ids)
         bound = window_bound(lm.model, len(long_ids), distinct, peaks)
-        share = python_share(lm.model, ids[:64])
+        share, op_ms = python_share(lm.model, ids[:64])
         vshare = verifier_share(lm.model, ids[:64])
         report["runs"].append({"model": label, "numerics": lm.numerics, "window_ms": ms, "distinct_experts": distinct,
-                               "bound": bound, "python_share": share, "verifier_share_T5": vshare})
+                               "bound": bound, "python_share": share, "decode_step_op_ms": op_ms,
+                               "verifier_share_T5": vshare})
         lines.append(f"\n**{label}** window cost at a ~600-token context (median ms, ratio to T=1)"
                      + (", mean distinct experts per layer" if lm.model.args.is_moe else "") + ":\n")
         lines.append("| T | " + " | ".join(str(t) for t in ms) + " |")
@@ -418,7 +394,9 @@ def main(argv=None) -> int:
         lines.append("| bound ms (bytes / mult-adds) | " + " | ".join(
             f"{b['bound_ms']:.1f} ({b['mem_ms']:.1f}/{b['mac_ms']:.1f})" for b in bound.values()) + " |")
         lines.append("| V(T)/bound | " + " | ".join(f"{ms[T] / bound[T]['bound_ms']:.1f}" for T in ms) + " |")
-        lines.append(f"\nPython outside kernels: {share * 100:.1f}% of a decode step. Verifier (sampling with "
+        top = sorted(op_ms.items(), key=lambda kv: -kv[1])[:4]
+        lines.append(f"\nPython outside the kernels and backend ops: {share * 100:.1f}% of a decode step (costliest "
+                     "per step: " + ", ".join(f"{n} {v:.2f} ms" for n, v in top) + "). Verifier (sampling with "
                      f"penalties, every row): {vshare * 100:.1f}% of a T=5 window.")
     report["decode"] = rows
     dense_lm, moe_lm = load(str(paths["dense"])), load(str(paths["moe 8x top-2"]))

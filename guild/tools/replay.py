@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli.run import DecodeOptions, load_for, slots
+from ..engine.options import DecodeOptions
 from ..errors import GuildError
 from ..formats.files import write_bytes
+from ..load import load_for, slots
 from ..speculative.adaptive import AdaptiveDrafter
 from ..speculative.base import Drafter, top1
 from ..speculative.options import MTP_K

@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from guild.cli.run import DecodeOptions, run
+from guild.cli.run import run
+from guild.engine.options import DecodeOptions
 from guild.engine.session import GuildSession
 
 pytestmark = pytest.mark.slow

@@ -276,7 +276,7 @@ def _load_growth(path, env) -> dict:
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_loading_stays_in_bounded_memory(moe_path, tmp_path):
     """Peak resident memory while loading the embedded 8-expert MoE (447 MB). Repacking into memory grows it by
-    ~1.3x the file (the old loader held the repacked copy and the file's pages at once: ~2x). The first load
+    ~1.3x the file (holding the repacked copy and the file's pages at once would be ~2x). The first load
     streams into the cache (measured growth 0.33x: one matrix at a time plus the allocator's slack), the second
     maps it (0.03x): bounds 0.6x and 0.15x."""
     env = dict(os.environ, GUILD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_NUM_THREADS="1")

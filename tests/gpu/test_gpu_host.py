@@ -329,16 +329,18 @@ def test_nothing_fits_is_a_clear_error(tiny):
 
 def test_both_backends_implement_the_backend_protocol():
     """Every op of engine.backends.Backend exists on HostBackend and CudaBackend with the Protocol's signature,
-    and neither has a public op the Protocol lacks (fake_device, a constructor, is not an op)."""
+    and neither has a public op the Protocol lacks (fake_device, a constructor, is not an op); a TimedBackend
+    around one is a Backend too."""
     import inspect
 
-    from guild.engine.backends import Backend, CudaBackend
+    from guild.engine.backends import Backend, CudaBackend, KernelClock, TimedBackend, backend_ops
 
-    ops = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
-    assert len(ops) >= 30
+    ops = set(backend_ops())
+    assert len(ops) >= 30 and "matmul" in ops and "name" not in ops
     for cls in (HostBackend, CudaBackend):
         for n in ops:
             assert inspect.signature(getattr(cls, n)) == inspect.signature(getattr(Backend, n)), f"{cls.__name__}.{n}"
         public = {n for n, v in vars(cls).items() if not n.startswith("_") and callable(v)}
         assert public - ops == set(), cls.__name__
     assert isinstance(HostBackend.fake_device(), Backend)
+    assert isinstance(TimedBackend(HostBackend.fake_device(), KernelClock()), Backend)

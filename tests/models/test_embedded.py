@@ -30,6 +30,7 @@ def test_dense_greedy_says_paris(dense_model):
     assert int(logits[-1].argmax()) == 7042  # " Paris"
 
 
+@pytest.mark.slow  # over 20 s here; tests/models/test_model.py checks the same contract on tiny models
 @pytest.mark.parametrize("which", ["dense_model", "moe_model"])
 def test_windows_equal_plain_steps(which, request, threads):
     model = request.getfixturevalue(which)

@@ -95,3 +95,14 @@ def test_moe_routes_distinct_experts(tmp_path):
     d = m.forward_batch([(SEQ[:8], m.new_state(32))])[0].distinct_experts
     assert d.shape == (2,)
     assert (d >= 2).all() and (d <= 4).all()
+
+
+def test_lists_of_architectures_are_read_off_the_classes():
+    """GPU_ARCHS and train-mtp's SUPPORTED_ARCHS are the registry filtered by each class's declaration: the
+    Llama family (whose block train-mtp's PyTorch twin mirrors) trains heads, the DeltaNet hybrids do not."""
+    from guild.models import GPU_ARCHS, REGISTRY
+    from guild.tools.train_mtp.config import SUPPORTED_ARCHS
+
+    assert GPU_ARCHS == tuple(n for n, c in REGISTRY.items() if c.GPU)
+    assert SUPPORTED_ARCHS == ("llama", "qwen3", "qwen3moe")
+    assert not REGISTRY["qwen35moe"].MTP_TRAINABLE and not REGISTRY["qwen3next"].MTP_TRAINABLE

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from guild.cli.options import RopeOptions
 from guild.engine.backends import HostBackend
 from guild.engine.gpu import split_onto_device
+from guild.engine.options import RopeOptions
 from guild.engine.placement import GpuSplit
 from guild.engine.session import GuildSession
 from guild.errors import BadFlagError, GuildError

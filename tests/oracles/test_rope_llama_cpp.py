@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from guild.cli.options import RopeOptions
+from guild.engine.options import RopeOptions
 from guild.load import apply_rope
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model

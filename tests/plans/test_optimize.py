@@ -204,7 +204,8 @@ def test_cli_optimize_prints_a_line_per_pass(tiny, tmp_path):
 # -- --gexec in run and bench -------------------------------------------------------------------------------
 def test_runner_uses_the_plan_costs_and_threads(plan, tiny, monkeypatch):
     import guild.load as load_mod
-    from guild.cli.run import DecodeOptions, Runner
+    from guild.cli.run import Runner
+    from guild.engine.options import DecodeOptions
 
     seen = []
     real = load_mod.make_drafter
@@ -246,7 +247,8 @@ def test_plan_from_another_machine_strict_fails_else_regenerates(plan, tiny, tmp
 
 
 def test_cpu_plan_on_a_gpu_machine_is_regenerated_with_a_placement(plan, tiny, tmp_path, monkeypatch):
-    from guild.cli.run import DecodeOptions, Runner
+    from guild.cli.run import Runner
+    from guild.engine.options import DecodeOptions
     from guild.plans import machine as probe
 
     if plan.hardware.gpu is not None:

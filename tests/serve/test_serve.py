@@ -107,6 +107,7 @@ def test_chat_equals_solo_run(client, lm, sampling):
     assert _tokens(again) == _tokens(r)
 
 
+@pytest.mark.slow  # over 20 s here; the quick pass keeps test_chat_equals_solo_run[seeded]
 def test_seeded_chat_equals_the_guild_run_command(client):
     """The CLI itself, with its default sampling flags, as the server's defaults are (top-k 40, min-p 0.05)."""
     r = _chat(client, USER, max_tokens=16, **SAMPLED)
@@ -191,6 +192,7 @@ PROMPTS = ["Write a haiku about the sea.", "List the first five prime numbers.",
 STRATEGIES = ["normal", "lookup", "retrieval", "mtp", "adaptive"]
 
 
+@pytest.mark.slow  # over 20 s here; the quick pass keeps test_concurrent_requests_share_rounds
 def test_sixteen_concurrent_streams_equal_their_solo_runs(client, lm):
     # clients i and i + 8 differ only in strategy: one solo run (normal; strategies are exact) serves both
     cases = [(PROMPTS[i % 8], STRATEGIES[i % 5], i % 8 % 3 == 0, 12 + i % 8 % 5) for i in range(16)]
@@ -299,6 +301,7 @@ def test_overload_disconnect_and_sigterm():
             os.kill(p.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # over 20 s here; the quick pass keeps the server's OpenAI surface: the tests above
 def test_two_replicas_behind_litellm(server, lm):
     """Scaling out (README "Serving"): two `guild serve` replicas as deployments of one model in LiteLLM's Router;
     both take requests, and every answer equals the solo run."""

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from guild.cli.options import DecodeOptions
+from guild.engine.options import DecodeOptions
 from guild.errors import BadFlagError, PlanError, UnknownStrategyError
 from guild.plans.plan import read_plan, write_plan
 from guild.speculative import registry

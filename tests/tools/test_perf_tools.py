@@ -102,3 +102,46 @@ def test_one_window_timing_routine_times_the_host_kernels(tiny, tmp_path):
     w = perf_hybrid.window_costs(h, 1, np.random.default_rng(0))
     assert all(0 < w["recurrence_ms"][T] < w["V_ms"][T] for T in range(1, 9))
     assert set(w["rollback_T5"]["replay"]["commit_ms"]) == {1, 2, 3, 4, 5}
+
+
+def test_the_per_op_split_of_a_window_sums_within_it(tiny, tmp_path):
+    """time_windows(ops=True) runs the forward on TimedBackends: the same logits bit for bit, every op the
+    forward calls on the clock, the ops' and experts' ms summing to less than the forward (the rest is the
+    Python between them), nested spans counted once; perf.python_share reports that rest and the split."""
+    from guild.engine.backends import HOST, KernelClock
+    from guild.engine.timing import time_windows
+    from guild.models import load_model
+    from guild.tools import perf
+    from guild.tools.tiny_hybrid import write_tiny_hybrid
+
+    c = KernelClock()
+    with c.span("outer"):
+        with c.span("inner"):
+            pass
+        c.timed("op", lambda: None)()
+    assert set(c.seconds) == {"outer"}
+
+    m = load_model(tiny)
+    outs = {}
+    for ops in (False, True):
+        st = m.new_state(64)
+        m.forward(np.arange(8), st)
+        st.commit(8)
+        t = time_windows(m, st, lambda r, T: np.arange(r, r + T), [1, 4], 2, keep=lambda T: T, ops=ops,
+                         after=lambda out, w, T, ops=ops: outs.setdefault(ops, []).append(out.logits.copy()))
+        assert HOST.clock is None and st.pos == 8 + 2 * 5
+    assert all(np.array_equal(a, b) for a, b in zip(outs[False], outs[True], strict=True))
+    for T in (1, 4):
+        for k, f in zip(t.kernel_ms[T], t.forward_ms[T], strict=True):
+            assert {"matmul", "attention", "rmsnorm", "experts"} <= set(k) and all(v > 0 for v in k.values())
+            assert 0 < sum(k.values()) < f
+    assert all(x == sum(k.values()) for x, k in zip(t.kernels_total(1), t.kernel_ms[1], strict=True))
+
+    share, op_ms = perf.python_share(m, list(range(16)), steps=4)
+    assert 0 < share < 1 and {"matmul", "experts"} <= set(op_ms)
+
+    h = load_model(str(write_tiny_hybrid(tmp_path / "h.gguf", seed=2)))
+    st = h.new_state(64)
+    t = time_windows(h, st, lambda r, T: np.arange(T), [3], 2, ops=True)
+    for k, f in zip(t.kernel_ms[3], t.forward_ms[3], strict=True):
+        assert k["gdn_recurrence"] > 0 and k["experts"] > 0 and sum(k.values()) < f

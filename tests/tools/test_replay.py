@@ -61,7 +61,8 @@ def test_bad_traces_are_one_line_errors(tmp_path):
 def test_record_is_plain_decoding_on_the_embedded_model(tmp_path, moe_path):
     """Recording asks every drafter at every position but never drafts: the stream is plain decoding's, and the
     trace replays."""
-    from guild.cli.run import DecodeOptions, load_for
+    from guild.engine.options import DecodeOptions
+    from guild.load import load_for
     from guild.tools.bench import run_workload
     from guild.workloads import load_workloads
 

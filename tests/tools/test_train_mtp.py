@@ -12,13 +12,14 @@ torch = installed("torch")
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
-from guild.errors import GuildError, ModelNotFoundError  # noqa: E402
+from guild.errors import GuildError, ModelNotFoundError, UnsupportedArchitectureError  # noqa: E402
 from guild.formats.gguf import GGUFFile  # noqa: E402
 from guild.kernels import ref  # noqa: E402
 from guild.kernels.rope import rope_tables  # noqa: E402
 from guild.models import load_model  # noqa: E402
 from guild.tools import train_mtp as tm  # noqa: E402
 from guild.tools.tiny import write_tiny_model  # noqa: E402
+from guild.tools.tiny_hybrid import write_tiny_hybrid  # noqa: E402
 
 TINY = dict(text_tokens=500, gen_tokens=100, seq_len=32, batch=4, lr=3e-3, threads=1, progress=False)
 
@@ -232,6 +233,9 @@ def test_errors(models, tmp_path, monkeypatch):
         tm.train_mtp(models["dense"], tmp_path / "nope" / "h.gguf", steps=1)
     with pytest.raises(ModelNotFoundError):
         tm.train_mtp(tmp_path / "missing.gguf", tmp_path / "h.gguf", steps=1, progress=False)
+    hybrid = write_tiny_hybrid(tmp_path / "hybrid.gguf")
+    with pytest.raises(UnsupportedArchitectureError, match="architectures llama, qwen3, qwen3moe, not 'qwen35moe'"):
+        tm.train_mtp(hybrid, tmp_path / "h.gguf", steps=1, progress=False)
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch → ImportError
     with pytest.raises(GuildError, match=r"train-mtp needs torch: pip install 'guild\[train\]'"):
         tm.train_mtp(models["dense"], tmp_path / "h.gguf", steps=1, progress=False)

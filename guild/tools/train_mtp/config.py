@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ...errors import BadFlagError
+from ...models import REGISTRY
 
 FORMAT_VERSION = 1  # bump when the data, the head or the checkpoint layout changes
 SOURCES = ("Python standard library sources (*.py, PSF License) and pydoc_data.topics (Python documentation, "
            "PSF License); the base model's own greedy generations on guild's training prompts (Apache-2.0)")
-SUPPORTED_ARCHS = ("llama", "qwen3", "qwen3moe")
+SUPPORTED_ARCHS = tuple(name for name, cls in REGISTRY.items() if cls.MTP_TRAINABLE)
 
 # defaults, sized for the embedded model on a 2-core machine (README "MTP heads" has the time of each phase)
 DEFAULT_STEPS = 250
