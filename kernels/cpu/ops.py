@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
-from .intrinsics import floorf, fma32, pow2f
+from .intrinsics import floorf, fma32, h2f, pow2f
 from .simd import fma_f, lane, ld_f32, max_f, splat_f, st_f32, zero_f
 
 
@@ -145,16 +146,7 @@ def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
 @njit(cache=True, inline="always")
 def _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec):
     """out[t, h0 .. h0 + group - 1] from the row's scores[t * H + h, :L]: softmax, then the weighted values."""
-    H = out.shape[1]
-    invs = np.empty(group, np.float32)
-    pb = np.empty((group, L), np.float32)  # exp(s - max): a separate buffer (in place, LLVM's alias check fails)
-    for r in range(group):
-        sc = scores[t * H + h0 + r][:L]
-        m = _vmax(sc, L) if vec else np.max(sc)
-        p = pb[r]
-        for j in range(L):  # one vectorised pass (expf: fmas, 16 lanes)
-            p[j] = expf(sc[j] - m)
-        invs[r] = np.float32(1.0) / sum_fixed(p)
+    pb, invs = _softmax_rows(scores, t, out.shape[1], h0, group, L, vec)
     if vec:
         _pv_vec(pb, invs, vc, g, t, h0, group, L, out, hd, 0)
     else:
@@ -168,6 +160,22 @@ def _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec):
                 vr = vc[g, j]
                 for i in range(hd):
                     o[i] += p * vr[i]
+
+
+@njit(cache=True, inline="always")
+def _softmax_rows(scores, t, H, h0, group, L, vec):
+    """(exp(s - max) [group, L], 1 / their sums [group]) of the row's scores[t * H + h, :L] for the heads
+    h = h0 .. h0 + group - 1."""
+    invs = np.empty(group, np.float32)
+    pb = np.empty((group, L), np.float32)  # exp(s - max): a separate buffer (in place, LLVM's alias check fails)
+    for r in range(group):
+        sc = scores[t * H + h0 + r][:L]
+        m = _vmax(sc, L) if vec else np.max(sc)
+        p = pb[r]
+        for j in range(L):  # one vectorised pass (expf: fmas, 16 lanes)
+            p[j] = expf(sc[j] - m)
+        invs[r] = np.float32(1.0) / sum_fixed(p)
+    return pb, invs
 
 
 @njit(cache=True, inline="always")
@@ -387,3 +395,173 @@ def softmax_topk(logits, k, renorm, ids, weights):
         if renorm:
             for r in range(k):
                 weights[t, r] = weights[t, r] / tot
+
+
+# =========================================================================================================
+# Attention over a typed KV cache (--cache-type-k / --cache-type-v, guild/engine/state.py): the kernels read the
+# stored type, never a float32 copy of the cache. f16: IEEE halves, passed as their uint16 bits. q8_0: llama.cpp's
+# block_q8_0 split in two arrays, int8 quants and an f16 scale (uint16 bits) per 32 values along head_dim; keys
+# transposed as the f32 kernel wants them (quants [Hkv, hd, ctx], scales [Hkv, hd/32, ctx]), values per position
+# (quants [Hkv, ctx, hd], scales [Hkv, ctx, hd/32]). A window takes two passes, scores by the key type, then
+# softmax and values by the value type; each has one task per (KV head, row) and fixed reduction orders, so
+# row invariance holds for every pair of types.
+# =========================================================================================================
+KV_TILE = 64  # positions per score tile: the group's scores stay in L1 while the K tile streams through
+
+
+@njit(cache=True, error_model="numpy")
+def kv_quantize_q8_0(x, qs, d):
+    """Rows x [N, hd] (hd a multiple of 32) → quants qs [N, hd] int8 and scales d [N, hd/32] float32 (stored as
+    f16 by the caller): Q8_0's rule, d = max|x| / 127, q = rint(x * (1 / d)) in float32."""
+    N, hd = x.shape
+    for n in range(N):
+        for b in range(hd // 32):
+            amax = np.float32(0.0)
+            for i in range(32 * b, 32 * b + 32):
+                amax = max(amax, abs(x[n, i]))
+            db = amax / np.float32(127.0)
+            inv = np.float32(1.0) / db if db > 0 else np.float32(0.0)
+            d[n, b] = db
+            for i in range(32 * b, 32 * b + 32):
+                qs[n, i] = np.int8(np.rint(x[n, i] * inv))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def scores_f32(q, kt, pos0, scale, scores):
+    """The score pass over float32 keys [Hkv, hd, ctx]: scores[t * H + h, :pos0 + t + 1], as `attention` computes
+    them."""
+    T, H, hd = q.shape
+    group = H // kt.shape[0]
+    vec = hd % 16 == 0 and kt.strides[2] == 4 and scores.strides[1] == 4 and q.strides[2] == 4
+    for u in prange(kt.shape[0] * T):
+        g = u // T
+        t = u - g * T
+        if vec:
+            _scores_vec(q, kt, g, t, g * group, group, hd, pos0 + t + 1, scale, scores, t * H + g * group, 0)
+        else:
+            for h in range(g * group, (g + 1) * group):
+                _scores_scalar(q, kt, g, t, h, hd, pos0 + t + 1, scale, scores[t * H + h, : pos0 + t + 1])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def scores_f16(q, kt, pos0, scale, scores):
+    """The score pass over f16 keys (uint16 bits [Hkv, hd, ctx]): one chain over i per score, tile by tile."""
+    T, H, hd = q.shape
+    group = H // kt.shape[0]
+    for u in prange(kt.shape[0] * T):
+        g = u // T
+        t = u - g * T
+        L = pos0 + t + 1
+        for j0 in range(0, L, KV_TILE):
+            j1 = min(j0 + KV_TILE, L)
+            for h in range(g * group, (g + 1) * group):
+                s = scores[t * H + h]
+                for j in range(j0, j1):
+                    s[j] = 0.0
+                for i in range(hd):
+                    qi = q[t, h, i] * scale
+                    kr = kt[g, i]
+                    for j in range(j0, j1):
+                        s[j] += qi * h2f(kr[j])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def scores_q8_0(q, kq, ks, pos0, scale, scores):
+    """The score pass over q8_0 keys (quants [Hkv, hd, ctx], scale bits [Hkv, hd/32, ctx]): per block of 32
+    dimensions one chain of q * quant, then the scores accumulate block by block, each times its position's
+    scale."""
+    T, H, hd = q.shape
+    group = H // kq.shape[0]
+    for u in prange(kq.shape[0] * T):
+        g = u // T
+        t = u - g * T
+        L = pos0 + t + 1
+        acc = np.empty(KV_TILE, np.float32)
+        for j0 in range(0, L, KV_TILE):
+            j1 = min(j0 + KV_TILE, L)
+            for h in range(g * group, (g + 1) * group):
+                s = scores[t * H + h]
+                for j in range(j0, j1):
+                    s[j] = 0.0
+                for b in range(hd // 32):
+                    for j in range(j1 - j0):
+                        acc[j] = 0.0
+                    for i in range(32 * b, 32 * b + 32):
+                        qi = q[t, h, i] * scale
+                        kr = kq[g, i]
+                        for j in range(j0, j1):
+                            acc[j - j0] += qi * np.float32(kr[j])
+                    dr = ks[g, b]
+                    for j in range(j0, j1):
+                        s[j] += acc[j - j0] * h2f(dr[j])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def values_f32(scores, vc, pos0, out):
+    """The softmax and value pass over float32 values [Hkv, ctx, hd], as `attention` computes them."""
+    T, H, hd = out.shape
+    group = H // vc.shape[0]
+    vec = hd % 16 == 0 and vc.strides[2] == 4 and scores.strides[1] == 4 and out.strides[2] == 4
+    for u in prange(vc.shape[0] * T):
+        g = u // T
+        t = u - g * T
+        _softmax_pv(vc, scores, out, g, t, g * group, group, hd, pos0 + t + 1, vec)
+
+
+def stored_f32(x):
+    """A stored KV value as float32: f16 bits (uint16) or an int8 quant (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(stored_f32, inline="always")
+def _stored_f32(x):
+    if x == types.uint16:
+        return lambda x: h2f(x)
+    return lambda x: np.float32(x)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def values_typed(scores, vals, scales, q8, pos0, out):
+    """The softmax and value pass over f16 values (uint16 bits [Hkv, ctx, hd]; q8 False, scales unused) or q8_0
+    values (quants [Hkv, ctx, hd], scale bits [Hkv, ctx, hd/32]; q8 True: each position's weight times its
+    block's scale, times the quants): one chain over positions per output element."""
+    T, H, hd = out.shape
+    group = H // vals.shape[0]
+    for u in prange(vals.shape[0] * T):
+        g = u // T
+        t = u - g * T
+        L = pos0 + t + 1
+        pb, invs = _softmax_rows(scores, t, H, g * group, group, L, False)
+        for r in range(group):
+            o = out[t, g * group + r]
+            for i in range(hd):
+                o[i] = 0.0
+            for j in range(L):
+                p = pb[r, j] * invs[r]
+                vr = vals[g, j]
+                if q8:
+                    for b in range(hd // 32):
+                        pd = p * h2f(scales[g, j, b])
+                        for i in range(32 * b, 32 * b + 32):
+                            o[i] += pd * stored_f32(vr[i])
+                else:
+                    for i in range(hd):
+                        o[i] += p * stored_f32(vr[i])
+
+
+def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
+    """Attention over a cache layer's stored keys and values, each a float32 array, f16 bits (uint16) or a q8_0
+    (quants, scale bits) pair; float32 on both sides is the one-pass `attention`."""
+    if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
+        attention(q, k, v, pos0, scale, out, scores)
+        return
+    if isinstance(k, tuple):
+        scores_q8_0(q, k[0], k[1], pos0, scale, scores)
+    else:
+        (scores_f16 if k.dtype == np.uint16 else scores_f32)(q, k, pos0, scale, scores)
+    if isinstance(v, tuple):
+        values_typed(scores, v[0], v[1], True, pos0, out)
+    elif v.dtype == np.uint16:
+        values_typed(scores, v, v, False, pos0, out)
+    else:
+        values_f32(scores, v, pos0, out)
