@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import typer
+
+from ..engine.kvtypes import F32_KV, KV_TYPES, KVTypes
 from ..engine.sampling import GREEDY, SamplingParams
 from ..errors import BadFlagError
 from ..speculative.options import DraftOptions
@@ -13,6 +16,12 @@ DEVICES = ("auto", "cpu", "cuda")  # --device
 
 
 MAX_SESSIONS = 8  # concurrent sessions whose windows share one forward (kernels' row-invariant batch)
+
+_KV_HELP = (f"{', '.join(KV_TYPES)} (llama.cpp's names and bytes per value; q8_0: 32 int8 and an f16 scale per 34 "
+            "bytes). f32 keeps today's numbers; the GPU path takes f32 only.")
+# the KV cache flags of run, chat, serve, bench and optimize (KVTypes checks their values)
+CACHE_TYPE_K = typer.Option("f32", "-ctk", "--cache-type-k", help="Stored type of the KV cache's keys: " + _KV_HELP)
+CACHE_TYPE_V = typer.Option("f32", "-ctv", "--cache-type-v", help="Stored type of the KV cache's values: " + _KV_HELP)
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,7 @@ class DecodeOptions(DraftOptions):
     strict_plan: bool = False  # fail on a plan for another machine/model instead of regenerating one
     device: str = "cpu"  # auto | cpu | cuda (the CLI's default is auto)
     sessions: int = 1  # concurrent copies (seeds seed + i), batched into one forward per round
+    kv: KVTypes = F32_KV  # the KV cache's stored types (--cache-type-k, --cache-type-v)
 
     def __post_init__(self):
         super().__post_init__()

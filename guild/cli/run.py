@@ -116,6 +116,7 @@ class RunResult:
                 "device": "cpu" if self.device == "cpu" else "cuda", "device_detail": self.device,
                 "device_reason": self.device_reason, "strategy": self.options.strategy,
                 "mtp_head": self.mtp_head, "max_tokens": self.options.max_tokens, "context": self.options.context,
+                "cache_type_k": self.options.kv.k, "cache_type_v": self.options.kv.v,
                 "sampling": sampling_dict(self.options.sampling), "seed": self.options.sampling.seed,
                 "stop": list(t.stop), "ignore_eos": t.ignore_eos,
                 "load_ms": round(self.load_s * 1e3, 1)}
@@ -139,7 +140,8 @@ class RunResult:
 
 def load_for(model: str | None, opts: DecodeOptions, threads: int | None = None) -> LoadedModel:
     """The model as `opts` wants it: its plan (--gexec), threads, device and MTP head options."""
-    return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan)
+    return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan,
+                kv=opts.kv)
 
 
 def slots(lm: LoadedModel, opts: DecodeOptions, n: int = 1, corpus_texts=(),

@@ -34,6 +34,7 @@ from rich.progress import (
 
 from .. import __version__
 from ..cli.run import DecodeOptions, load_for, slots
+from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
 from ..formats.files import write_bytes
@@ -194,6 +195,7 @@ noise: CV (stdev / mean) of normal's tok/s over its repeated runs."""
 def markdown(rows: list[dict], info: dict) -> str:
     head = (f"guild {info['guild']} · {info['model']} · {info['cpu']} · {info['threads']} threads · "
             f"device {info.get('device_detail', info.get('device', 'cpu'))} · "
+            f"KV {info.get('cache_type_k', 'f32')}/{info.get('cache_type_v', 'f32')} · "
             f"{info['sessions']} session(s) (tok/s aggregate) · {info['repeats']} repeats · {info['sampling']}\n\n"
             "| workload | strategy | tok/s | ms/token | vs normal | acceptance | mean T | windows | experts/layer |\n"
             "|---|---|---|---|---|---|---|---|---|")
@@ -241,7 +243,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
           max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True,
           sessions: int = 1, gexec: str | None = None, strict_plan: bool = False, device: str = "cpu",
           mtp: MtpOptions = MtpOptions(), sampling_overrides: dict | None = None, noise_check: bool = True,
-          oracle: bool = True) -> dict:
+          oracle: bool = True, kv: KVTypes = F32_KV) -> dict:
     """`gexec`: a `guild optimize` plan whose calibrated costs seed the adaptive drafters (checked against this
     machine and model; regenerated next to it on a mismatch unless `strict_plan`). `sampling` replaces each
     workload's sampling; `sampling_overrides` (SamplingParams fields) change only those fields of it. With
@@ -255,7 +257,8 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     if repeats < 1:
         raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
     base = DecodeOptions(max_draft=max_draft, context=context, gexec=gexec, strict_plan=strict_plan, device=device,
-                         mtp=mtp, sessions=sessions, **({} if max_tokens is None else {"max_tokens": max_tokens}))
+                         mtp=mtp, sessions=sessions, kv=kv,
+                         **({} if max_tokens is None else {"max_tokens": max_tokens}))
     lm = load_for(model, base)
     plan = lm.plan
     for s in strategies:
@@ -313,6 +316,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft, "sessions": sessions,
             "plan": plan.path if plan else None, "device": "cpu" if lm.device == "cpu" else "cuda",
             "device_detail": lm.device, "device_reason": lm.device_reason, "sampling": sampling_desc,
+            "cache_type_k": kv.k, "cache_type_v": kv.v,
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "wall_s": round(time.time() - t_start, 1),
             "noise": {"cv": cv, "load_start": [round(x, 2) for x in load_start],
