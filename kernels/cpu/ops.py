@@ -402,11 +402,13 @@ def softmax_topk(logits, k, renorm, ids, weights):
 # stored type, never a float32 copy of the cache. f16: IEEE halves, passed as their uint16 bits. q8_0: llama.cpp's
 # block_q8_0 split in two arrays, int8 quants and an f16 scale (uint16 bits) per 32 values along head_dim; keys
 # transposed as the f32 kernel wants them (quants [Hkv, hd, ctx], scales [Hkv, hd/32, ctx]), values per position
-# (quants [Hkv, ctx, hd], scales [Hkv, ctx, hd/32]). A window takes two passes, scores by the key type, then
-# softmax and values by the value type; each has one task per (KV head, row) and fixed reduction orders, so
-# row invariance holds for every pair of types.
+# (quants [Hkv, ctx, hd], scales [Hkv, ctx, hd/32]). A window takes a pass of scores by the key type, then softmax
+# and values by the value type. The f16 and q8_0 passes read each K and V block once for all the rows of a window
+# (tasks split positions for the scores, features for the values, never a reduction), and every score and output
+# element is one chain in a fixed order whatever rows share the call: row invariance for every pair of types.
 # =========================================================================================================
-KV_TILE = 64  # positions per score tile: the group's scores stay in L1 while the K tile streams through
+KV_TILE = 64  # positions per score tile: a K tile stays in L1 while every row and head of the window uses it
+KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verification window is one pass)
 
 
 @njit(cache=True, error_model="numpy")
@@ -444,59 +446,6 @@ def scores_f32(q, kt, pos0, scale, scores):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def scores_f16(q, kt, pos0, scale, scores):
-    """The score pass over f16 keys (uint16 bits [Hkv, hd, ctx]): one chain over i per score, tile by tile."""
-    T, H, hd = q.shape
-    group = H // kt.shape[0]
-    for u in prange(kt.shape[0] * T):
-        g = u // T
-        t = u - g * T
-        L = pos0 + t + 1
-        for j0 in range(0, L, KV_TILE):
-            j1 = min(j0 + KV_TILE, L)
-            for h in range(g * group, (g + 1) * group):
-                s = scores[t * H + h]
-                for j in range(j0, j1):
-                    s[j] = 0.0
-                for i in range(hd):
-                    qi = q[t, h, i] * scale
-                    kr = kt[g, i]
-                    for j in range(j0, j1):
-                        s[j] += qi * h2f(kr[j])
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def scores_q8_0(q, kq, ks, pos0, scale, scores):
-    """The score pass over q8_0 keys (quants [Hkv, hd, ctx], scale bits [Hkv, hd/32, ctx]): per block of 32
-    dimensions one chain of q * quant, then the scores accumulate block by block, each times its position's
-    scale."""
-    T, H, hd = q.shape
-    group = H // kq.shape[0]
-    for u in prange(kq.shape[0] * T):
-        g = u // T
-        t = u - g * T
-        L = pos0 + t + 1
-        acc = np.empty(KV_TILE, np.float32)
-        for j0 in range(0, L, KV_TILE):
-            j1 = min(j0 + KV_TILE, L)
-            for h in range(g * group, (g + 1) * group):
-                s = scores[t * H + h]
-                for j in range(j0, j1):
-                    s[j] = 0.0
-                for b in range(hd // 32):
-                    for j in range(j1 - j0):
-                        acc[j] = 0.0
-                    for i in range(32 * b, 32 * b + 32):
-                        qi = q[t, h, i] * scale
-                        kr = kq[g, i]
-                        for j in range(j0, j1):
-                            acc[j - j0] += qi * np.float32(kr[j])
-                    dr = ks[g, b]
-                    for j in range(j0, j1):
-                        s[j] += acc[j - j0] * h2f(dr[j])
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
 def values_f32(scores, vc, pos0, out):
     """The softmax and value pass over float32 values [Hkv, ctx, hd], as `attention` computes them."""
     T, H, hd = out.shape
@@ -521,32 +470,93 @@ def _stored_f32(x):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def values_typed(scores, vals, scales, q8, pos0, out):
-    """The softmax and value pass over f16 values (uint16 bits [Hkv, ctx, hd]; q8 False, scales unused) or q8_0
-    values (quants [Hkv, ctx, hd], scale bits [Hkv, ctx, hd/32]; q8 True: each position's weight times its
-    block's scale, times the quants): one chain over positions per output element."""
-    T, H, hd = out.shape
-    group = H // vals.shape[0]
-    for u in prange(vals.shape[0] * T):
-        g = u // T
-        t = u - g * T
-        L = pos0 + t + 1
-        pb, invs = _softmax_rows(scores, t, H, g * group, group, L, False)
-        for r in range(group):
-            o = out[t, g * group + r]
-            for i in range(hd):
-                o[i] = 0.0
-            for j in range(L):
-                p = pb[r, j] * invs[r]
-                vr = vals[g, j]
+def scores_window(q, kq, ks, q8, pos0, scale, scores):
+    """The score pass over f16 keys (uint16 bits [Hkv, hd, ctx]; q8 False, ks unused) or q8_0 keys (quants
+    [Hkv, hd, ctx], scale bits [Hkv, hd/32, ctx]; q8 True): scores[t * H + h, :pos0 + t + 1]. One task per (KV
+    head, tile of KV_TILE positions) serves every row of the window, so each K tile is read from memory once per
+    window and reused from L1 by the rows and the heads sharing it. A score is one chain over i (q8_0: over the
+    32 dimensions of each block, then block by block times the position's scale), whatever rows share the call."""
+    T, H, hd = q.shape
+    Hkv = kq.shape[0]
+    group = H // Hkv
+    n_tiles = (pos0 + T + KV_TILE - 1) // KV_TILE
+    for u in prange(Hkv * n_tiles):
+        g = u // n_tiles
+        j0 = (u - g * n_tiles) * KV_TILE
+        acc = np.empty(KV_TILE, np.float32)
+        for t in range(max(0, j0 - pos0), T):  # the rows that reach this tile
+            j1 = min(j0 + KV_TILE, pos0 + t + 1)
+            for h in range(g * group, (g + 1) * group):
+                s = scores[t * H + h]
+                for j in range(j0, j1):
+                    s[j] = 0.0
                 if q8:
                     for b in range(hd // 32):
-                        pd = p * h2f(scales[g, j, b])
+                        for j in range(j1 - j0):
+                            acc[j] = 0.0
                         for i in range(32 * b, 32 * b + 32):
-                            o[i] += pd * stored_f32(vr[i])
+                            qi = q[t, h, i] * scale
+                            kr = kq[g, i]
+                            for j in range(j0, j1):
+                                acc[j - j0] += qi * stored_f32(kr[j])
+                        dr = ks[g, b]
+                        for j in range(j0, j1):
+                            s[j] += acc[j - j0] * h2f(dr[j])
                 else:
                     for i in range(hd):
-                        o[i] += p * stored_f32(vr[i])
+                        qi = q[t, h, i] * scale
+                        kr = kq[g, i]
+                        for j in range(j0, j1):
+                            s[j] += qi * stored_f32(kr[j])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def softmax_window(scores, T, H, pos0, inv):
+    """scores[t * H + h, :L] (L = pos0 + t + 1) → exp(s - max) in place, inv[t * H + h] = 1 / their sum."""
+    for u in prange(T * H):
+        L = pos0 + u // H + 1
+        s = scores[u]
+        m = np.max(s[:L])
+        for j in range(L):
+            s[j] = expf(s[j] - m)
+        inv[u] = np.float32(1.0) / sum_fixed(s[:L])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def values_window(scores, inv, vq, vs, q8, pos0, out):
+    """The value pass over f16 values (uint16 bits [Hkv, ctx, hd]; q8 False, vs unused) or q8_0 values (quants
+    [Hkv, ctx, hd], scale bits [Hkv, ctx, hd/32]; q8 True), after softmax_window: out[t, h, i] = one chain over
+    positions j <= pos0 + t of (p[t, h, j] * inv[t, h] (q8_0: times the position's block scale)) * v[j, i]. One task
+    per (KV head, 32 features; all of them where head_dim is not a multiple of 32) walks the positions once for a
+    block of KV_ROWS rows, their accumulators in L1, so a window reads each V block once; each output element's
+    chain is the same whatever rows share the call."""
+    T, H, hd = out.shape
+    Hkv = vq.shape[0]
+    group = H // Hkv
+    cw = 32 if hd % 32 == 0 else hd  # features per task (q8_0: one block)
+    nc = hd // cw
+    for u in prange(Hkv * nc):
+        g = u // nc
+        c0 = (u - g * nc) * cw
+        acc = np.empty((KV_ROWS * group, cw), np.float32)
+        for t0 in range(0, T, KV_ROWS):
+            t1 = min(t0 + KV_ROWS, T)
+            acc[...] = 0.0
+            for j in range(pos0 + t1):
+                vr = vq[g, j]
+                d = h2f(vs[g, j, c0 // 32]) if q8 else np.float32(1.0)
+                for t in range(max(t0, j - pos0), t1):
+                    for r in range(group):
+                        th = t * H + g * group + r
+                        p = scores[th, j] * inv[th]
+                        if q8:
+                            p = p * d
+                        a = acc[(t - t0) * group + r]
+                        for i in range(cw):
+                            a[i] += p * stored_f32(vr[c0 + i])
+            for t in range(t0, t1):
+                for r in range(group):
+                    out[t, g * group + r, c0 : c0 + cw] = acc[(t - t0) * group + r]
 
 
 def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
@@ -556,12 +566,18 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
         attention(q, k, v, pos0, scale, out, scores)
         return
     if isinstance(k, tuple):
-        scores_q8_0(q, k[0], k[1], pos0, scale, scores)
+        scores_window(q, k[0], k[1], True, pos0, scale, scores)
+    elif k.dtype == np.uint16:
+        scores_window(q, k, k, False, pos0, scale, scores)
     else:
-        (scores_f16 if k.dtype == np.uint16 else scores_f32)(q, k, pos0, scale, scores)
-    if isinstance(v, tuple):
-        values_typed(scores, v[0], v[1], True, pos0, out)
-    elif v.dtype == np.uint16:
-        values_typed(scores, v, v, False, pos0, out)
-    else:
+        scores_f32(q, k, pos0, scale, scores)
+    if not isinstance(v, tuple) and v.dtype == np.float32:
         values_f32(scores, v, pos0, out)
+        return
+    T, H, _ = q.shape
+    inv = np.empty(T * H, np.float32)
+    softmax_window(scores, T, H, pos0, inv)
+    if isinstance(v, tuple):
+        values_window(scores, inv, v[0], v[1], True, pos0, out)
+    else:
+        values_window(scores, inv, v, v, False, pos0, out)

@@ -16,7 +16,7 @@ from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 from tests.gpu.test_gpu_matrix import COPY_BIAS, SAMPLING, N, P, altered, check_cell, generate
 
-KVS = {"f16": KVTypes("f16", "f16"), "q8_0": KVTypes("q8_0", "q8_0"), "q8_0-f16": KVTypes("q8_0", "f16")}
+KVS = {"f16": KVTypes("f16", "f16"), "q8_0": KVTypes("q8_0", "q8_0")}  # mixed pairs: tests/models/test_model.py
 STRATEGIES = ("lookup", "retrieval", "mtp", "adaptive")
 
 

@@ -123,7 +123,9 @@ def test_expf_and_fixed_sum():
         assert ops.sum_fixed(y[:n]) == ops.sum_fixed(y[:n].copy())  # no dependence on where the data lives
 
 
-KV_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("f32", "q8_0"), ("q8_0", "f16"), ("f16", "f32")]
+# (K type, V type, head_dim): 16 is not a whole q8_0 block (f16 takes any head size)
+KV_PAIRS = [("f16", "f16", 16), ("f16", "f16", 64), ("q8_0", "q8_0", 64), ("f32", "q8_0", 64), ("q8_0", "f16", 32),
+            ("f16", "f32", 64)]
 
 
 def _kv_layer(kt, vt, k, v):
@@ -148,10 +150,12 @@ def test_kv_quantize_q8_0_matches_its_twin():
     assert not qs[3, :32].any() and np.abs(qs).max() == 127
 
 
-@pytest.mark.parametrize("kt,vt", KV_PAIRS)
-def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt):
+@pytest.mark.parametrize("kt,vt,hd", KV_PAIRS)
+def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd):
+    """The window kernels read each K and V block once for all the rows of a call; every row still gets bitwise
+    what it gets alone (any T, any neighbours, any thread count)."""
     # 90 positions: score tiles of 64 and a partial one
-    pos0, H, Hkv, hd, ctx = 70, 6, 2, 64, 90
+    pos0, H, Hkv, ctx = 70, 6, 2, 90
     q, k, v, _, _ = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
     kop, vop = _kv_layer(kt, vt, k, v)
     assert (isinstance(kop, tuple), isinstance(vop, tuple)) == (kt == "q8_0", vt == "q8_0")
@@ -170,6 +174,10 @@ def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt):
                 for start in (0, 8 - T):
                     part = run(np.ascontiguousarray(q[start : start + T]), pos0 + start)
                     assert np.array_equal(part, full[start : start + T]), (threads, T, start)
+            q20 = rng.standard_normal((20, H, hd)).astype(np.float32)  # a prefill chunk: two blocks of KV_ROWS
+            chunk = run(q20, 60)
+            for t in (0, 7, 15, 16, 19):
+                assert np.array_equal(run(q20[t : t + 1], 60 + t), chunk[t : t + 1]), (threads, t)
     finally:
         numba.set_num_threads(before)
     np.testing.assert_allclose(full, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
