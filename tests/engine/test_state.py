@@ -93,3 +93,19 @@ def test_q8_0_needs_whole_blocks():
         KVCache(1, 2, 16, 64, KVTypes("f16", "q8_0"))
     with pytest.raises(BadFlagError, match="--cache-type-k must be one of f32, f16, q8_0, got 'q4_0'"):
         KVTypes("q4_0")
+
+
+@pytest.mark.parametrize("kv", [KVTypes(), KVTypes("q8_0", "f16")], ids=["f32", "q8_0-f16"])
+def test_fill_copies_grows_the_cache(kv):
+    """Calibration extends a filled cache by copies up to its target context, past what the cache had grown to."""
+    c = KVCache(1, 2, 32, 4105, kv)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        _fill(c, rng, 512, hd=32)
+    assert c.k.shape[3] == 1024
+    c.fill_copies(4096)
+    assert c.pos == 4096 and c.k.shape[3] >= 4096
+    for name, tr in c._arrays():
+        a = getattr(c, name)
+        assert np.array_equal(KVCache._rows(a, tr, 3072, 4096), KVCache._rows(a, tr, 0, 1024)), name
+    c.begin(8)  # and a window still opens after them
