@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.sampling import GREEDY
 from ..engine.state import DeviceKVCache, KVCache
 from ..engine.timing import time_windows
@@ -55,21 +56,6 @@ def calibration_tokens(tokenizer, n: int) -> list[int]:
     while len(toks) < n:
         toks += base
     return toks
-
-
-def _fill_copies(state: KVCache | DeviceKVCache, filled: int, target: int) -> None:
-    """Rows filled..target-1 of the cache become copies of rows 0..filled-1 (committed); a DeviceKVCache's
-    layers are copied where they live (device to device)."""
-    pos = filled
-    layers = [(k[None], v[None]) for k, v in zip(state.k, state.v, strict=True)] \
-        if isinstance(state, DeviceKVCache) else [(state.k, state.v)]
-    while pos < target:
-        n = min(filled, target - pos)
-        for k, v in layers:
-            k[:, :, :, pos : pos + n] = k[:, :, :, :n]
-            v[:, :, pos : pos + n] = v[:, :, :n]
-        pos += n
-    state.pos = target
 
 
 def _cv(xs) -> float:
@@ -117,9 +103,9 @@ def drafter_latency_ms(tokens: list[int], context: int, steps: int) -> dict[str,
 
 def calibrate_draft_costs(model, tokenizer, *, context: int, prefill_batch: int = 512, repeats: int = 9,
                           fill_cap: int = 1024, draft_steps: int = 400, mtp_note: str = "",
-                          mtp_head=None) -> DraftCalibration:
-    """Pass 4 on a loaded model (see the module docstring)."""
-    state = model.new_state(context + MAX_T + 1)
+                          mtp_head=None, kv: KVTypes = F32_KV) -> DraftCalibration:
+    """Pass 4 on a loaded model (see the module docstring), its KV cache in the types `kv`."""
+    state = model.new_state(context + MAX_T + 1, kv)
     ctx = max(1, min(context, state.n_ctx - MAX_T - 1))
     copies = isinstance(state, KVCache | DeviceKVCache)
     fill = min(fill_cap, ctx)
@@ -135,7 +121,7 @@ def calibrate_draft_costs(model, tokenizer, *, context: int, prefill_batch: int 
         rows.append(out.hidden)
     prefill_tok_s = fill / (time.perf_counter() - t0)
     if copies and ctx > fill:
-        _fill_copies(state, fill, ctx)
+        state.fill_copies(ctx)
     mtp = _mtp_costs(mtp_head, np.concatenate(rows), toks, fill, ctx, repeats) if mtp_head is not None else None
     history = (toks * (ctx // len(toks) + 1))[:ctx]  # what the accept rule copies per window, as in a session
     verifier = Verifier(GREEDY)
@@ -186,7 +172,7 @@ def _mtp_costs(head, hidden: np.ndarray, toks: list[int], fill: int, ctx: int, r
     head.forward(np.asarray(toks[1 : fill + 1], np.int64), h, cache, 0)
     cache.commit(fill)
     if ctx > fill:
-        _fill_copies(cache, fill, ctx)
+        cache.fill_copies(ctx)
     step, row = [], []
     for r in range(repeats + 1):
         tok = [toks[fill + 1 + r]]

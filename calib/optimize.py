@@ -94,8 +94,9 @@ class _Passes:
 
 def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4096, prefill_batch: int = 512,
              spec: int = 0, device: str | None = None, progress: bool = True, **knobs) -> Plan:
-    """Calibrate the loaded model `lm` (guild.load.LoadedModel, on the CPU) on this machine and write the sealed
-    plan to `out` (atomically; None = do not write). With `device`, pass 4 measures the model placed there as
+    """Calibrate the loaded model `lm` (guild.load.LoadedModel, on the CPU; its KV cache types `lm.kv`) on this
+    machine and write the sealed plan to `out` (atomically; None = do not write). With `device`, pass 4 measures the
+    model placed there as
     pass 2 places it (what `run --gexec` will use); the plan records the device that measured it, and why the CPU
     did where `auto` fell back (said on stderr too when this machine has a GPU). `knobs` override the mode's
     Knobs."""
@@ -132,18 +133,18 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
     try:
         numba.set_num_threads(cpu.threads)  # pass 4 runs as `run --gexec` will
         sc = p.run(4, "speculative costs", lambda: calibrate_draft_costs(
-            model, lm.tokenizer, context=context, prefill_batch=prefill_batch, repeats=k.repeats,
+            model, lm.tokenizer, context=context, prefill_batch=prefill_batch, repeats=k.repeats, kv=lm.kv,
             fill_cap=k.fill_cap, draft_steps=k.draft_steps, mtp_note=_mtp_note(head), mtp_head=head), lambda s: (
             f"V(1) {s.verify_window_ms[0]:.1f} ms, V(8) {s.verify_window_ms[-1]:.1f} ms at {s.context} tokens"
             + (f" · U(8)/U(1) {s.distinct_expert_ratio[-1]:.2f}" if s.distinct_expert_ratio else "")
             + " · " + ", ".join(f"{n} {ms * 1e3:.0f} µs" for n, ms in s.draft_ms.items() if not DRAFTERS[n].needs_head)
             + "".join(f" · {n.upper()} step {ms:.2f} ms" for n, ms in s.draft_ms.items() if DRAFTERS[n].needs_head)
-            + f" · CV {s.noise_cv:.2f} · on {dev.label}"))
+            + f" · CV {s.noise_cv:.2f} · KV {lm.kv.k}/{lm.kv.v} · on {dev.label}"))
     finally:
         numba.set_num_threads(threads_before)
     sc = replace(sc, device=dev.label, device_note=why)
     header = Header(__version__, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), mode, context,
-                    prefill_batch, spec)
+                    prefill_batch, spec, lm.kv.k, lm.kv.v)
     plan = Plan(header, hw, ModelIdentity.of(g), placement, cpu, sc)
     if out is not None:
         path = write_plan(plan, out)
@@ -163,7 +164,7 @@ def plan_for(path: str | Path, lm, *, strict: bool = False, progress: bool = Tru
     `strict`; else say why, reuse a valid local plan next to it or regenerate one, and go on."""
     mine = ModelIdentity.of(lm.gguf)
     try:
-        return load_plan(path, model=mine)
+        return load_plan(path, model=mine, kv=lm.kv)
     except PlanMismatchError as e:
         if strict:
             raise
@@ -171,7 +172,7 @@ def plan_for(path: str | Path, lm, *, strict: bool = False, progress: bool = Tru
     local = local_plan_path(path)
     if local.is_file():
         try:
-            plan = load_plan(local, model=mine)
+            plan = load_plan(local, model=mine, kv=lm.kv)
             err.print(f"using the local plan {local}", style="dim", markup=False)
             return plan
         except PlanMismatchError as e:

@@ -66,7 +66,7 @@ class PlanSealError(PlanError):
 
 
 class PlanMismatchError(PlanError):
-    """A sealed plan was calibrated for another machine or model (base of the four typed mismatches)."""
+    """A sealed plan was calibrated for another machine, model or KV cache type (base of the typed mismatches)."""
 
 
 class CpuIsaMismatch(PlanMismatchError):
@@ -82,4 +82,8 @@ class GpuArchitectureMismatch(PlanMismatchError):
 
 
 class ModelMismatch(PlanMismatchError):
+    pass
+
+
+class KVTypeMismatch(PlanMismatchError):
     pass

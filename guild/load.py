@@ -13,6 +13,7 @@ import numba
 from .calib.optimize import plan_for
 from .engine.device import place_model, resolve_device
 from .engine.gpu import describe as describe_placement
+from .engine.kvtypes import F32_KV, KVTypes
 from .engine.options import DecodeOptions, RopeOptions
 from .engine.session import GuildSession
 from .errors import BadFlagError
@@ -58,6 +59,7 @@ class LoadedModel:
     plan: Plan | None = None
     mtp: MtpOptions = field(default_factory=MtpOptions)
     numerics: str = "i8"  # the mode the model's matrices were packed under (kernels/cpu/quant.py NUMERICS)
+    kv: KVTypes = F32_KV  # the stored types of every session's KV cache (--cache-type-k / --cache-type-v)
     _heads: dict = field(default_factory=dict, repr=False)  # (head file, draft vocab) -> MtpHead | None
 
     @property
@@ -90,8 +92,9 @@ class LoadedModel:
         return d
 
     def session(self, n_ctx: int, prefill_batch: int = 512) -> GuildSession:
-        check_context(self.model, n_ctx)  # the KV cache fits in memory
-        return GuildSession(self.model, n_ctx=n_ctx, prefill_batch=prefill_batch, eos_ids=self.tokenizer.eos_ids)
+        check_context(self.model, n_ctx, self.kv)  # the KV cache fits in memory
+        return GuildSession(self.model, n_ctx=n_ctx, prefill_batch=prefill_batch, eos_ids=self.tokenizer.eos_ids,
+                            kv=self.kv)
 
     def warm_up(self, strategy: str, mtp: MtpOptions) -> None:
         """Load (or compile) the kernels a first request would wait for: a short generation on a throwaway
@@ -127,12 +130,14 @@ def move_to_device(lm: LoadedModel, device: str | None, context: int, placement=
 
 def load(model: str | None, plan: str | Path | None = None, threads: int | None = None, device: str | None = "cpu",
          mtp: MtpOptions = MtpOptions(), *, context: int = 4096, strict_plan: bool = False,
-         progress: bool = True, numerics: str | None = None, rope: RopeOptions = RopeOptions()) -> LoadedModel:
+         progress: bool = True, numerics: str | None = None, rope: RopeOptions = RopeOptions(),
+         kv: KVTypes = F32_KV) -> LoadedModel:
     """Open `model` (a tag or a GGUF path), check `plan` (a `guild optimize` file: regenerated next to it when
     it is for another machine or model, unless strict_plan) and apply its thread count unless `threads` is
     given, then place the model on `device` (the plan's placement when it has one) with rope tables for
-    `context` positions under `rope` (the --rope-* flags). `numerics`: "i8" (int8
-    activations where the quant type has such kernels) or "f32"; default: the process's (quant.set_default_numerics)."""
+    `context` positions under `rope` (the --rope-* flags). `numerics`: "i8" (int8 activations where the quant
+    type has such kernels) or "f32"; default: the process's (quant.set_default_numerics). `kv`: the KV cache's
+    stored types (a model placed on a GPU takes float32 only)."""
     if strict_plan and plan is None:
         raise BadFlagError("--strict-plan needs --gexec PLAN")
     if (device or "").lower() == "cuda":
@@ -144,8 +149,9 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     with quant.numerics(numerics):
         model, _ = load_cached(g, load_model, progress=progress)  # repacked weights mapped from guild's cache
     apply_rope(model, rope, context)
+    kv.check_head_dim(model.args.head_dim)
     lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp,
-                     numerics=numerics or quant.current_numerics())
+                     numerics=numerics or quant.current_numerics(), kv=kv)
     lm.load_s = time.perf_counter() - t0
     if plan is not None:
         lm.plan = plan_for(plan, lm, strict=strict_plan, progress=progress)
@@ -159,7 +165,7 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
 def load_for(model: str | None, opts: DecodeOptions, threads: int | None = None) -> LoadedModel:
     """The model as `opts` wants it: its plan (--gexec), threads, device and MTP head options."""
     return load(model, opts.gexec, threads, opts.device, opts.mtp, context=opts.context, strict_plan=opts.strict_plan,
-                rope=opts.rope)
+                rope=opts.rope, kv=opts.kv)
 
 
 def slots(lm: LoadedModel, opts: DecodeOptions, n: int = 1, corpus_texts=(),

@@ -46,6 +46,38 @@ def attention(q, k, v, pos0, scale):
     return out.astype(np.float32)
 
 
+def kv_quantize_q8_0(x):
+    """Rows x [..., hd] → (int8 quants [..., hd], f16 scales [..., hd/32]): Q8_0's rule (d = max|x| / 127,
+    q = rint(x * (1 / d)) in float32), the scale stored as f16. Twin of kernels/cpu/ops.kv_quantize_q8_0."""
+    x = np.asarray(x, np.float32)
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    d = (np.abs(xb).max(-1) / np.float32(127.0)).astype(np.float32)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1.0), d, out=inv, where=d > 0)
+    q = np.rint(xb * inv[..., None]).astype(np.int8).reshape(x.shape)
+    return q, d.astype(np.float16)
+
+
+def kv_values(stored, transposed: bool):
+    """A cache layer's stored keys (transposed: [Hkv, hd, ctx]) or values ([Hkv, ctx, hd]) as float64
+    [ctx, Hkv, hd]: float32, f16 bits (uint16) or a q8_0 (quants, scale bits) pair (kernels/cpu/ops.py)."""
+    if isinstance(stored, tuple):
+        qs, bits = stored
+        d = bits.view(np.float16).astype(np.float64)
+        if transposed:  # scales [Hkv, hd/32, ctx]: one per 32 dimensions of each position
+            x = qs.astype(np.float64) * np.repeat(d, 32, axis=1)
+        else:
+            x = qs.astype(np.float64) * np.repeat(d, 32, axis=2)
+    else:
+        x = (stored.view(np.float16) if stored.dtype == np.uint16 else stored).astype(np.float64)
+    return x.transpose(2, 0, 1) if transposed else x.transpose(1, 0, 2)
+
+
+def attention_kv(q, k, v, pos0, scale):
+    """Twin of kernels/cpu/ops.attention_kv: attention over the stored keys and values, dequantised exactly."""
+    return attention(q, kv_values(k, True), kv_values(v, False), pos0, scale)
+
+
 def silu_mul(g, u):
     g = np.asarray(g, np.float64)
     return (g / (1.0 + np.exp(-g)) * u).astype(np.float32)

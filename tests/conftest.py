@@ -1,4 +1,6 @@
+import itertools
 import os
+import types
 from pathlib import Path
 
 import numba
@@ -11,6 +13,21 @@ def _cache_dir(tmp_path_factory):
     if "GUILD_CACHE_DIR" not in os.environ:
         os.environ["GUILD_CACHE_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / "guild-test-cache")
     yield
+
+
+@pytest.fixture
+def fixed_clock(monkeypatch):
+    """A clock that advances 1 ms a read, for the session's timings and (passed to it) the adaptive drafter's: the
+    scheduler's choices then rest on acceptance alone, so adaptive cells are the same on every machine and load."""
+    import guild.engine.session as session
+
+    tick = itertools.count()
+
+    def clock():
+        return next(tick) * 1e-3
+
+    monkeypatch.setattr(session, "time", types.SimpleNamespace(perf_counter=clock))
+    return clock
 
 
 @pytest.fixture

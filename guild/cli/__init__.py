@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import __version__
+from ..engine.kvtypes import KVTypes
 from ..errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
 from ..formats.files import check_writable
 from ..speculative.options import MTP_K, MTP_VOCAB, MtpOptions
@@ -22,6 +23,8 @@ from ..text.inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
 from .options import (
     BENCH_SAMPLING,
+    CACHE_TYPE_K,
+    CACHE_TYPE_V,
     DEVICE_HELP,
     GEXEC_HELP,
     MODEL_HELP,
@@ -163,6 +166,7 @@ def _print_stats(res, sampling, first: int = 0, footer: bool = True) -> None:
         f"strategy {res.options.strategy}" + ("" if sampling.greedy else f" · seed {sampling.seed}")
         + (f" · MTP head {escape(Path(res.mtp_head).name)}" if res.mtp_head else "")
         + f" · device {escape(res.device)}" + (f" ({escape(res.device_reason)})" if res.device_reason else "")
+        + ("" if res.options.kv.is_f32 else f" · KV cache {res.options.kv.describe()}")
         + "[/]", soft_wrap=True
     )
 
@@ -208,6 +212,8 @@ def run(
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context length in tokens (KV cache "
                                 "size); a full chat drops its oldest turns."),
+    cache_type_k: str = CACHE_TYPE_K,
+    cache_type_v: str = CACHE_TYPE_V,
     prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size",
                                       help="Prompt rows per prefill forward."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text and stats: one object per run, one "
@@ -296,8 +302,9 @@ def run(
                              sampling=sampling, max_tokens=max_tokens, context=context, prefill_batch=prefill_batch,
                              gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                              mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, mtp_min_p, mtp_vocab),
-                             sessions=sessions, rope=rope_options(rope_scaling, rope_scale, rope_freq_base,
-                                                                   rope_freq_scale, yarn_orig_ctx))
+                             sessions=sessions, kv=KVTypes(cache_type_k, cache_type_v),
+                             rope=rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale,
+                                               yarn_orig_ctx))
         notes = _notes(verbose)
         if interactive:
             if sessions != 1:
@@ -373,6 +380,8 @@ def serve(
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context of each session, in tokens."),
+    cache_type_k: str = CACHE_TYPE_K,
+    cache_type_v: str = CACHE_TYPE_V,
     prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size", help="Prompt rows per prefill "
                                       "forward (<= 64: every cached row is reusable by a later request)."),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
@@ -413,8 +422,9 @@ def serve(
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, sampling=sampling, context=context,
                              prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec), device=device,
+                             kv=KVTypes(cache_type_k, cache_type_v),
                              rope=rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale,
-                                                yarn_orig_ctx))
+                                               yarn_orig_ctx))
         serve_model(_model_arg(model, model_opt), opts,
                     ServeOptions(host, port, parallel, max_queue, cache_mem, drain_timeout,
                                  None if chat_template is None else str(chat_template)), threads)
@@ -447,6 +457,8 @@ def bench(
                                           help="Override each workload's length."),
     context: int = typer.Option(8192, "-c", "--context", "--ctx-size",
                                 help="Context length (W10 sizes above it are skipped)."),
+    cache_type_k: str = CACHE_TYPE_K,
+    cache_type_v: str = CACHE_TYPE_V,
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
     sessions: int = typer.Option(1, "--sessions", help=f"Concurrent sessions per run ({SESSIONS_RANGE}), "
@@ -490,11 +502,12 @@ def bench(
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             seed=seed)
         SamplingParams(**overrides)  # each value checked now, with its flag's name
+        kv = KVTypes(cache_type_k, cache_type_v)
         rep = run_bench(model, [w for w in workloads.split(",") if w], [s for s in strategies.split(",") if s],
                         repeats=repeats, max_draft=max_draft, context=context, sampling_overrides=overrides,
                         max_tokens=max_tokens, out=out, sessions=sessions, noise_check=noise_check, oracle=oracle,
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
-                        mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab),
+                        mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab), kv=kv,
                         rope=rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx))
     except OSError as e:  # writing bench.md / bench.json after the runs
         _fail(GuildError(f"--out {out}: cannot write ({e.strerror or e})"))
@@ -516,6 +529,8 @@ def optimize(
     out: Path = typer.Option(..., "-o", "--out", help="The plan to write (.gexec, YAML, sealed)."),
     mode: str = typer.Option("auto", "--mode", help="auto (full calibration) or quick (fewer repeats)."),
     context: int = typer.Option(4096, "--context", help="Context length the costs are measured at."),
+    cache_type_k: str = CACHE_TYPE_K,
+    cache_type_v: str = CACHE_TYPE_V,
     prefill_batch: int = typer.Option(512, "--prefill-batch", help="Prompt rows per prefill forward."),
     spec: int = typer.Option(0, "--spec", help="MTP draft depth to calibrate (0: none; needs an MTP head). The head's "
                       "step and catch-up costs are measured whenever the model has one."),
@@ -529,8 +544,9 @@ def optimize(
     try:
         _writable(out, "-o/--out", PlanError)
         _set_numerics(numerics)
+        kv = KVTypes(cache_type_k, cache_type_v)
         with err.status("loading the model …", spinner="dots"):
-            lm = load(model)
+            lm = load(model, kv=kv)
         plan = run_optimize(lm, out, mode=mode, context=context, prefill_batch=prefill_batch, spec=spec,
                             device=device)
     except GuildError as e:

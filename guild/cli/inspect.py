@@ -194,7 +194,8 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("format", f"{h.format} v{h.version} · guild {h.guild_version} · {h.created} · seal ok")
-    t.add_row("optimize", f"--mode {h.mode} --context {h.context} --prefill-batch {h.prefill_batch} --spec {h.spec}")
+    t.add_row("optimize", f"--mode {h.mode} --context {h.context} --prefill-batch {h.prefill_batch} --spec {h.spec} "
+                          f"--cache-type-k {h.cache_type_k} --cache-type-v {h.cache_type_v}")
     t.add_row("CPU", escape(f"{hw.cpu_model} · {hw.physical_cores} cores / {hw.logical_cpus} threads · "
                             f"{hw.numa_nodes} NUMA node(s)"))
     t.add_row("ISA", " ".join(hw.isa))
@@ -208,7 +209,8 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
     s = plan.drafting
     if not full:
         console.print(escape(f"threads {plan.cpu.threads} · V(1) {s.verify_window_ms[0]:.2f} ms, V(8) "
-                             f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens on {s.device}"
+                             f"{s.verify_window_ms[-1]:.2f} ms at {s.context} tokens (KV {h.kv.describe()}) on "
+                             f"{s.device}"
                              + (f" ({s.device_note})" if s.device_note else "") + " · --plan for every table"))
         return
     p = plan.placement
@@ -237,7 +239,8 @@ def print_plan(plan: Plan, d: dict, console: Console, full: bool) -> None:
                   *(f"{by_n[n]:.3f}" if n in by_n else "—" for n in tried), str(k.best_threads), f"{k.gweights_s:.2f}")
     console.print(t)
     t = Table(title=escape(f"speculative costs at {s.context} tokens ({s.filled_tokens} prefilled, median of "
-                           f"{s.repeats}) measured on {s.device}"), caption=escape(s.device_note) or None,
+                           f"{s.repeats}, KV {h.kv.describe()}) measured on {s.device}"),
+              caption=escape(s.device_note) or None,
               title_justify="left", caption_justify="left")
     for col in ("T", "verify ms", "V(T)/V(1)", "CPU-expert ms", "distinct experts", "U(T)/U(1)"):
         t.add_column(col, justify="right")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import typer
 
+from ..engine.kvtypes import KV_TYPES
 from ..engine.options import DEVICES, MAX_SESSIONS
 
 SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
@@ -41,6 +42,12 @@ def _sampling_options(d: dict | None) -> dict:
     workload's own setting; the seed defaults to None on both)."""
     return {k: typer.Option(None if d is None else d.get(k), *flags, help=h, rich_help_panel=SAMPLING)
             for k, flags, h in _SAMPLING_FLAGS}
+
+_KV_HELP = (f"{', '.join(KV_TYPES)} (llama.cpp's names and bytes per value; q8_0: 32 int8 and an f16 scale per 34 "
+            "bytes). f32 keeps today's numbers; the GPU path takes f32 only.")
+# the KV cache flags of run, chat, serve, bench and optimize (KVTypes checks their values)
+CACHE_TYPE_K = typer.Option("f32", "-ctk", "--cache-type-k", help="Stored type of the KV cache's keys: " + _KV_HELP)
+CACHE_TYPE_V = typer.Option("f32", "-ctv", "--cache-type-v", help="Stored type of the KV cache's values: " + _KV_HELP)
 
 
 # run and serve default to llama.cpp's sampling chain

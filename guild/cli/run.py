@@ -88,6 +88,7 @@ class RunResult:
                 "device_reason": self.device_reason, "strategy": self.options.strategy,
                 "mtp_head": self.mtp_head, "max_tokens": self.options.max_tokens, "context": self.options.context,
                 "rope": self.rope,
+                "cache_type_k": self.options.kv.k, "cache_type_v": self.options.kv.v,
                 "sampling": sampling_dict(self.options.sampling), "seed": self.options.sampling.seed,
                 "stop": list(t.stop), "ignore_eos": t.ignore_eos,
                 "load_ms": round(self.load_s * 1e3, 1)}

@@ -278,7 +278,7 @@ class HostBackend:
         T, H, _ = q.shape
         if scores is None or scores.shape[0] < T * H or scores.shape[1] < pos0 + T:
             scores = np.empty((T * H, pos0 + T), np.float32)
-        cpu_ops.attention(q, kt, vc, pos0, np.float32(scale), out, scores)
+        cpu_ops.attention_kv(q, kt, vc, pos0, np.float32(scale), out, scores)
 
     def swiglu(self, gu, out) -> None:
         cpu_ops.swiglu(gu, out)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import BadFlagError
 from ..kernels.rope import ROPE_SCALING_TYPES, RopeScaling
 from ..speculative.options import DraftOptions
+from .kvtypes import F32_KV, KVTypes
 from .sampling import GREEDY, SamplingParams
 
 DEVICES = ("auto", "cpu", "cuda")  # --device
@@ -73,6 +74,7 @@ class DecodeOptions(DraftOptions):
     device: str = "cpu"  # auto | cpu | cuda (the CLI's default is auto)
     sessions: int = 1  # concurrent copies (seeds seed + i), batched into one forward per round
     rope: RopeOptions = field(default_factory=RopeOptions)
+    kv: KVTypes = F32_KV  # the KV cache's stored types (--cache-type-k, --cache-type-v)
 
     def __post_init__(self):
         super().__post_init__()

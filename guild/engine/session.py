@@ -20,6 +20,7 @@ from ..models.base import ForwardResult
 from ..speculative.base import Drafter, NoDrafter
 from ..window import MAX_DRAFT
 from .constraint import Constraint
+from .kvtypes import F32_KV, KVTypes
 from .sampling import GREEDY, SamplingParams, TokenLogprob
 from .verify import Verifier
 
@@ -95,11 +96,12 @@ class GenerationStats:
 class GuildSession:
     """Owns a model state (KV cache) and the token history of one conversation."""
 
-    def __init__(self, model, n_ctx: int | None = None, prefill_batch: int = 512, eos_ids: Sequence[int] = ()):
+    def __init__(self, model, n_ctx: int | None = None, prefill_batch: int = 512, eos_ids: Sequence[int] = (),
+                 kv: KVTypes = F32_KV):
         if prefill_batch < 1:
             raise ValueError(f"prefill_batch must be >= 1, got {prefill_batch}")
         self.model = model
-        self.state = model.new_state(n_ctx)
+        self.state = model.new_state(n_ctx, kv)
         self.prefill_batch = prefill_batch
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.tokens: list[int] = []  # every token of the conversation; the first state.pos are in the cache

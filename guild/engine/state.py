@@ -5,27 +5,50 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ContextOverflowError, GpuPathError
+from ..kernels.cpu import ops as cpu_ops
 from ..window import MAX_WINDOW
 from .backends import HOST
+from .kvtypes import F32_KV, KVTypes
 
 KV_FIRST_ROWS = 256  # positions a host cache holds before it first grows
 
 
 class KVCache:
     """Keys as [n_layers, n_kv_heads, head_dim, rows] (transposed for the attention kernel), values as
-    [n_layers, n_kv_heads, rows, head_dim], float32; `rows` grows with the positions used, up to n_ctx.
+    [n_layers, n_kv_heads, rows, head_dim], in the stored types of `kv` (guild/engine/kvtypes.py): float32,
+    float16, or q8_0 as int8 quants in those shapes with an f16 scale per 32 values along head_dim in `k_scale`
+    [n_layers, n_kv_heads, head_dim/32, rows] and `v_scale` [n_layers, n_kv_heads, rows, head_dim/32] (llama.cpp's
+    block_q8_0 in two arrays, its 34 bytes per 32 values; its q8_0 V is laid out per position the same way, the
+    layout its flash attention reads). A window's rows are converted once, when written. `rows` grows with the
+    positions used, up to n_ctx.
 
     `begin(T)` reserves rows pos..pos+T-1 for a window; `commit(keep)` keeps the first `keep` of them and
     clears the rest, so the cache is exactly what `keep` single-token steps would have left
     (docs/contracts.md "Window").
     """
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int):
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, n_ctx: int, kv: KVTypes = F32_KV):
+        kv.check_head_dim(head_dim)
         self.n_ctx = n_ctx
-        self.k = np.zeros((n_layers, n_kv_heads, head_dim, min(n_ctx, KV_FIRST_ROWS)), np.float32)
-        self.v = np.zeros((n_layers, n_kv_heads, min(n_ctx, KV_FIRST_ROWS), head_dim), np.float32)
+        self.kv_types = kv
+        self.token_bytes = kv.token_bytes(n_layers, n_kv_heads, head_dim)
+        rows = min(n_ctx, KV_FIRST_ROWS)
+        self.k = np.zeros((n_layers, n_kv_heads, head_dim, rows), _DTYPE[kv.k])
+        self.v = np.zeros((n_layers, n_kv_heads, rows, head_dim), _DTYPE[kv.v])
+        self.k_scale = np.zeros((n_layers, n_kv_heads, head_dim // 32, rows), np.float16) if kv.k == "q8_0" else None
+        self.v_scale = np.zeros((n_layers, n_kv_heads, rows, head_dim // 32), np.float16) if kv.v == "q8_0" else None
         self.pos = 0  # committed rows
         self.pending = 0  # rows written by the open window
+
+    def _arrays(self) -> list[tuple[str, bool]]:
+        """(attribute, transposed) of every stored array: positions on the last axis when transposed, else on
+        axis 2."""
+        return [(name, name.startswith("k")) for name in ("k", "k_scale", "v", "v_scale")
+                if getattr(self, name) is not None]
+
+    @staticmethod
+    def _rows(a: np.ndarray, transposed: bool, lo: int, hi: int) -> np.ndarray:
+        return a[..., lo:hi] if transposed else a[:, :, lo:hi]
 
     def _reserve(self, rows: int) -> None:
         """Room for `rows` positions: the arrays grow (doubling, at most n_ctx) as the context fills. Allocated
@@ -35,12 +58,14 @@ class KVCache:
         if rows <= cap:
             return
         cap = min(self.n_ctx, max(rows, 2 * cap))
-        k = np.zeros(self.k.shape[:3] + (cap,), np.float32)
-        v = np.zeros(self.v.shape[:2] + (cap,) + self.v.shape[3:], np.float32)
         n = self.pos + self.pending
-        k[..., :n] = self.k[..., :n]
-        v[:, :, :n] = self.v[:, :, :n]
-        self.k, self.v = k, v
+        for name, tr in self._arrays():
+            a = getattr(self, name)
+            shape = list(a.shape)
+            shape[3 if tr else 2] = cap
+            grown = np.zeros(shape, a.dtype)
+            self._rows(grown, tr, 0, n)[...] = self._rows(a, tr, 0, n)
+            setattr(self, name, grown)
 
     def begin(self, T: int) -> int:
         if self.pending:
@@ -54,13 +79,28 @@ class KVCache:
         return self.pos
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """k, v: [T, n_kv_heads, head_dim] for the open window's rows."""
-        T = k.shape[0]
-        self.k[layer, :, :, self.pos : self.pos + T] = k.transpose(1, 2, 0)
-        self.v[layer, :, self.pos : self.pos + T] = v.transpose(1, 0, 2)
+        """k, v: [T, n_kv_heads, head_dim] for the open window's rows, converted to the stored types."""
+        p, T = self.pos, k.shape[0]
+        for x, q, sc, tr in ((k, self.k, self.k_scale, True), (v, self.v, self.v_scale, False)):
+            if sc is not None:
+                qs, d = _quantize_q8_0(x)
+                self._rows(sc, tr, p, p + T)[layer] = d.transpose(1, 2, 0) if tr else d.transpose(1, 0, 2)
+                x = qs
+            self._rows(q, tr, p, p + T)[layer] = x.transpose(1, 2, 0) if tr else x.transpose(1, 0, 2)
 
-    def kv_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.k[layer], self.v[layer]
+    def kv_layer(self, layer: int):
+        """A layer's keys and values as the attention kernels take them (kernels/cpu/ops.attention_kv)."""
+        return self._operand(self.k[layer], self.k_scale, layer), self._operand(self.v[layer], self.v_scale, layer)
+
+    @staticmethod
+    def _operand(a: np.ndarray, scale, layer: int):
+        if scale is not None:
+            return a, scale[layer].view(np.uint16)
+        return a.view(np.uint16) if a.dtype == np.float16 else a
+
+    def _clear(self, lo: int, hi: int) -> None:
+        for name, tr in self._arrays():
+            self._rows(getattr(self, name), tr, lo, hi)[...] = 0
 
     def commit(self, keep: int) -> None:
         if not 0 <= keep <= self.pending:
@@ -68,8 +108,7 @@ class KVCache:
         end = self.pos + self.pending
         self.pos += keep
         if self.pos < end:  # rows >= keep must not survive
-            self.k[:, :, :, self.pos : end] = 0.0
-            self.v[:, :, self.pos : end] = 0.0
+            self._clear(self.pos, end)
         self.pending = 0
 
     def reachable(self, n: int) -> int:
@@ -81,18 +120,41 @@ class KVCache:
         if self.pending:
             raise RuntimeError("KVCache.truncate: a window is open")
         n = self.reachable(n)
-        self.k[:, :, :, n : self.pos] = 0.0
-        self.v[:, :, n : self.pos] = 0.0
+        self._clear(n, self.pos)
         self.pos = n
+
+    def fill_copies(self, target: int) -> None:
+        """Rows pos..target-1 become copies of rows 0..pos-1, committed (calibration: attention costs the same
+        whatever the keys hold)."""
+        filled = self.pos
+        self._reserve(target)
+        while self.pos < target:
+            n = min(filled, target - self.pos)
+            for name, tr in self._arrays():
+                a = getattr(self, name)
+                self._rows(a, tr, self.pos, self.pos + n)[...] = self._rows(a, tr, 0, n)
+            self.pos += n
 
     @property
     def nbytes(self) -> int:
         """Bytes at the full context (what a pool must budget for); the arrays hold `resident_bytes` now."""
-        return self.k.nbytes // self.k.shape[3] * self.n_ctx * 2 if self.k.shape[3] else 0
+        return self.token_bytes * self.n_ctx
 
     @property
     def resident_bytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(getattr(self, name).nbytes for name, _ in self._arrays())
+
+
+_DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.int8}
+
+
+def _quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [T, Hkv, hd] → (int8 quants [T, Hkv, hd], f16 scales [T, Hkv, hd/32])."""
+    T, Hkv, hd = x.shape
+    qs = np.empty((T * Hkv, hd), np.int8)
+    d = np.empty((T * Hkv, hd // 32), np.float32)
+    cpu_ops.kv_quantize_q8_0(np.ascontiguousarray(x, np.float32).reshape(T * Hkv, hd), qs, d)
+    return qs.reshape(T, Hkv, hd), d.astype(np.float16).reshape(T, Hkv, hd // 32)
 
 
 class HybridState:
@@ -116,11 +178,11 @@ class HybridState:
 
     def __init__(self, n_layers: int, attn_layers, rec_layers, n_kv_heads: int, head_dim: int, n_ctx: int,
                  kmap: np.ndarray, k_dim: int, v_dim: int, conv_dim: int, conv_kernel: int,
-                 rollback: str = "snapshot"):
+                 rollback: str = "snapshot", kv: KVTypes = F32_KV):
         if rollback not in ("replay", "snapshot"):
             raise ValueError(f"rollback must be 'replay' or 'snapshot', got {rollback!r}")
         self.rollback = rollback
-        self.kv = KVCache(max(len(attn_layers), 1), n_kv_heads, head_dim, n_ctx)
+        self.kv = KVCache(max(len(attn_layers), 1), n_kv_heads, head_dim, n_ctx, kv)
         self.attn_slot = {li: i for i, li in enumerate(attn_layers)}  # model layer -> KV cache layer
         self.rec_slot = {li: i for i, li in enumerate(rec_layers)}  # model layer -> recurrent slot
         self.kmap = np.ascontiguousarray(kmap, np.int64)  # key head of each value head
@@ -161,9 +223,8 @@ class HybridState:
         """Keys/values [T, Hkv, hd] of an attention layer (model layer index)."""
         self.kv.write(self.attn_slot[layer], k, v)
 
-    def kv_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        i = self.attn_slot[layer]
-        return self.kv.k[i], self.kv.v[i]
+    def kv_layer(self, layer: int):
+        return self.kv.kv_layer(self.attn_slot[layer])
 
     def _grow(self, n_buf: int) -> None:
         """Snapshot pools of at least n_buf buffers (the committed one keeps its index)."""
@@ -257,9 +318,13 @@ class DeviceKVCache:
     """KVCache's contract with each layer's cache on that layer's backend (`bes`, one per cache layer; a
     placement puts some on a GPU). `commit(keep)` and `truncate(n)` move the position only: attention reads
     positions <= pos0 + t, all written earlier or in the same window, so rows past the position are never read
-    before being rewritten (no zeroing pass on the device)."""
+    before being rewritten (no zeroing pass on the device). Float32 only: other stored types are refused."""
 
-    def __init__(self, bes, n_kv_heads: int, head_dim: int, n_ctx: int):
+    def __init__(self, bes, n_kv_heads: int, head_dim: int, n_ctx: int, kv: KVTypes = F32_KV):
+        for flag, name in (("--cache-type-k", kv.k), ("--cache-type-v", kv.v)):
+            if name != "f32":
+                raise GpuPathError(f"{flag} {name} is not supported on the GPU yet")
+        self.kv_types = kv
         self.n_ctx = n_ctx
         self.pos = 0
         self.pending = 0
@@ -299,6 +364,16 @@ class DeviceKVCache:
             raise RuntimeError("KVCache.truncate: a window is open")
         self.pos = self.reachable(n)
 
+    def fill_copies(self, target: int) -> None:
+        """KVCache.fill_copies, each layer copied where it lives (device to device)."""
+        filled = self.pos
+        while self.pos < target:
+            n = min(filled, target - self.pos)
+            for k, v in zip(self.k, self.v, strict=True):
+                k[:, :, self.pos : self.pos + n] = k[:, :, :n]
+                v[:, self.pos : self.pos + n] = v[:, :n]
+            self.pos += n
+
     @property
     def nbytes(self) -> int:
         return sum(int(k.nbytes) + int(v.nbytes) for k, v in zip(self.k, self.v, strict=True))
@@ -311,10 +386,10 @@ class DeviceHybridState(HybridState):
     state is dropped by the same per-row snapshot choice on the device; only the storage is per layer."""
 
     def __init__(self, bes, attn_layers, rec_layers, n_kv_heads: int, head_dim: int, n_ctx: int, kmap, k_dim: int,
-                 v_dim: int, conv_dim: int, conv_kernel: int, rollback: str = "snapshot"):
+                 v_dim: int, conv_dim: int, conv_kernel: int, rollback: str = "snapshot", kv: KVTypes = F32_KV):
         super().__init__(0, [], [], 1, 1, 1, kmap, k_dim, v_dim, 1, 2, rollback)
         self.bes = list(bes)
-        self.kv = DeviceKVCache([self.bes[li] for li in attn_layers] or [HOST], n_kv_heads, head_dim, n_ctx)
+        self.kv = DeviceKVCache([self.bes[li] for li in attn_layers] or [HOST], n_kv_heads, head_dim, n_ctx, kv)
         self.attn_slot = {li: i for i, li in enumerate(attn_layers)}
         self.rec_slot = {li: i for i, li in enumerate(rec_layers)}
         self._rows = [None] * len(rec_layers)

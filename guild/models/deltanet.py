@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.state import DeviceHybridState, HybridState
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile, Tensor, f32
@@ -229,16 +230,16 @@ class HybridMoe(Architecture):
         (n_in, n_post), mixer, ffn = blk
         return (vector(n_in), vector(n_post)), layer_object(mixer), layer_object(ffn)
 
-    def new_state(self, n_ctx: int | None = None, rollback: str | None = None) -> HybridState:
+    def new_state(self, n_ctx: int | None = None, kv: KVTypes = F32_KV, rollback: str | None = None) -> HybridState:
         a, d = self.args, self.d
         n_ctx = self.rope_positions(n_ctx)
         rec = [i for i, r in enumerate(d.recurrent) if r]
         att = [i for i, r in enumerate(d.recurrent) if not r]
         if self.placement is not None:  # each layer's state where guild.engine.gpu placed the layer
             return DeviceHybridState(self.layout.layer_be, att, rec, a.n_kv_heads, a.head_dim, n_ctx, d.kmap,
-                                     d.head_dim, d.head_dim, d.conv_dim, d.conv_kernel, rollback or self.rollback)
+                                     d.head_dim, d.head_dim, d.conv_dim, d.conv_kernel, rollback or self.rollback, kv)
         return HybridState(a.n_layers, att, rec, a.n_kv_heads, a.head_dim, n_ctx, d.kmap, d.head_dim, d.head_dim,
-                           d.conv_dim, d.conv_kernel, rollback or self.rollback)
+                           d.conv_dim, d.conv_kernel, rollback or self.rollback, kv)
 
     def forward(self, tokens, state: HybridState, last_only: bool = False) -> np.ndarray:
         """Logits [T, vocab] ([1, vocab] if last_only) of a window at the state's position; the rows are

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.backends import HOST, DeviceRows, Layout
+from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.state import DeviceKVCache, KVCache
 from ..errors import UnsupportedQuantTypeError
 from ..formats.gguf import GGUFFile, Tensor, f32
@@ -143,12 +144,12 @@ class Llama(Architecture):
         return self.placement is None and self.output.row_invariant and all(
             m.row_invariant for L in self.layers for m in L.matrices())
 
-    def new_state(self, n_ctx: int | None = None) -> KVCache | DeviceKVCache:
+    def new_state(self, n_ctx: int | None = None, kv: KVTypes = F32_KV) -> KVCache | DeviceKVCache:
         a = self.args
         n_ctx = self.rope_positions(n_ctx)
         if self.placement is not None:  # each layer's cache where guild.engine.gpu placed the layer
-            return DeviceKVCache(self.layout.layer_be, a.n_kv_heads, a.head_dim, n_ctx)
-        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx)
+            return DeviceKVCache(self.layout.layer_be, a.n_kv_heads, a.head_dim, n_ctx, kv)
+        return KVCache(a.n_layers, a.n_kv_heads, a.head_dim, n_ctx, kv)
 
     def mtp_block(self, g: GGUFFile, bid: int) -> Layer:
         """Block `bid` of file g (an MTP head's), built like this model's layers."""

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 from numba import njit
 
+from ..engine.kvtypes import F32_KV, KVTypes
 from ..errors import GuildError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
 from ..kernels.blocks import F16_SCALES
 from .base import NumericsError, check_finite  # noqa: F401  (re-exported)
@@ -96,12 +97,12 @@ def check_args(path: str, a, n_tensors: int) -> None:
     check_alloc(path, f"{key}.context_length {a.context_length} (rope tables)", a.context_length * (n_rot // 2) * 32)
 
 
-def check_context(model, n_ctx: int) -> None:
-    """`--context`: the KV cache a session of the model allocates (keys and values, float32, every layer) and,
-    past the trained context, the rope tables it grows to."""
+def check_context(model, n_ctx: int, kv: KVTypes = F32_KV) -> None:
+    """`--context`: the KV cache a session of the model may grow to (keys and values in their stored types, every
+    layer) and, past the trained context, the rope tables it grows to."""
     a = model.args
     path = getattr(model.gguf, "path", a.arch)
-    check_alloc(path, f"--context {n_ctx} (KV cache)", 2 * 4 * a.n_layers * a.n_kv_heads * a.head_dim * n_ctx,
+    check_alloc(path, f"--context {n_ctx} (KV cache)", kv.token_bytes(a.n_layers, a.n_kv_heads, a.head_dim) * n_ctx,
                 "; give a smaller --context")
     check_alloc(path, f"--context {n_ctx} (rope tables)", n_ctx * ((a.rope_dim or a.head_dim) // 2) * 32,
                 "; give a smaller --context")

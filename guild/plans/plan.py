@@ -4,7 +4,8 @@ sealed so that `run`/`bench` can trust it.
 File layout (YAML, written by `write_plan`)::
 
     # comment line
-    header:    {format, version, guild_version, created, mode, context, prefill_batch, spec}
+    header:    {format, version, guild_version, created, mode, context, prefill_batch, spec, cache_type_k,
+                cache_type_v}
     hardware:  {cpu_model, isa, physical_cores, logical_cpus, numa_nodes, gpu}
     model:     {sha256, architecture, layers, expert_count, expert_used_count, file}
     placement: {sha256: <digest of the section>, ...}
@@ -18,7 +19,7 @@ Loading checks the seal first, over the exact bytes (any changed byte, whitespac
 still fails), then identity against this machine and the model: `CpuIsaMismatch` (CPU model or
 ISA flags), `NumaTopologyMismatch` (NUMA nodes, cores), `GpuArchitectureMismatch` (GPU present or not, name,
 compute capability, VRAM), `ModelMismatch` (GGUF header+metadata+tensor-index digest, architecture, expert
-geometry).
+geometry), `KVTypeMismatch` (the KV cache types the costs were measured with).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from typing import Any
 
 import yaml
 
+from ..engine.kvtypes import KV_TYPES, KVTypes
 from ..errors import (
+    KVTypeMismatch,
     ModelMismatch,
     PlanError,
     PlanSealError,
@@ -47,8 +50,9 @@ from . import schema
 from .machine import GpuInfo, HardwareIdentity, _mismatch, hardware_identity
 
 FORMAT = "guild.gexec"
-FORMAT_VERSION = 3  # 2: the `drafting` section, with per-drafter costs keyed by strategy; 3: the device that
-#   measured the drafting costs, and why the CPU did where `--device auto` did not take the GPU
+FORMAT_VERSION = 4  # 2: the `drafting` section, with per-drafter costs keyed by strategy; 3: the device that
+#   measured the drafting costs, and why the CPU did where `--device auto` did not take the GPU; 4: the KV cache
+#   types they were measured with
 MAX_T = MAX_WINDOW  # drafting tables cover verification windows of T = 1..MAX_WINDOW rows
 MODES = ("auto", "quick")  # `optimize --mode`: full calibration, or fewer repeats (tests, CI)
 __all__ = ["GpuInfo", "HardwareIdentity", "ModelIdentity", "Plan", "load_plan", "read_plan", "write_plan"]
@@ -88,6 +92,8 @@ class Header:
     context: int = 4096
     prefill_batch: int = 512
     spec: int = 0  # MTP draft depth calibrated (0 = none)
+    cache_type_k: str = "f32"  # the KV cache's stored types the costs were measured with
+    cache_type_v: str = "f32"
     format: str = FORMAT
     version: int = FORMAT_VERSION
 
@@ -98,6 +104,13 @@ class Header:
         _check(self.mode in MODES, "header.mode", f"expected one of {', '.join(MODES)}, got {self.mode!r}")
         _check(self.context >= 16 and self.prefill_batch >= 1 and self.spec >= 0, "header",
                "context >= 16, prefill_batch >= 1 and spec >= 0 expected")
+        for name in ("cache_type_k", "cache_type_v"):
+            _check(getattr(self, name) in KV_TYPES, f"header.{name}",
+                   f"expected one of {', '.join(KV_TYPES)}, got {getattr(self, name)!r}")
+
+    @property
+    def kv(self) -> KVTypes:
+        return KVTypes(self.cache_type_k, self.cache_type_v)
 
 
 @dataclass(frozen=True)
@@ -310,12 +323,16 @@ class Plan:
         return DraftCosts(verify_ms=tuple(s.verify_window_ms), context=s.context, draft_ms=dict(s.draft_ms),
                           catchup_ms=dict(s.catchup_ms), commit_ms=s.kv_commit_ms)
 
-    def check(self, hardware: HardwareIdentity, model: ModelIdentity | None = None) -> None:
-        """Identity: this machine, then the model (skipped when None)."""
+    def check(self, hardware: HardwareIdentity, model: ModelIdentity | None = None,
+              kv: KVTypes | None = None) -> None:
+        """Identity: this machine, then the model and the KV cache types (each skipped when None)."""
         where = self.path or "plan"
         self.hardware.check(hardware, where)
         if model is not None:
             self.model.check(model, where)
+        if kv is not None and kv != self.header.kv:
+            raise _mismatch(KVTypeMismatch, where, f"measured with the KV cache {self.header.kv.describe()}; this "
+                            f"run stores {kv.describe()}")
 
     def to_dict(self) -> dict:
         """Every field, sections without their digests (the JSON of `inspect --json`)."""
@@ -409,14 +426,15 @@ def read_plan(path: str | os.PathLike) -> Plan:
     return plan
 
 
-def load_plan(path: str | os.PathLike, model=None, hardware: HardwareIdentity | None = None) -> Plan:
+def load_plan(path: str | os.PathLike, model=None, hardware: HardwareIdentity | None = None,
+              kv: KVTypes | None = None) -> Plan:
     """Read a plan (seal first) and check it against this machine (`hardware`, probed when None) and, when
-    given, the model (a GGUFFile, a path, or a ModelIdentity)."""
+    given, the model (a GGUFFile, a path, or a ModelIdentity) and the KV cache types."""
     plan = read_plan(path)
     if hardware is None:
         hardware = hardware_identity()
     if model is not None and not isinstance(model, ModelIdentity):
 
         model = ModelIdentity.of(model if isinstance(model, GGUFFile) else GGUFFile(model))
-    plan.check(hardware, model)
+    plan.check(hardware, model, kv)
     return plan

@@ -28,7 +28,8 @@ def _per_drafter(value, which=lambda d: True):
 
 SCHEMA = {
     "header": {"guild_version": STR, "created": STR, "mode": STR, "context": CTX, "prefill_batch": CTX,
-               "spec": ("int", 0, 64), "format": STR, "version": ("int", 0, 2**16)},
+               "spec": ("int", 0, 64), "cache_type_k": STR, "cache_type_v": STR, "format": STR,
+               "version": ("int", 0, 2**16)},
     "hardware": {"cpu_model": STR, "isa": [STR], "physical_cores": THREADS, "logical_cpus": THREADS,
                  "numa_nodes": ("int", 1, 4096),
                  "gpu": _opt({"name": STR, "compute_capability": STR, "vram_bytes": BYTES})},

@@ -33,6 +33,7 @@ from rich.progress import (
 )
 
 from .. import __version__
+from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.options import DecodeOptions, RopeOptions
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
@@ -195,6 +196,7 @@ noise: CV (stdev / mean) of normal's tok/s over its repeated runs."""
 def markdown(rows: list[dict], info: dict) -> str:
     head = (f"guild {info['guild']} · {info['model']} · {info['cpu']} · {info['threads']} threads · "
             f"device {info.get('device_detail', info.get('device', 'cpu'))} · "
+            f"KV {info.get('cache_type_k', 'f32')}/{info.get('cache_type_v', 'f32')} · "
             + (f"rope {rope['type']} x{rope['factor']:g} · " if (rope := info.get("rope")) and rope["type"] != "none"
                else "")
             + f"{info['sessions']} session(s) (tok/s aggregate) · {info['repeats']} repeats · {info['sampling']}\n\n"
@@ -244,7 +246,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
           max_tokens: int | None = None, out: str | Path | None = "results", progress: bool = True,
           sessions: int = 1, gexec: str | None = None, strict_plan: bool = False, device: str = "cpu",
           mtp: MtpOptions = MtpOptions(), sampling_overrides: dict | None = None, noise_check: bool = True,
-          oracle: bool = True, rope: RopeOptions = RopeOptions()) -> dict:
+          oracle: bool = True, rope: RopeOptions = RopeOptions(), kv: KVTypes = F32_KV) -> dict:
     """`gexec`: a `guild optimize` plan whose calibrated costs seed the adaptive drafters (checked against this
     machine and model; regenerated next to it on a mismatch unless `strict_plan`). `sampling` replaces each
     workload's sampling; `sampling_overrides` (SamplingParams fields) change only those fields of it. With
@@ -258,7 +260,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     if repeats < 1:
         raise BadFlagError(f"--repeats must be >= 1, got {repeats}")
     base = DecodeOptions(max_draft=max_draft, context=context, gexec=gexec, strict_plan=strict_plan, device=device,
-                         mtp=mtp, sessions=sessions, rope=rope,
+                         mtp=mtp, sessions=sessions, rope=rope, kv=kv,
                          **({} if max_tokens is None else {"max_tokens": max_tokens}))
     lm = load_for(model, base)
     plan = lm.plan
@@ -317,7 +319,8 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     info = {**machine(), "model": Path(lm.path).name, "repeats": repeats, "max_draft": max_draft, "sessions": sessions,
             "plan": plan.path if plan else None, "device": "cpu" if lm.device == "cpu" else "cuda",
             "device_detail": lm.device, "device_reason": lm.device_reason, "sampling": sampling_desc,
-            "context": context, "rope": lm.model.args.rope_settings(), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "context": context, "rope": lm.model.args.rope_settings(), "cache_type_k": kv.k, "cache_type_v": kv.v,
+            "date": time.strftime("%Y-%m-%d %H:%M"),
             "wall_s": round(time.time() - t_start, 1),
             "noise": {"cv": cv, "load_start": [round(x, 2) for x in load_start],
                       "load_end": [round(x, 2) for x in load_end], "cores": cores,

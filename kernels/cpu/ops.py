@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
-from .intrinsics import floorf, fma32, pow2f
+from .intrinsics import floorf, fma32, h2f, pow2f
 from .simd import fma_f, lane, ld_f32, max_f, splat_f, st_f32, zero_f
 
 
@@ -145,16 +146,7 @@ def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
 @njit(cache=True, inline="always")
 def _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec):
     """out[t, h0 .. h0 + group - 1] from the row's scores[t * H + h, :L]: softmax, then the weighted values."""
-    H = out.shape[1]
-    invs = np.empty(group, np.float32)
-    pb = np.empty((group, L), np.float32)  # exp(s - max): a separate buffer (in place, LLVM's alias check fails)
-    for r in range(group):
-        sc = scores[t * H + h0 + r][:L]
-        m = _vmax(sc, L) if vec else np.max(sc)
-        p = pb[r]
-        for j in range(L):  # one vectorised pass (expf: fmas, 16 lanes)
-            p[j] = expf(sc[j] - m)
-        invs[r] = np.float32(1.0) / sum_fixed(p)
+    pb, invs = _softmax_rows(scores, t, out.shape[1], h0, group, L, vec)
     if vec:
         _pv_vec(pb, invs, vc, g, t, h0, group, L, out, hd, 0)
     else:
@@ -168,6 +160,22 @@ def _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec):
                 vr = vc[g, j]
                 for i in range(hd):
                     o[i] += p * vr[i]
+
+
+@njit(cache=True, inline="always")
+def _softmax_rows(scores, t, H, h0, group, L, vec):
+    """(exp(s - max) [group, L], 1 / their sums [group]) of the row's scores[t * H + h, :L] for the heads
+    h = h0 .. h0 + group - 1."""
+    invs = np.empty(group, np.float32)
+    pb = np.empty((group, L), np.float32)  # exp(s - max): a separate buffer (in place, LLVM's alias check fails)
+    for r in range(group):
+        sc = scores[t * H + h0 + r][:L]
+        m = _vmax(sc, L) if vec else np.max(sc)
+        p = pb[r]
+        for j in range(L):  # one vectorised pass (expf: fmas, 16 lanes)
+            p[j] = expf(sc[j] - m)
+        invs[r] = np.float32(1.0) / sum_fixed(p)
+    return pb, invs
 
 
 @njit(cache=True, inline="always")
@@ -387,3 +395,189 @@ def softmax_topk(logits, k, renorm, ids, weights):
         if renorm:
             for r in range(k):
                 weights[t, r] = weights[t, r] / tot
+
+
+# =========================================================================================================
+# Attention over a typed KV cache (--cache-type-k / --cache-type-v, guild/engine/state.py): the kernels read the
+# stored type, never a float32 copy of the cache. f16: IEEE halves, passed as their uint16 bits. q8_0: llama.cpp's
+# block_q8_0 split in two arrays, int8 quants and an f16 scale (uint16 bits) per 32 values along head_dim; keys
+# transposed as the f32 kernel wants them (quants [Hkv, hd, ctx], scales [Hkv, hd/32, ctx]), values per position
+# (quants [Hkv, ctx, hd], scales [Hkv, ctx, hd/32]). A window takes a pass of scores by the key type, then softmax
+# and values by the value type. The f16 and q8_0 passes read each K and V block once for all the rows of a window
+# (tasks split positions for the scores, features for the values, never a reduction), and every score and output
+# element is one chain in a fixed order whatever rows share the call: row invariance for every pair of types.
+# =========================================================================================================
+KV_TILE = 64  # positions per score tile: a K tile stays in L1 while every row and head of the window uses it
+KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verification window is one pass)
+
+
+@njit(cache=True, error_model="numpy")
+def kv_quantize_q8_0(x, qs, d):
+    """Rows x [N, hd] (hd a multiple of 32) → quants qs [N, hd] int8 and scales d [N, hd/32] float32 (stored as
+    f16 by the caller): Q8_0's rule, d = max|x| / 127, q = rint(x * (1 / d)) in float32."""
+    N, hd = x.shape
+    for n in range(N):
+        for b in range(hd // 32):
+            amax = np.float32(0.0)
+            for i in range(32 * b, 32 * b + 32):
+                amax = max(amax, abs(x[n, i]))
+            db = amax / np.float32(127.0)
+            inv = np.float32(1.0) / db if db > 0 else np.float32(0.0)
+            d[n, b] = db
+            for i in range(32 * b, 32 * b + 32):
+                qs[n, i] = np.int8(np.rint(x[n, i] * inv))
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def scores_f32(q, kt, pos0, scale, scores):
+    """The score pass over float32 keys [Hkv, hd, ctx]: scores[t * H + h, :pos0 + t + 1], as `attention` computes
+    them."""
+    T, H, hd = q.shape
+    group = H // kt.shape[0]
+    vec = hd % 16 == 0 and kt.strides[2] == 4 and scores.strides[1] == 4 and q.strides[2] == 4
+    for u in prange(kt.shape[0] * T):
+        g = u // T
+        t = u - g * T
+        if vec:
+            _scores_vec(q, kt, g, t, g * group, group, hd, pos0 + t + 1, scale, scores, t * H + g * group, 0)
+        else:
+            for h in range(g * group, (g + 1) * group):
+                _scores_scalar(q, kt, g, t, h, hd, pos0 + t + 1, scale, scores[t * H + h, : pos0 + t + 1])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def values_f32(scores, vc, pos0, out):
+    """The softmax and value pass over float32 values [Hkv, ctx, hd], as `attention` computes them."""
+    T, H, hd = out.shape
+    group = H // vc.shape[0]
+    vec = hd % 16 == 0 and vc.strides[2] == 4 and scores.strides[1] == 4 and out.strides[2] == 4
+    for u in prange(vc.shape[0] * T):
+        g = u // T
+        t = u - g * T
+        _softmax_pv(vc, scores, out, g, t, g * group, group, hd, pos0 + t + 1, vec)
+
+
+def stored_f32(x):
+    """A stored KV value as float32: f16 bits (uint16) or an int8 quant (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(stored_f32, inline="always")
+def _stored_f32(x):
+    if x == types.uint16:
+        return lambda x: h2f(x)
+    return lambda x: np.float32(x)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def scores_window(q, kq, ks, q8, pos0, scale, scores):
+    """The score pass over f16 keys (uint16 bits [Hkv, hd, ctx]; q8 False, ks unused) or q8_0 keys (quants
+    [Hkv, hd, ctx], scale bits [Hkv, hd/32, ctx]; q8 True): scores[t * H + h, :pos0 + t + 1]. One task per (KV
+    head, tile of KV_TILE positions) serves every row of the window, so each K tile is read from memory once per
+    window and reused from L1 by the rows and the heads sharing it. A score is one chain over i (q8_0: over the
+    32 dimensions of each block, then block by block times the position's scale), whatever rows share the call."""
+    T, H, hd = q.shape
+    Hkv = kq.shape[0]
+    group = H // Hkv
+    n_tiles = (pos0 + T + KV_TILE - 1) // KV_TILE
+    for u in prange(Hkv * n_tiles):
+        g = u // n_tiles
+        j0 = (u - g * n_tiles) * KV_TILE
+        acc = np.empty(KV_TILE, np.float32)
+        for t in range(max(0, j0 - pos0), T):  # the rows that reach this tile
+            j1 = min(j0 + KV_TILE, pos0 + t + 1)
+            for h in range(g * group, (g + 1) * group):
+                s = scores[t * H + h]
+                for j in range(j0, j1):
+                    s[j] = 0.0
+                if q8:
+                    for b in range(hd // 32):
+                        for j in range(j1 - j0):
+                            acc[j] = 0.0
+                        for i in range(32 * b, 32 * b + 32):
+                            qi = q[t, h, i] * scale
+                            kr = kq[g, i]
+                            for j in range(j0, j1):
+                                acc[j - j0] += qi * stored_f32(kr[j])
+                        dr = ks[g, b]
+                        for j in range(j0, j1):
+                            s[j] += acc[j - j0] * h2f(dr[j])
+                else:
+                    for i in range(hd):
+                        qi = q[t, h, i] * scale
+                        kr = kq[g, i]
+                        for j in range(j0, j1):
+                            s[j] += qi * stored_f32(kr[j])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def softmax_window(scores, T, H, pos0, inv):
+    """scores[t * H + h, :L] (L = pos0 + t + 1) → exp(s - max) in place, inv[t * H + h] = 1 / their sum."""
+    for u in prange(T * H):
+        L = pos0 + u // H + 1
+        s = scores[u]
+        m = np.max(s[:L])
+        for j in range(L):
+            s[j] = expf(s[j] - m)
+        inv[u] = np.float32(1.0) / sum_fixed(s[:L])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def values_window(scores, inv, vq, vs, q8, pos0, out):
+    """The value pass over f16 values (uint16 bits [Hkv, ctx, hd]; q8 False, vs unused) or q8_0 values (quants
+    [Hkv, ctx, hd], scale bits [Hkv, ctx, hd/32]; q8 True), after softmax_window: out[t, h, i] = one chain over
+    positions j <= pos0 + t of (p[t, h, j] * inv[t, h] (q8_0: times the position's block scale)) * v[j, i]. One task
+    per (KV head, 32 features; all of them where head_dim is not a multiple of 32) walks the positions once for a
+    block of KV_ROWS rows, their accumulators in L1, so a window reads each V block once; each output element's
+    chain is the same whatever rows share the call."""
+    T, H, hd = out.shape
+    Hkv = vq.shape[0]
+    group = H // Hkv
+    cw = 32 if hd % 32 == 0 else hd  # features per task (q8_0: one block)
+    nc = hd // cw
+    for u in prange(Hkv * nc):
+        g = u // nc
+        c0 = (u - g * nc) * cw
+        acc = np.empty((KV_ROWS * group, cw), np.float32)
+        for t0 in range(0, T, KV_ROWS):
+            t1 = min(t0 + KV_ROWS, T)
+            acc[...] = 0.0
+            for j in range(pos0 + t1):
+                vr = vq[g, j]
+                d = h2f(vs[g, j, c0 // 32]) if q8 else np.float32(1.0)
+                for t in range(max(t0, j - pos0), t1):
+                    for r in range(group):
+                        th = t * H + g * group + r
+                        p = scores[th, j] * inv[th]
+                        if q8:
+                            p = p * d
+                        a = acc[(t - t0) * group + r]
+                        for i in range(cw):
+                            a[i] += p * stored_f32(vr[c0 + i])
+            for t in range(t0, t1):
+                for r in range(group):
+                    out[t, g * group + r, c0 : c0 + cw] = acc[(t - t0) * group + r]
+
+
+def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
+    """Attention over a cache layer's stored keys and values, each a float32 array, f16 bits (uint16) or a q8_0
+    (quants, scale bits) pair; float32 on both sides is the one-pass `attention`."""
+    if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
+        attention(q, k, v, pos0, scale, out, scores)
+        return
+    if isinstance(k, tuple):
+        scores_window(q, k[0], k[1], True, pos0, scale, scores)
+    elif k.dtype == np.uint16:
+        scores_window(q, k, k, False, pos0, scale, scores)
+    else:
+        scores_f32(q, k, pos0, scale, scores)
+    if not isinstance(v, tuple) and v.dtype == np.float32:
+        values_f32(scores, v, pos0, out)
+        return
+    T, H, _ = q.shape
+    inv = np.empty(T * H, np.float32)
+    softmax_window(scores, T, H, pos0, inv)
+    if isinstance(v, tuple):
+        values_window(scores, inv, v[0], v[1], True, pos0, out)
+    else:
+        values_window(scores, inv, v, v, False, pos0, out)

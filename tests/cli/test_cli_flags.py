@@ -1,5 +1,6 @@
 """The command line as llama.cpp and Ollama users expect it: --version, -h, aliases, plain flag help, prompts from
-stdin and files, --stop, --system, --ignore-eos, --chat-template, and the --json schema (guild.run/1)."""
+stdin and files, --stop, --system, --ignore-eos, --chat-template, the KV cache types, and the --json schema
+(guild.run/1)."""
 
 import json
 import subprocess
@@ -22,7 +23,7 @@ def _load_once():
     real, cache = gr.load_for, {}
 
     def load_for(model, opts, threads=None):
-        key = (model, opts.device, opts.mtp, threads)
+        key = (model, opts.device, opts.mtp, opts.kv, threads)
         if key not in cache:
             cache[key] = real(model, opts, threads)
         return cache[key]
@@ -171,3 +172,17 @@ def test_a_cut_mid_character_shows_no_replacement_character(n):
     (a,) = _json("-p", "Write five emoji about the sea: 🌊", "-n", str(n))
     assert "\ufffd" not in r.stdout and "\ufffd" not in a["text"] and a["generated_tokens"] == n
     assert r.stdout.rstrip("\n") == a["text"] and a["text"] == "🌆🌞🌟"[: len(a["text"])]
+
+
+def test_kv_cache_type_flags():
+    for cmd in ("run", "serve", "bench", "optimize"):
+        out = CliRunner().invoke(app, [cmd, "-h"], env={"COLUMNS": "200"}).stdout
+        assert "--cache-type-k" in out and "--cache-type-v" in out and "-ctk" in out, cmd
+    args = ("-p", "The capital of France is", "-n", "8", "-ctk", "q8_0", "--cache-type-v", "f16")
+    normal = _json(*args, "--decode-strategy", "normal")[0]
+    assert (normal["cache_type_k"], normal["cache_type_v"]) == ("q8_0", "f16")
+    assert _json(*args, "--decode-strategy", "lookup")[0]["tokens"] == normal["tokens"]
+    assert _json("-p", "The capital of France is", "-n", "8")[0]["cache_type_k"] == "f32"  # the default
+    bad = CliRunner().invoke(app, ["run", *DENSE, "-p", "x", "--cache-type-v", "q4_0"])
+    assert bad.exit_code == 1 and "Traceback" not in bad.output
+    assert bad.output.strip() == "error: --cache-type-v must be one of f32, f16, q8_0, got 'q4_0'"

@@ -1,19 +1,21 @@
 """The host KV cache holds the positions used, growing by doubling up to the context: a first prompt at a large
 context touches only what it writes, the rows survive each growth bitwise, and `nbytes` stays the full-context
-bound a session pool budgets for."""
+bound a session pool budgets for. Every stored type (f16, q8_0) takes llama.cpp's bytes per value and keeps
+the commit(keep) semantics."""
 
 import numpy as np
 import pytest
 
+from guild.engine.kvtypes import KVTypes
 from guild.engine.state import KV_FIRST_ROWS, KVCache
-from guild.errors import ContextOverflowError
+from guild.errors import BadFlagError, ContextOverflowError
 
 
-def _fill(c, rng, T):
+def _fill(c, rng, T, hd=8):
     c.begin(T)
     for layer in range(c.k.shape[0]):
-        c.write(layer, rng.standard_normal((T, 2, 8)).astype(np.float32),
-                rng.standard_normal((T, 2, 8)).astype(np.float32))
+        c.write(layer, rng.standard_normal((T, 2, hd)).astype(np.float32),
+                rng.standard_normal((T, 2, hd)).astype(np.float32))
     c.commit(T)
 
 
@@ -42,3 +44,68 @@ def test_cache_stops_at_the_context():
     c.commit(10)
     with pytest.raises(ContextOverflowError):
         c.begin(1)
+
+
+# llama.cpp's bytes per value: ggml_type_size / ggml_blck_size of F32, F16, Q8_0
+LLAMA_CPP_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+
+
+@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("q8_0", "q8_0"), ("f16", "q8_0"), ("q8_0", "f32")])
+def test_typed_cache_bytes_growth_and_bound(kt, vt):
+    L, Hkv, hd, n_ctx = 2, 3, 64, 1000
+    c = KVCache(L, Hkv, hd, n_ctx, KVTypes(kt, vt))
+    per_token = L * Hkv * hd * (LLAMA_CPP_BYTES[kt] + LLAMA_CPP_BYTES[vt])
+    assert c.nbytes == per_token * n_ctx and c.resident_bytes == per_token * KV_FIRST_ROWS
+    rng = np.random.default_rng(0)
+    seen = []
+    for T in (100, 200, 300, 399):  # 999 rows: grows by doubling, then stops at the context
+        c.begin(T)
+        for layer in range(L):
+            c.write(layer, rng.standard_normal((T, Hkv, hd)).astype(np.float32),
+                    rng.standard_normal((T, Hkv, hd)).astype(np.float32))
+        c.commit(T)
+        seen.append(c.resident_bytes)
+        assert c.resident_bytes == per_token * c.k.shape[3] >= per_token * c.pos
+    assert seen == sorted(seen) and seen[0] < c.nbytes and seen[-1] == c.nbytes  # bounded by --context
+
+
+@pytest.mark.parametrize("kt,vt", [("f16", "q8_0"), ("q8_0", "f16")])
+def test_typed_cache_commit_clears_rejected_rows(kt, vt):
+    c = KVCache(1, 2, 32, 64, KVTypes(kt, vt))
+    rng = np.random.default_rng(1)
+    _fill(c, rng, 5, hd=32)
+    kept = [a.copy() for a in (c.k, c.v, c.k_scale if kt == "q8_0" else c.v_scale)]
+    c.begin(6)
+    c.write(0, rng.standard_normal((6, 2, 32)).astype(np.float32), rng.standard_normal((6, 2, 32)).astype(np.float32))
+    c.commit(2)
+    assert c.pos == 7
+    for a in (c.k, c.k_scale) if kt == "q8_0" else (c.k,):
+        assert a[..., 5:7].any() and not a[..., 7:].any()
+    for a in (c.v, c.v_scale) if vt == "q8_0" else (c.v,):
+        assert a[:, :, 5:7].any() and not a[:, :, 7:].any()
+    c.truncate(5)
+    now = [c.k, c.v, c.k_scale if kt == "q8_0" else c.v_scale]
+    assert all(np.array_equal(a, b) for a, b in zip(now, kept, strict=True))
+
+
+def test_q8_0_needs_whole_blocks():
+    with pytest.raises(BadFlagError, match="--cache-type-v q8_0 needs a head size that is a multiple of 32"):
+        KVCache(1, 2, 16, 64, KVTypes("f16", "q8_0"))
+    with pytest.raises(BadFlagError, match="--cache-type-k must be one of f32, f16, q8_0, got 'q4_0'"):
+        KVTypes("q4_0")
+
+
+@pytest.mark.parametrize("kv", [KVTypes(), KVTypes("q8_0", "f16")], ids=["f32", "q8_0-f16"])
+def test_fill_copies_grows_the_cache(kv):
+    """Calibration extends a filled cache by copies up to its target context, past what the cache had grown to."""
+    c = KVCache(1, 2, 32, 4105, kv)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        _fill(c, rng, 512, hd=32)
+    assert c.k.shape[3] == 1024
+    c.fill_copies(4096)
+    assert c.pos == 4096 and c.k.shape[3] >= 4096
+    for name, tr in c._arrays():
+        a = getattr(c, name)
+        assert np.array_equal(KVCache._rows(a, tr, 3072, 4096), KVCache._rows(a, tr, 0, 1024)), name
+    c.begin(8)  # and a window still opens after them

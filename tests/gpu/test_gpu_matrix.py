@@ -20,6 +20,7 @@ import pytest
 
 from guild.engine.backends import DeviceRows, HostBackend
 from guild.engine.gpu import split_onto_device
+from guild.engine.kvtypes import F32_KV, KVTypes
 from guild.engine.placement import GpuSplit
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
@@ -85,15 +86,17 @@ def workload(cpu, sampling: SamplingParams, n: int = N) -> Workload:
     return Workload(prompt, corpus, generate(cpu, "normal", sampling, n, prompt)[0])
 
 
-def generate(model, strategy: str, sampling: SamplingParams, n: int = N, prompt=PROMPT, corpus=(), clock=None):
-    """(tokens, stats) of `strategy`; `clock` (fixed_clock) times the adaptive drafter's proposals."""
+def generate(model, strategy: str, sampling: SamplingParams, n: int = N, prompt=PROMPT, corpus=(), clock=None,
+             kv: KVTypes = F32_KV):
+    """(tokens, stats) of `strategy` with the KV cache in the types `kv`; `clock` (fixed_clock) times the adaptive
+    drafter's proposals."""
     head = find_mtp_head(model) if strategy in ("mtp", "adaptive") else None
     d = None if strategy == "normal" else make_drafter(strategy, mtp_head=head, n_ctx=N_CTX)
     if corpus and strategy in ("retrieval", "adaptive"):
         d.ingest(corpus)
     if clock is not None and strategy == "adaptive":
         d.clock = clock
-    return GuildSession(model, n_ctx=N_CTX).generate(prompt, n, sampling=sampling, drafter=d, max_draft=4)
+    return GuildSession(model, n_ctx=N_CTX, kv=kv).generate(prompt, n, sampling=sampling, drafter=d, max_draft=4)
 
 
 def check_cell(strategy: str, st, where: str) -> dict:

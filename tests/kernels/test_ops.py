@@ -122,3 +122,66 @@ def test_expf_and_fixed_sum():
     for n in (1, 15, 16, 17, 600):
         assert abs(ops.sum_fixed(y[:n]) - y[:n].astype(np.float64).sum()) <= 1e-6 * y[:n].sum()
         assert ops.sum_fixed(y[:n]) == ops.sum_fixed(y[:n].copy())  # no dependence on where the data lives
+
+
+# (K type, V type, head_dim): 16 is not a whole q8_0 block (f16 takes any head size)
+KV_PAIRS = [("f16", "f16", 16), ("f16", "f16", 64), ("q8_0", "q8_0", 64), ("f32", "q8_0", 64), ("q8_0", "f16", 32),
+            ("f16", "f32", 64)]
+
+
+def _kv_layer(kt, vt, k, v):
+    """A one-layer cache in the stored types holding k, v [ctx, Hkv, hd]: its kernel operands."""
+    from guild.engine.kvtypes import KVTypes
+    from guild.engine.state import KVCache
+
+    c = KVCache(1, k.shape[1], k.shape[2], k.shape[0], KVTypes(kt, vt))
+    c.begin(k.shape[0])
+    c.write(0, k, v)
+    c.commit(k.shape[0])
+    return c.kv_layer(0)
+
+
+def test_kv_quantize_q8_0_matches_its_twin():
+    x = rng.standard_normal((7, 64)).astype(np.float32) * rng.uniform(0.01, 30, (7, 1)).astype(np.float32)
+    x[3, :32] = 0.0  # an all-zero block: scale 0, quants 0
+    qs, d = np.empty((7, 64), np.int8), np.empty((7, 2), np.float32)
+    ops.kv_quantize_q8_0(x, qs, d)
+    rq, rd = ref.kv_quantize_q8_0(x)
+    assert np.array_equal(qs, rq) and np.array_equal(d.astype(np.float16), rd)
+    assert not qs[3, :32].any() and np.abs(qs).max() == 127
+
+
+@pytest.mark.parametrize("kt,vt,hd", KV_PAIRS)
+def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd):
+    """The window kernels read each K and V block once for all the rows of a call; every row still gets bitwise
+    what it gets alone (any T, any neighbours, any thread count)."""
+    # 90 positions: score tiles of 64 and a partial one
+    pos0, H, Hkv, ctx = 70, 6, 2, 90
+    q, k, v, _, _ = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
+    kop, vop = _kv_layer(kt, vt, k, v)
+    assert (isinstance(kop, tuple), isinstance(vop, tuple)) == (kt == "q8_0", vt == "q8_0")
+
+    def run(qq, p0):
+        out = np.empty_like(qq)
+        ops.attention_kv(qq, kop, vop, p0, np.float32(hd**-0.5), out, np.empty((qq.shape[0] * H, ctx), np.float32))
+        return out
+
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            full = run(q, pos0)
+            for T in (1, 3, 5):
+                for start in (0, 8 - T):
+                    part = run(np.ascontiguousarray(q[start : start + T]), pos0 + start)
+                    assert np.array_equal(part, full[start : start + T]), (threads, T, start)
+            q20 = rng.standard_normal((20, H, hd)).astype(np.float32)  # a prefill chunk: two blocks of KV_ROWS
+            chunk = run(q20, 60)
+            for t in (0, 7, 15, 16, 19):
+                assert np.array_equal(run(q20[t : t + 1], 60 + t), chunk[t : t + 1]), (threads, t)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_allclose(full, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
+    # the stored types are what was read: close to float32 attention, not equal to it
+    f32 = ref.attention(q, k, v, pos0, hd**-0.5)
+    assert 0 < np.abs(full - f32).max() < (0.02 if "q8_0" in (kt, vt) else 2e-3)

@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 
+from guild.engine.kvtypes import KVTypes
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model
 from tests.helpers.reference import reference_forward
@@ -106,3 +107,42 @@ def test_lists_of_architectures_are_read_off_the_classes():
     assert GPU_ARCHS == tuple(n for n, c in REGISTRY.items() if c.GPU)
     assert SUPPORTED_ARCHS == ("llama", "qwen3", "qwen3moe")
     assert not REGISTRY["qwen35moe"].MTP_TRAINABLE and not REGISTRY["qwen3next"].MTP_TRAINABLE
+
+
+@pytest.mark.parametrize("kv", [KVTypes("f16", "f16"), KVTypes("q8_0", "q8_0"), KVTypes("f16", "q8_0")],
+                         ids=lambda kv: f"{kv.k}-{kv.v}")
+def test_kv_types_keep_windows_exact(tmp_path_factory, kv):
+    """For each stored KV type: a window's rows equal plain steps bitwise whatever their neighbours, commit(keep)
+    leaves what `keep` steps leave, and the logits are the stored type's (not float32's)."""
+    path = tmp_path_factory.getbasetemp() / "tiny_hd32.gguf"
+    if not path.exists():
+        write_tiny_model(path, arch="llama", n_experts=4, top_k=2, qtype="Q8_0", head_dim=32, seed=3)
+    model = load_model(str(path))
+    P = 4
+
+    def steps(seq, kv):
+        st = model.new_state(64, kv)
+        rows = []
+        for t in seq:
+            rows.append(model.forward([t], st)[0])
+            st.commit(1)
+        return np.stack(rows)
+
+    plain = steps(SEQ, kv)
+    assert not np.array_equal(plain, steps(SEQ, KVTypes()))
+    rng = np.random.default_rng(2)
+    for T in (2, 5, 8):
+        for keep in (1, T // 2, T):
+            st = model.new_state(64, kv)
+            model.forward(SEQ[:P], st)
+            st.commit(P)
+            win = model.forward(SEQ[P : P + T], st)
+            assert np.array_equal(win, plain[P : P + T]), (T, keep)
+            st.commit(keep)
+            nxt = model.forward(SEQ[P + keep : P + keep + 2], st)
+            assert np.array_equal(nxt, plain[P + keep : P + keep + 2]), (T, keep)
+        st = model.new_state(64, kv)
+        model.forward(SEQ[:P], st)
+        st.commit(P)
+        other = np.concatenate([SEQ[P : P + 1], rng.integers(0, 256, T - 1)])
+        assert np.array_equal(model.forward(other, st)[0], plain[P]), T  # row 0 beside other rows

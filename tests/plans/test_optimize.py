@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from guild.calib.optimize import local_plan_path, optimize
 from guild.cli import app
-from guild.errors import BadFlagError, GuildError, PlanSealError
+from guild.engine.kvtypes import KVTypes
+from guild.errors import BadFlagError, GuildError, KVTypeMismatch, PlanSealError
 from guild.load import load
 from guild.plans.plan import MAX_T, CpuTuning, DraftCalibration, GpuInfo, KernelTuning, Placement, load_plan, read_plan
 from guild.plans.plan import write_plan as write
@@ -297,3 +298,18 @@ def test_optimize_measures_the_mtp_head(tmp_path):
     assert p.header.spec == 1
     c = p.draft_costs()
     assert c.draft_ms == s.draft_ms and c.catchup_ms == s.catchup_ms == {"mtp": s.catchup_ms["mtp"]}
+
+
+def test_a_plan_says_which_kv_types_it_measured_and_serves_only_them(tiny, tmp_path):
+    kv = KVTypes("f16", "f16")
+    p = optimize(load(str(tiny), kv=kv), tmp_path / "f16.gexec", mode="quick", context=64, progress=False)
+    assert p.header.kv == kv and load_plan(p.path, model=tiny, kv=kv).header.cache_type_v == "f16"
+    with pytest.raises(KVTypeMismatch, match="measured with the KV cache K f16 · V f16; this run stores K f32 · V f32"):
+        load_plan(p.path, kv=KVTypes())
+    r = CliRunner().invoke(app, ["inspect", p.path], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "--cache-type-k f16 --cache-type-v f16" in r.stdout and "(KV K f16 · V f16)" in r.stdout
+    assert json.loads(cli("inspect", p.path, "--json").stdout)["header"]["cache_type_k"] == "f16"
+    r = cli("run", tiny, "-p", "hello", "-n", "4", "--gexec", p.path, "--strict-plan")  # f32: not what it measured
+    assert r.exit_code == 1 and "KVTypeMismatch" in r.stderr and "Traceback" not in r.stderr
+    r = cli("run", tiny, "-p", "hello", "-n", "4", "--gexec", p.path, "--strict-plan", "-ctk", "f16", "-ctv", "f16")
+    assert r.exit_code == 0, r.output

@@ -149,6 +149,18 @@ def test_a_version_2_plan_says_to_re_run_optimize(plan, tmp_path):
     assert str(e.value) == f"{p}: plan format version 2 is not {FORMAT_VERSION} (re-run guild optimize)"
 
 
+def test_a_resealed_kv_type_outside_the_table_is_one_line(plan, tmp_path):
+    d = yaml.safe_load(render(plan))
+    d.pop("seal")
+    assert d["header"]["cache_type_k"] == d["header"]["cache_type_v"] == "f32"
+    d["header"]["cache_type_k"] = "q4_0"
+    p = tmp_path / "kv.gexec"
+    p.write_bytes(_reseal(yaml.safe_dump(d, sort_keys=False).encode()))
+    with pytest.raises(PlanError) as e:
+        read_plan(p)
+    assert str(e.value) == f"{p}: plan header.cache_type_k: expected one of f32, f16, q8_0, got 'q4_0'"
+
+
 HW_CHANGES = [
     ("cpu_model", "AMD Ryzen 5 5600X 6-Core Processor", CpuIsaMismatch),
     ("isa", ("avx", "avx2", "f16c", "fma"), CpuIsaMismatch),
