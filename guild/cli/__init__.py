@@ -20,6 +20,7 @@ from ..formats.files import check_writable
 from ..speculative.options import MTP_K, MTP_VOCAB, MtpOptions
 from ..text.inputs import conversation_turns, prompt_source
 from .last_resort import run_cli
+from .options import EXPERT_CACHE_HELP, expert_cache_mem
 
 
 def _plain_flag_metavar() -> None:
@@ -109,6 +110,13 @@ def _set_numerics(mode: str) -> None:
     if mode not in quant.NUMERICS:
         raise BadFlagError(f"--numerics must be {' or '.join(quant.NUMERICS)}, not {mode!r}")
     quant.set_default_numerics(mode)
+
+
+def _set_expert_cache(text: str) -> None:
+    """--expert-cache-mem: the setting every load of this process uses (guild.engine.experts)."""
+    from ..engine import experts  # deferred: see the module docstring
+
+    experts.set_default(expert_cache_mem(text))
 
 
 def _model_arg(model: str | None, model_opt: str | None) -> str | None:
@@ -235,6 +243,7 @@ def run(
                                    "(per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
+    expert_cache: str = typer.Option("auto", "--expert-cache-mem", help=EXPERT_CACHE_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context length in tokens (KV cache "
                                 "size); a full chat drops its oldest turns."),
     prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size",
@@ -294,6 +303,7 @@ def run(
     try:
         _writable(trace, "--trace")
         _set_numerics(numerics)
+        _set_expert_cache(expert_cache)
         model = _model_arg(model, model_opt)
         if interactive and prompt == "-":
             raise BadFlagError("-p - reads the prompt from standard input, which -i reads the chat from")
@@ -394,6 +404,7 @@ def serve(
                                         "finish after SIGTERM or Ctrl-C.", rich_help_panel=SERVE),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
+    expert_cache: str = typer.Option("auto", "--expert-cache-mem", help=EXPERT_CACHE_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context of each session, in tokens."),
     prefill_batch: int = typer.Option(512, "-b", "--prefill-batch", "--batch-size", help="Prompt rows per prefill "
                                       "forward (<= 64: every cached row is reusable by a later request)."),
@@ -425,6 +436,7 @@ def serve(
 
     try:
         _set_numerics(numerics)
+        _set_expert_cache(expert_cache)
         sampling = SamplingParams(**_sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
@@ -464,6 +476,7 @@ def bench(
                                 help="Context length (W10 sizes above it are skipped)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
+    expert_cache: str = typer.Option("auto", "--expert-cache-mem", help=EXPERT_CACHE_HELP),
     sessions: int = typer.Option(1, "--sessions", help="Concurrent sessions per run, batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
@@ -493,6 +506,7 @@ def bench(
         _writable(out / "bench.json", "--out")
         model = _model_arg(model, model_opt)
         _set_numerics(numerics)
+        _set_expert_cache(expert_cache)
         set_threads(threads)
         overrides = _sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,

@@ -3,6 +3,7 @@ with the flag's name in the message. Light on purpose (no numba): `guild --help`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..engine.sampling import GREEDY, SamplingParams
@@ -10,6 +11,25 @@ from ..errors import BadFlagError
 from ..speculative.options import DraftOptions
 
 DEVICES = ("auto", "cpu", "cuda")  # --device
+
+EXPERT_CACHE_HELP = ("Memory for a MoE's routed experts, read from disk as the router asks for them (for models "
+                     "larger than memory): a size (3G, 512MiB), off, or auto (on only when the model does not fit "
+                     "in the available memory with a quarter to spare).")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
+
+
+def expert_cache_mem(text: str) -> str | int:
+    """--expert-cache-mem: "auto", "off" or bytes (binary suffixes: 3G = 3 GiB)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "off"):
+        return t
+    m = _SIZE.fullmatch(t)
+    if m is None or (m.group(3) == "ib" and not m.group(2)):
+        raise BadFlagError(f"--expert-cache-mem must be auto, off or a size such as 3G or 512MiB, got {text!r}")
+    n = int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2) or " "))))
+    if n < 1:
+        raise BadFlagError(f"--expert-cache-mem must be a positive size, got {text!r}")
+    return n
 
 
 MAX_SESSIONS = 8  # concurrent sessions whose windows share one forward (kernels' row-invariant batch)
