@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup setup-oracle run test bench bench-full bench-serve mtp-head lint clean fuzz fuzz-boundscheck
+.PHONY: setup setup-oracle run test bench bench-full bench-serve bench-beyond-ram mtp-head lint clean fuzz fuzz-boundscheck
 
 setup: $(VENV)/.setup-done
 
@@ -65,6 +65,11 @@ bench-full: setup
 # llama-cpp-python[server] is installed: aggregate and per-request tok/s, time to first token
 bench-serve: setup
 	$(BIN)/python -m guild.tools.bench_serve
+
+# the 128-expert upcycle (6.4 GB, built under /tmp on first use) with its experts read from disk through a cache
+# bounded below the model's size, beside the disk's bound and llama.cpp (ARGS: e.g. --expert-cache-mem 3G -n 48 --json)
+bench-beyond-ram: setup
+	$(BIN)/python -m guild.tools.beyond_ram $(ARGS)
 
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
 # an interrupted run resumes from guild/heads/*.ckpt/
