@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from ..kernels.cpu.quant import ExpertTable, PackedMatrix, matmul
 
 PAGE = mmap.PAGESIZE
 IO_THREADS = 4  # reads in flight at once: an SSD serves several in parallel
+HISTORY_DECAY = 0.98  # per routed row: the router's history the cold-expert estimate reads spans ~50 rows
 AUTO_HEADROOM = 0.25  # share of the available memory `auto` leaves to the rest of the process and the system
 
 # the process default (the CLI's --expert-cache-mem, guild.cli.options): "auto", "off" or a size in bytes
@@ -156,6 +158,8 @@ class LayerExperts:
         self.router, self.norm, self.eps = router, norm, np.float32(eps)
         self.addr_gu, self.addr_down = gu.orig.copy(), down.orig.copy()
         self.slot_of = np.full(gu.orig.shape[0], -1, np.int64)
+        self.chosen = np.zeros(gu.orig.shape[0], np.float64)  # decayed count of rows that chose each expert
+        self.rows = 0.0  # decayed count of rows routed
         self.down_at = -(-gu.span // PAGE) * PAGE  # the down matrix's offset in a slot
 
     @property
@@ -171,7 +175,13 @@ class LayerExperts:
                 r = kind.rel[e]
                 table[e, 1:] = np.where(r >= 0, slot_addr + at + r, kind.orig[e, 1:])
 
-    def batches(self, eids: np.ndarray):
+    def batches(self, eids: np.ndarray, counts: np.ndarray):
+        """The cache's batches of eids (see ExpertCache.batches); counts[g]: rows (times ranks) that chose
+        eids[g], the router's history the cold-expert estimate reads."""
+        g = HISTORY_DECAY ** (int(counts.sum()) / self.cache.top_k)
+        self.chosen *= g
+        self.chosen[eids] += counts
+        self.rows = self.rows * g + int(counts.sum()) / self.cache.top_k
         return self.cache.batches(self, eids)
 
     def predict(self, x: np.ndarray) -> None:
@@ -260,6 +270,7 @@ class ExpertCache:
         self.clock = 0
         self.prefetch_max = max(1, n // 4)
         self.stats = Stats()
+        self.read_ms: float | None = None  # decayed mean ms a window waits per expert it reads
         self.cond = threading.Condition()
         self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="guild-experts")
         self.closed = False
@@ -393,8 +404,12 @@ class ExpertCache:
                     self.cond.wait()
                     continue
             try:
+                t0 = time.perf_counter()
                 for f in [self.pool.submit(self._read, s) for s in reads]:
                     f.result()
+                if reads:  # what a window waits per cold expert, reads in parallel included
+                    ms = (time.perf_counter() - t0) * 1e3 / len(reads)
+                    self.read_ms = ms if self.read_ms is None else 0.9 * self.read_ms + 0.1 * ms
                 with self.cond:
                     while self.loading[pinned].any():
                         self.cond.wait()
@@ -419,6 +434,27 @@ class ExpertCache:
                 self.from_prefetch[s] = True
                 self.stats.prefetched += 1
                 self.pool.submit(self._read, s)
+
+    def cold_experts(self, t_max: int) -> list[float]:
+        """Expected experts a window of T = 1..t_max rows would read from disk: over every layer, each expert
+        not resident times the chance that one of T rows picks it (rows drawn from the router's recent history,
+        independently: 1 - (1 - p_e)^T with p_e its share of recent rows)."""
+        out = np.zeros(t_max)
+        ts = np.arange(1, t_max + 1)[:, None]
+        with self.cond:
+            for L in self.layers.values():
+                if L.rows <= 0:
+                    continue
+                p = np.minimum(L.chosen[L.slot_of < 0] / L.rows, 1.0)
+                out += (1.0 - (1.0 - p[None, :]) ** ts).sum(axis=1)
+        return out.tolist()
+
+    def cold_ms(self, t_max: int) -> list[float] | None:
+        """cold_experts priced at the measured wait per expert read (None until one was timed): the residency
+        input of the adaptive scheduler's window cost."""
+        if self.read_ms is None:
+            return None
+        return [c * self.read_ms for c in self.cold_experts(t_max)]
 
     def close(self) -> None:
         """Wait for the reads in flight and close the file (the slots stay mapped while the model uses them)."""

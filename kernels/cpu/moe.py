@@ -59,7 +59,8 @@ def experts_ffn(
     # every expert of the window in one parallel region per matrix kind: gate|up, then down; experts served by an
     # expert cache (guild.engine.experts) run in batches of groups resident at once, read from its slots
     resident = getattr(experts_gu, "resident", None)
-    for g0, g1, addr_gu, addr_down in ([(0, n, None, None)] if resident is None else resident.batches(eids)):
+    batches = [(0, n, None, None)] if resident is None else resident.batches(eids, np.diff(offs))
+    for g0, g1, addr_gu, addr_down in batches:
         s0, s1 = offs[g0], offs[g1]
         o = offs[g0 : g1 + 1] - s0
         experts_matmul(experts_gu, eids[g0:g1], o, x[s0:s1], gu[s0:s1], addr_gu)

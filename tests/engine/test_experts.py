@@ -11,6 +11,7 @@ from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.errors import BadFlagError
 from guild.load import load
+from guild.speculative.build import make_drafter
 from tests.helpers.drafters import RandomDrafter
 
 PROMPT = [1, 9690, 198, 2683, 253, 1345, 3084, 563, 4159, 30, 2, 198, 1, 520, 9531, 198]
@@ -110,6 +111,23 @@ def test_prefetch_reads_ahead_and_its_experts_are_used(plain, moe_path):
     _bitwise(want, got)
     st = cached.expert_cache.stats
     assert st.prefetched > 0 and st.prefetch_used > 0 and st.hits > st.misses // 4
+
+
+@pytest.mark.slow
+def test_adaptive_decoding_prices_the_cold_experts(plain, moe_path):
+    """The session tells the adaptive scheduler the cold experts' read time per window size (the cache's
+    non-resident experts weighted by the router's recent history); a cache that holds every expert has none."""
+    truth, _ = _generate(plain)
+    cached = _cached(moe_path, 7)
+    d = make_drafter("adaptive")
+    toks, _ = _generate(cached, d)
+    assert toks == truth
+    cold = cached.expert_cache.cold_experts(8)
+    assert 0 < cold[0] < cold[1] < cold[7] and all(b >= a for a, b in zip(cold, cold[1:], strict=False))
+    assert d.scheduler.costs.cold_ms[1] > d.scheduler.costs.cold_ms[0] > 0
+    full = _cached(moe_path, 240)
+    _generate(full)
+    assert full.expert_cache.cold_experts(8) == [0.0] * 8 and full.expert_cache.stats.evictions == 0
 
 
 @pytest.mark.slow
