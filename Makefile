@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup setup-oracle run test bench bench-full bench-serve llama-server mtp-head lint clean fuzz fuzz-boundscheck
+.PHONY: setup setup-oracle run test bench bench-full bench-serve bench-beyond-ram llama-server mtp-head lint clean fuzz fuzz-boundscheck
 
 setup: $(VENV)/.setup-done
 
@@ -98,6 +98,11 @@ $(LLAMA_SERVER): $(LLAMA_SDIST)
 		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
 	nice -n 19 cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j $$(nproc)
 	test -x $@
+
+# the 128-expert upcycle (6.4 GB, built under /tmp on first use) with its experts read from disk through a cache
+# bounded below the model's size, beside the disk's bound and llama.cpp (ARGS: e.g. --expert-cache-mem 3G -n 48 --json)
+bench-beyond-ram: setup
+	$(BIN)/python -m guild.tools.beyond_ram $(ARGS)
 
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
 # an interrupted run resumes from guild/heads/*.ckpt/

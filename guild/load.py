@@ -11,14 +11,15 @@ from pathlib import Path
 import numba
 
 from .calib.optimize import plan_for
+from .engine import experts
 from .engine.device import place_model, resolve_device
 from .engine.gpu import describe as describe_placement
 from .engine.kvtypes import F32_KV, KVTypes
 from .engine.options import DecodeOptions, RopeOptions
 from .engine.session import GuildSession
-from .errors import BadFlagError
+from .errors import BadFlagError, GuildError
 from .formats.gguf import GGUFFile
-from .formats.repack_cache import load_cached
+from .formats.repack_cache import cache_path, load_cached
 from .kernels.cpu import quant
 from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
@@ -131,13 +132,14 @@ def move_to_device(lm: LoadedModel, device: str | None, context: int, placement=
 def load(model: str | None, plan: str | Path | None = None, threads: int | None = None, device: str | None = "cpu",
          mtp: MtpOptions = MtpOptions(), *, context: int = 4096, strict_plan: bool = False,
          progress: bool = True, numerics: str | None = None, rope: RopeOptions = RopeOptions(),
-         kv: KVTypes = F32_KV) -> LoadedModel:
+         kv: KVTypes = F32_KV, expert_cache: str | int | None = None) -> LoadedModel:
     """Open `model` (a tag or a GGUF path), check `plan` (a `guild optimize` file: regenerated next to it when
     it is for another machine or model, unless strict_plan) and apply its thread count unless `threads` is
     given, then place the model on `device` (the plan's placement when it has one) with rope tables for
     `context` positions under `rope` (the --rope-* flags). `numerics`: "i8" (int8 activations where the quant
     type has such kernels) or "f32"; default: the process's (quant.set_default_numerics). `kv`: the KV cache's
-    stored types (a model placed on a GPU takes float32 only)."""
+    stored types (a model placed on a GPU takes float32 only). `expert_cache`: "auto", "off" or bytes for a
+    MoE's experts read from disk (guild.engine.experts); default: the process's (experts.set_default)."""
     if strict_plan and plan is None:
         raise BadFlagError("--strict-plan needs --gexec PLAN")
     if (device or "").lower() == "cuda":
@@ -146,12 +148,21 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     t0 = time.perf_counter()
     path = str(resolve_model(model, progress=progress))
     g = GGUFFile(path)
+    setting = experts.default() if expert_cache is None else expert_cache
+    stream = g.get(f"{g.architecture}.expert_count", int, 0) > 0 and experts.wanted(setting, Path(path).stat().st_size)
     with quant.numerics(numerics):
-        model, _ = load_cached(g, load_model, progress=progress)  # repacked weights mapped from guild's cache
+        # repacked weights mapped from guild's cache
+        model, how = load_cached(g, load_model, progress=progress, read_ahead=not stream)
+        mode = quant.current_numerics()
+    if stream and how == "memory" and setting != "auto":
+        raise GuildError("--expert-cache-mem: the experts are read from guild's repack cache, which is off or not "
+                         "writable here (GUILD_REPACK_CACHE, the cache directory)")
+    if stream and how != "memory":
+        experts.attach(model, cache_path(g.identity_digest(), mode), setting)
     apply_rope(model, rope, context)
     kv.check_head_dim(model.args.head_dim)
-    lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp,
-                     numerics=numerics or quant.current_numerics(), kv=kv)
+    lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp, numerics=numerics or mode,
+                     kv=kv)
     lm.load_s = time.perf_counter() - t0
     if plan is not None:
         lm.plan = plan_for(plan, lm, strict=strict_plan, progress=progress)

@@ -26,6 +26,7 @@ from .options import (
     CACHE_TYPE_K,
     CACHE_TYPE_V,
     DEVICE_HELP,
+    EXPERT_CACHE_HELP,
     GEXEC_HELP,
     MODEL_HELP,
     NUMERICS_HELP,
@@ -36,6 +37,7 @@ from .options import (
     SPEC,
     STRICT_HELP,
     TEXT,
+    expert_cache_mem,
     rope_options,
     sampling_kw,
 )
@@ -92,6 +94,13 @@ def _set_numerics(mode: str) -> None:
     if mode not in quant.NUMERICS:
         raise BadFlagError(f"--numerics must be {' or '.join(quant.NUMERICS)}, not {mode!r}")
     quant.set_default_numerics(mode)
+
+
+def _set_expert_cache(text: str) -> None:
+    """--expert-cache-mem: the setting every load of this process uses (guild.engine.experts)."""
+    from ..engine import experts  # deferred: see the module docstring
+
+    experts.set_default(expert_cache_mem(text))
 
 
 def _model_arg(model: str | None, model_opt: str | None) -> str | None:
@@ -210,6 +219,7 @@ def run(
                                    "(per turn)."),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
+    expert_cache: str = typer.Option("auto", "--expert-cache-mem", help=EXPERT_CACHE_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context length in tokens (KV cache "
                                 "size); a full chat drops its oldest turns."),
     cache_type_k: str = CACHE_TYPE_K,
@@ -278,6 +288,7 @@ def run(
     try:
         _writable(trace, "--trace")
         _set_numerics(numerics)
+        _set_expert_cache(expert_cache)
         model = _model_arg(model, model_opt)
         if interactive and prompt == "-":
             raise BadFlagError("-p - reads the prompt from standard input, which -i reads the chat from")
@@ -379,6 +390,7 @@ def serve(
                                         "finish after SIGTERM or Ctrl-C.", rich_help_panel=SERVE),
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
+    expert_cache: str = typer.Option("auto", "--expert-cache-mem", help=EXPERT_CACHE_HELP),
     context: int = typer.Option(4096, "-c", "--context", "--ctx-size", help="Context of each session, in tokens."),
     cache_type_k: str = CACHE_TYPE_K,
     cache_type_v: str = CACHE_TYPE_V,
@@ -417,6 +429,7 @@ def serve(
 
     try:
         _set_numerics(numerics)
+        _set_expert_cache(expert_cache)
         sampling = SamplingParams(**sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
@@ -461,6 +474,7 @@ def bench(
     cache_type_v: str = CACHE_TYPE_V,
     threads: int | None = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores)."),
     numerics: str = typer.Option("i8", "--numerics", help=NUMERICS_HELP),
+    expert_cache: str = typer.Option("auto", "--expert-cache-mem", help=EXPERT_CACHE_HELP),
     sessions: int = typer.Option(1, "--sessions", help=f"Concurrent sessions per run ({SESSIONS_RANGE}), "
                                  "batched into one forward."),
     out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
@@ -496,6 +510,7 @@ def bench(
         _writable(out / "bench.json", "--out")
         model = _model_arg(model, model_opt)
         _set_numerics(numerics)
+        _set_expert_cache(expert_cache)
         set_threads(threads)
         overrides = sampling_kw(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,

@@ -4,17 +4,20 @@ guild.engine.sampling): the CLI reads them, the library never reads this. Light 
 
 from __future__ import annotations
 
+import re
+
 import typer
 
 from ..engine.kvtypes import KV_TYPES
 from ..engine.options import DEVICES, MAX_SESSIONS
+from ..errors import BadFlagError
 
 SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
 MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."
 TEXT = "Prompt and text"
 SPEC = "Speculative decoding (exact: the same tokens as --decode-strategy normal)"
-NUMERICS_HELP = ("i8 (activations quantised to 8 bits per block of 32, integer dot products, as llama.cpp; for "
-                 "Q4_0, Q4_1, Q8_0 weights, the rest fp32) or f32 (fp32 dequant-dot for every type).")
+NUMERICS_HELP = ("i8 (activations quantised to 8 bits, one scale per 32 or per 256 elements, integer dot products "
+                 "for every quantised type, as llama.cpp) or f32 (fp32 dequant-dot for every type).")
 DEVICE_HELP = (f"{', '.join(DEVICES)}: where attention and dense layers run (auto: a CUDA GPU when CuPy sees one, "
                "else the CPU); routed experts always run on the CPU.")
 GEXEC_HELP = ("Plan from `guild optimize`: calibrated costs for the scheduler, tuned threads. A plan for another "
@@ -35,6 +38,25 @@ _SAMPLING_FLAGS = (  # (SamplingParams-ish name, flags, help)
     ("seed", ("-s", "--seed"), "Seed of the position-keyed draws (run default: random; bench: the workload's)."),
 )
 _SAMPLING_FIELDS = {"repeat_last_n": "penalty_last_n"}  # flag name → SamplingParams field where they differ
+
+EXPERT_CACHE_HELP = ("Memory for a MoE's routed experts, read from disk as the router asks for them (for models "
+                     "larger than memory): a size (3G, 512MiB), off, or auto (on only when the model does not fit "
+                     "in the available memory with a quarter to spare).")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
+
+
+def expert_cache_mem(text: str) -> str | int:
+    """--expert-cache-mem: "auto", "off" or bytes (binary suffixes: 3G = 3 GiB)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "off"):
+        return t
+    m = _SIZE.fullmatch(t)
+    if m is None or (m.group(3) == "ib" and not m.group(2)):
+        raise BadFlagError(f"--expert-cache-mem must be auto, off or a size such as 3G or 512MiB, got {text!r}")
+    n = int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2) or " "))))
+    if n < 1:
+        raise BadFlagError(f"--expert-cache-mem must be a positive size, got {text!r}")
+    return n
 
 
 def _sampling_options(d: dict | None) -> dict:

@@ -18,7 +18,7 @@ from ..errors import ContextOverflowError, GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
 from ..models.base import ForwardResult
 from ..speculative.base import Drafter, NoDrafter
-from ..window import MAX_DRAFT
+from ..window import MAX_DRAFT, MAX_WINDOW
 from .constraint import Constraint
 from .kvtypes import F32_KV, KVTypes
 from .sampling import GREEDY, SamplingParams, TokenLogprob
@@ -237,6 +237,9 @@ class Generation:
         s = self.s
         room = min(self.max_tokens - len(self.out) - 1, s.n_ctx - s.state.pos - 1, self.max_draft)
         td = time.perf_counter()
+        cache = getattr(s.model, "expert_cache", None)
+        if cache is not None and room > 0:  # drafts whose rows would read experts from disk cost that much more
+            self.drafter.observe_residency(cache.cold_ms(MAX_WINDOW))
         draft = np.asarray(self.drafter.propose(s.tokens, room), np.int64)[:room] if room > 0 else ()
         if self.constraint is not None and len(draft):  # a draft the grammar refuses could never be accepted
             draft = draft[: self.constraint.valid_prefix(draft)]

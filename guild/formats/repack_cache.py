@@ -315,10 +315,11 @@ def _free_bytes(d: Path) -> int:
         return 0
 
 
-def load_cached(g: GGUFFile, load_model, progress: bool = False):
+def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: bool = True):
     """`load_model(g)` (models.load_model), the matrices mapped from g's repack cache, built first if needed.
     Returns (model, how): how is "cache" (mapped from an existing cache), "built" (cache written now, then
-    mapped) or "memory" (repacked into memory: cache off or not writable)."""
+    mapped) or "memory" (repacked into memory: cache off or not writable). read_ahead: `prefetch` the file
+    (not for a model whose experts an expert cache will read: the file may not fit in memory)."""
     weights = sum(t.data.nbytes for t in g.tensors.values())
     if not enabled():
         return _in_memory(g, load_model, progress, weights), "memory"
@@ -327,7 +328,7 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False):
     built = False
     while True:
         try:
-            return _replay(g, CacheFile(path, key), load_model), ("built" if built else "cache")
+            return _replay(g, CacheFile(path, key), load_model, read_ahead), ("built" if built else "cache")
         except StaleCache as e:
             if built:
                 raise GuildError(f"{path}: the repack cache just written does not read back ({e})") from None
@@ -346,7 +347,7 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False):
         built = True
 
 
-def _replay(g: GGUFFile, cache: CacheFile, load_model):
+def _replay(g: GGUFFile, cache: CacheFile, load_model, read_ahead: bool = True):
     if cache.finite_checked:
         g.finite_checked = True
     rep = _Replayer(cache)
@@ -354,7 +355,8 @@ def _replay(g: GGUFFile, cache: CacheFile, load_model):
         model = load_model(g)
     if rep.i != len(cache.matrices):
         raise StaleCache(f"the model packs {rep.i} matrices, the cache holds {len(cache.matrices)}")
-    prefetch(cache.path)
+    if read_ahead:
+        prefetch(cache.path)
     return model
 
 

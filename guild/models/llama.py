@@ -215,7 +215,7 @@ class Window:
     it records, and the layout: which backend runs each layer."""
 
     __slots__ = ("states", "offs", "pos0s", "positions", "scores", "distinct", "layout", "rope", "meta", "tokens",
-                 "cur")
+                 "cur", "experts")
 
     def __init__(self, states, offs, pos0s, positions, n_heads: int, n_layers: int, layout: Layout | None = None,
                  tokens: np.ndarray | None = None):
@@ -234,6 +234,7 @@ class Window:
                 for st, d in zip((st for st in states if hasattr(st, "dst_on")), m[3], strict=True):
                     st.dst_on(name, d)
         self.cur = self.layout.embed_be
+        self.experts = None  # the model's expert cache (guild.engine.experts), if it streams its experts
 
     @classmethod
     def open(cls, model, windows, **begin) -> Window:
@@ -245,7 +246,9 @@ class Window:
         offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(pos0s, sizes, strict=True)])
         a = model.args
-        return cls(states, offs, pos0s, positions, a.n_heads, a.n_layers, model.layout, np.concatenate(toks))
+        w = cls(states, offs, pos0s, positions, a.n_heads, a.n_layers, model.layout, np.concatenate(toks))
+        w.experts = getattr(model, "expert_cache", None)
+        return w
 
     def be(self, li: int):
         return self.layout.layer_be[li]
@@ -266,6 +269,8 @@ class Window:
         be = self.be(li)
         x = self.layout.move(x, self.cur, be)
         self.cur = be
+        if self.experts is not None and not be.device and li in self.experts.layers:
+            self.experts.layers[li].predict(x)  # its experts read while attention runs
         return x
 
     def attend(self, li: int, be, q, k, v, att) -> None:

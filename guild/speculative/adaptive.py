@@ -111,6 +111,9 @@ class AdaptiveDrafter(Drafter):
             self._root_p = self.confidence(self._root)
         return self._root_p
 
+    def observe_residency(self, cold_ms) -> None:
+        self.scheduler.observe_residency(cold_ms)
+
     def observe(self, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
         """The session's measurement of the window just verified."""
         self.scheduler.observe_window(self.last_strategy, k, draft_ms, verify_ms, emitted)

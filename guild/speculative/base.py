@@ -63,6 +63,10 @@ class Drafter:
     def observe(self, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
         pass
 
+    def observe_residency(self, cold_ms) -> None:
+        """Before a proposal: the expected ms of expert reads a window of T = 1.. rows would wait for (a model
+        whose experts an expert cache streams from disk; guild.engine.experts.ExpertCache.cold_ms)."""
+
     def observe_logits(self, row: np.ndarray) -> None:
         """The target's logits [vocab] that sampled the root of the next window (the prefill's last row, then
         each window's last kept row): the verifier computed them anyway. Read before the next forward."""

@@ -161,6 +161,7 @@ class Costs:
         self.kappa_sum = 0.0  # decayed sums of measured / prior growth (rho - 1) over every T >= 2 window
         self.kappa_n = 0.0
         self.v1_n = 0
+        self.cold_ms = [0.0] * MAX_T  # expected ms of reading cold experts, per T (observe_residency)
 
     @property
     def seeded(self) -> bool:
@@ -175,6 +176,10 @@ class Costs:
         return (self.rho_sum[t - 1] + w0 * prior) / (self.rho_n[t - 1] + w0)
 
     def verify(self, t: int) -> float:
+        """V(T): the window's compute, plus the reads of the experts its rows would fault in."""
+        return self.warm(t) + self.cold_ms[t - 1]
+
+    def warm(self, t: int) -> float:
         return (self.v1 or 0.0) * (1.0 if t == 1 else self.rho(t))
 
     def draft(self, strategy: str) -> float:
@@ -185,11 +190,12 @@ class Costs:
 
     def observe_verify(self, t: int, ms: float) -> None:
         g = self.cfg.cost_decay
+        ms = max(ms - self.cold_ms[t - 1], 0.1 * ms)  # the compute part: reads are priced apart
         if not self.v1_n:
             if t == 1:  # the first plain step seeds V(1) directly
                 self.v1, self.v1_n = ms, 1
             return
-        pred = self.verify(t)
+        pred = self.warm(t)
         ms = min(max(ms, pred / 3), pred * 3)  # a one-off stall (JIT, page faults) moves the estimate little
         if t == 1:
             self.v1 = g * self.v1 + (1 - g) * ms if self.v1_n >= 3 else (self.v1 * self.v1_n + ms) / (self.v1_n + 1)
@@ -200,6 +206,11 @@ class Costs:
         self.rho_n[t - 1] = g * self.rho_n[t - 1] + 1
         self.kappa_sum = g * self.kappa_sum + (r - 1.0) / max(self.prior_rho[t - 1] - 1.0, 1e-3)
         self.kappa_n = g * self.kappa_n + 1
+
+    def observe_residency(self, cold_ms: Sequence[float] | None) -> None:
+        """Expected ms of the expert reads a window of T = 1..MAX_T rows would wait for (an expert cache's cold
+        experts of the window's union, priced at its measured read time; None: every expert resident)."""
+        self.cold_ms = [0.0] * MAX_T if cold_ms is None else [float(c) for c in cold_ms][:MAX_T]
 
     def observe_draft(self, strategy: str, ms: float) -> None:
         if drafter(strategy).follows_rows:  # a measured propose includes its catch-up: the plan's term retires
@@ -411,6 +422,11 @@ class AdaptiveScheduler:
 
     def observe_draft_ms(self, strategy: str, ms: float) -> None:
         self.costs.observe_draft(strategy, ms)
+
+    def observe_residency(self, cold_ms: Sequence[float] | None) -> None:
+        """The next window's expected cold-expert ms per T (Costs.observe_residency): a draft whose rows would
+        fault experts in costs that much more, so k shrinks when the cache is cold."""
+        self.costs.observe_residency(cold_ms)
 
     def observe_lazy(self, strategy: str, signals: dict) -> None:
         """The signals of the draft a lazy drafter just proposed (MTP: the head's top-1 probability,

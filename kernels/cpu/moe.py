@@ -53,13 +53,19 @@ def experts_ffn(
     x = np.empty((T * k, D), np.float32)
     n = route_groups(np.ascontiguousarray(ids, np.int64), h, order, offs, eids, x)
     offs, eids = offs[: n + 1], eids[:n]
-    # every expert of the window in one parallel region per matrix kind: gate|up, then down
     gu = np.empty((order.size, experts_gu[0].n_rows), np.float32)
-    experts_matmul(experts_gu, eids, offs, x, gu)
     act = np.empty((order.size, gu.shape[1] // 2), np.float32)
-    ops.swiglu(gu, act)
     ye = np.empty((order.size, D), np.float32)
-    experts_matmul(experts_down, eids, offs, act, ye)
+    # every expert of the window in one parallel region per matrix kind: gate|up, then down; experts served by an
+    # expert cache (guild.engine.experts) run in batches of groups resident at once, read from its slots
+    resident = getattr(experts_gu, "resident", None)
+    batches = [(0, n, None, None)] if resident is None else resident.batches(eids, np.diff(offs))
+    for g0, g1, addr_gu, addr_down in batches:
+        s0, s1 = offs[g0], offs[g1]
+        o = offs[g0 : g1 + 1] - s0
+        experts_matmul(experts_gu, eids[g0:g1], o, x[s0:s1], gu[s0:s1], addr_gu)
+        ops.swiglu(gu[s0:s1], act[s0:s1])
+        experts_matmul(experts_down, eids[g0:g1], o, act[s0:s1], ye[s0:s1], addr_down)
     combine_groups(ye, order, w, out)
     return n
 

@@ -412,10 +412,14 @@ class ExpertTable:
         return t
 
 
-def experts_matmul(ws: list, eids: np.ndarray, offs: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+def experts_matmul(ws: list, eids: np.ndarray, offs: np.ndarray, x: np.ndarray, out: np.ndarray,
+                   addr: np.ndarray | None = None) -> None:
     """out[offs[g]:offs[g+1]] = x[offs[g]:offs[g+1]] W_{eids[g]}^T for every group g (a MoE layer's experts, rows
-    grouped by expert), bitwise what `matmul` gives each group. One parallel region on the int8 path."""
+    grouped by expert), bitwise what `matmul` gives each group. One parallel region on the int8 path. `addr`: a
+    table like ExpertTable.addr whose rows for eids say where those experts' arrays are (an expert cache's slots)."""
     t = ExpertTable.of(ws)
+    if addr is not None and not t.ok:
+        raise ValueError("experts_matmul: an address table needs every expert on the int8 path")
     if not t.ok:
         for g, e in enumerate(eids):
             matmul(ws[e], x[offs[g] : offs[g + 1]], out[offs[g] : offs[g + 1]])
@@ -425,7 +429,8 @@ def experts_matmul(ws: list, eids: np.ndarray, offs: np.ndarray, x: np.ndarray, 
     buf = np.empty(qdot.act_bytes(x.shape[0], t.n_cols), np.uint8)
     offs = np.ascontiguousarray(offs, np.int64)
     qdot.quantize_groups(x, offs, buf, qdot.act_group(t.ws[0].qtype))
-    _launch_experts(t.addr, t.dims, np.ascontiguousarray(eids, np.int64), offs, buf, out, _N_CHUNKS)
+    _launch_experts(t.addr if addr is None else addr, t.dims, np.ascontiguousarray(eids, np.int64), offs, buf, out,
+                    _N_CHUNKS)
 
 
 def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:

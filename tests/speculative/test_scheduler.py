@@ -11,19 +11,22 @@ def linear_v(v1, slope):
     return lambda t: v1 * (1 + slope * (t - 1))
 
 
-def simulate(sched, n, v, accept, signals=None, noise=0.0, seed=0, strategy="lookup", length=7, room=7):
+def simulate(sched, n, v, accept, signals=None, noise=0.0, seed=0, strategy="lookup", length=7, room=7, cold=None):
     """Drive `sched` for n windows. accept(i, rng) -> how many of the proposal's tokens the emitted text confirms
-    (the same for shadow and executed windows: decoding is exact). Returns the decisions."""
+    (the same for shadow and executed windows: decoding is exact); cold[T-1]: ms of expert reads a window of T
+    rows waits for (told to the scheduler before each window, and paid). Returns the decisions."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         sig = signals(i) if callable(signals) else (signals or {"match_len": 6, "freq": 1})
         p = Proposal(strategy, tuple(range(length)), sig)
+        if cold is not None:
+            sched.observe_residency(cold)
         d = sched.decide([p], room)
         a = accept(i, rng)
         k = d.k
         emitted = (min(a, k) + 1) if k else 1
-        ms = v(k + 1) * (1 + noise * rng.standard_normal())
+        ms = v(k + 1) * (1 + noise * rng.standard_normal()) + (cold[k] if cold is not None else 0.0)
         sched.observe_window(d.strategy, k, 0.01 if k else 0.0, ms, emitted)
         sched.observe_proposal(p, a)
         out.append(d)
@@ -35,6 +38,22 @@ def test_high_acceptance_converges_to_lookup_at_max_k():
     ds = simulate(s, 80, linear_v(10, 0.3), lambda i, r: 7)
     tail = ds[-30:]
     assert all(d.strategy == "lookup" and d.k == 4 for d in tail), [(d.strategy, d.k) for d in tail]
+
+
+def test_cold_experts_of_the_drafts_shrink_the_draft():
+    """Drafts whose rows would fault experts in from disk (an expert cache's cold experts of the window's union,
+    20 ms per extra row here) make long windows dear: the scheduler drafts less than with every expert resident,
+    while a cold cost every window pays alike (the root's own experts) leaves k at its maximum."""
+    v = linear_v(10, 0.3)
+    warm = simulate(AdaptiveScheduler(SchedulerConfig(max_draft=4)), 80, v, lambda i, r: 7)[-30:]
+    steep = simulate(AdaptiveScheduler(SchedulerConfig(max_draft=4)), 80, v, lambda i, r: 7,
+                     cold=[20.0 * t for t in range(8)])[-30:]
+    flat = simulate(AdaptiveScheduler(SchedulerConfig(max_draft=4)), 80, v, lambda i, r: 7, cold=[30.0] * 8)[-30:]
+    assert all(d.k == 4 for d in warm) and all(d.k == 4 for d in flat)
+    assert all(d.k < 4 for d in steep) and sum(d.k for d in steep) < sum(d.k for d in warm) / 2
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    simulate(s, 20, v, lambda i, r: 7, cold=[20.0 * t for t in range(8)])
+    assert s.costs.verify(3) == pytest.approx(s.costs.warm(3) + 40.0)  # the reads are priced apart, not learnt
 
 
 def test_low_acceptance_backs_off_to_normal_quickly():

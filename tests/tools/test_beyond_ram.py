@@ -1,0 +1,31 @@
+"""`make bench-beyond-ram` (guild.tools.beyond_ram) on the embedded MoE with an expert cache a third of its size:
+the report's figures come from the run (reads, hits, the disk probe) and the strategies emit the same tokens."""
+
+import json
+
+import pytest
+
+from guild.tools import beyond_ram
+
+pytestmark = pytest.mark.slow
+
+
+def test_smoke_run_reports_the_cache_and_the_disk_bound(moe_path, capsys):
+    rc = beyond_ram.main(["--model", moe_path, "--expert-cache-mem", "150M", "-n", "4", "--no-llama", "--json",
+                          "--strategies", "normal,lookup"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    c = rep["cache"]
+    assert c["resident_bytes"] <= c["bound"] == 150 << 20 < c["expert_bytes"]
+    assert rep["read_gb_s"] > 0 and rep["peak_rss"] > 0
+    normal, lookup = rep["guild"]
+    assert normal["tokens"] == lookup["tokens"] and len(normal["tokens"]) == 4
+    assert normal["bytes_read_per_token"] > 0 and 0 <= normal["hit_rate"] <= 1 and normal["decode_tok_s"] > 0
+    md = beyond_ram.report(rep)
+    assert "| guild | normal |" in md and "strategies emit the same tokens: True" in md
+
+
+def test_a_bad_mem_value_is_one_line(moe_path, capsys):
+    assert beyond_ram.main(["--model", moe_path, "--expert-cache-mem", "lots", "--no-llama"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --expert-cache-mem must be auto, off or a size such as 3G or 512MiB, got 'lots'"]
