@@ -1044,40 +1044,30 @@ def _drive(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N):
 @njit(cache=True, inline="always")
 def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec):
     """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
-    its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode)."""
-    for t in range(0, T - 1, 2):
+    its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode). Rows
+    two at a time; an odd last row is paired with itself (one loop body: a lone-row loop compiled markedly
+    slower, and the pair costs little more than one row)."""
+    for t in range(0, T, 2):
+        u = min(t + 1, T - 1)
         y = z = zero_f()
-        u = t + 1
         for s in range(0, nb, SB):
             a1 = m1 = a2 = m2 = zero_i()
             for b in range(s, s + SB):
                 xa = pxp + t * Kp + b * QB
+                xu = pxp + u * Kp + b * QB
                 if dec:
                     a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
-                    a2 = add_i(a2, _grid_blk(kind, p1, p2, g, nb, b, j, xa + Kp, pd))
+                    a2 = add_i(a2, _grid_blk(kind, p1, p2, g, nb, b, j, xu, pd))
                 else:
                     a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[t, b], sh[t, b, 0], sh[t, b, 1],
                                    a1, m1)
-                    a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa + Kp, sx[u, b], sh[u, b, 0],
-                                   sh[u, b, 1], a2, m2)
+                    a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xu, sx[u, b], sh[u, b, 0], sh[u, b, 1],
+                                   a2, m2)
             y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[t, s], y)
             z = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a2, m2, xd[u, s], z)
         _put(pout, out, t, N, n0, y)
-        _put(pout, out, u, N, n0, z)
-    if T % 2 == 1:  # the last row alone
-        t = T - 1
-        y = zero_f()
-        for s in range(0, nb, SB):
-            a1 = m1 = zero_i()
-            for b in range(s, s + SB):
-                xa = pxp + t * Kp + b * QB
-                if dec:
-                    a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
-                else:
-                    a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[t, b], sh[t, b, 0], sh[t, b, 1],
-                                   a1, m1)
-            y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[t, s], y)
-        _put(pout, out, t, N, n0, y)
+        if u != t:
+            _put(pout, out, u, N, n0, z)
 
 
 # C entry points (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp, g0, g1, out, N)
