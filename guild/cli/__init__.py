@@ -37,7 +37,6 @@ from .options import (
     SPEC,
     STRICT_HELP,
     TEXT,
-    expert_cache_mem,
     rope_options,
     sampling_kw,
 )
@@ -100,7 +99,7 @@ def _set_expert_cache(text: str) -> None:
     """--expert-cache-mem: the setting every load of this process uses (guild.engine.experts)."""
     from ..engine import experts  # deferred: see the module docstring
 
-    experts.set_default(expert_cache_mem(text))
+    experts.set_default(experts.expert_cache_mem(text))
 
 
 def _model_arg(model: str | None, model_opt: str | None) -> str | None:

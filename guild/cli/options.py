@@ -4,13 +4,10 @@ guild.engine.sampling): the CLI reads them, the library never reads this. Light 
 
 from __future__ import annotations
 
-import re
-
 import typer
 
 from ..engine.kvtypes import KV_TYPES
 from ..engine.options import DEVICES, MAX_SESSIONS
-from ..errors import BadFlagError
 
 SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
 MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."
@@ -42,23 +39,6 @@ _SAMPLING_FIELDS = {"repeat_last_n": "penalty_last_n"}  # flag name → Sampling
 EXPERT_CACHE_HELP = ("Memory for a MoE's routed experts, read from disk as the router asks for them (for models "
                      "larger than memory): a size (3G, 512MiB), off, or auto (on only when the model does not fit "
                      "in the available memory with a quarter to spare).")
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
-
-
-def expert_cache_mem(text: str) -> str | int:
-    """--expert-cache-mem: "auto", "off" or bytes (binary suffixes: 3G = 3 GiB)."""
-    t = str(text).strip().lower()
-    if t in ("auto", "off"):
-        return t
-    m = _SIZE.fullmatch(t)
-    if m is None or (m.group(3) == "ib" and not m.group(2)):
-        raise BadFlagError(f"--expert-cache-mem must be auto, off or a size such as 3G or 512MiB, got {text!r}")
-    n = int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2) or " "))))
-    if n < 1:
-        raise BadFlagError(f"--expert-cache-mem must be a positive size, got {text!r}")
-    return n
-
-
 def _sampling_options(d: dict | None) -> dict:
     """The sampling flags, shared by run and bench: `d` the defaults (None: bench, each flag None = the
     workload's own setting; the seed defaults to None on both)."""

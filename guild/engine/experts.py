@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,6 +94,23 @@ def _cgroup_limits():
         if d == root or d.parent == d:
             return
         d = d.parent
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
+
+
+def expert_cache_mem(text: str) -> str | int:
+    """--expert-cache-mem: "auto", "off" or bytes (binary suffixes: 3G = 3 GiB)."""
+    t = str(text).strip().lower()
+    if t in ("auto", "off"):
+        return t
+    m = _SIZE.fullmatch(t)
+    if m is None or (m.group(3) == "ib" and not m.group(2)):
+        raise BadFlagError(f"--expert-cache-mem must be auto, off or a size such as 3G or 512MiB, got {text!r}")
+    n = int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2) or " "))))
+    if n < 1:
+        raise BadFlagError(f"--expert-cache-mem must be a positive size, got {text!r}")
+    return n
 
 
 def wanted(setting: str | int, model_bytes: int) -> bool:

@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         print(json.dumps(probe_llama(a.model, a.n, a.threads)))
         return 0
     os.environ.setdefault("GUILD_CACHE_DIR", SCRATCH)
-    from ..cli.options import expert_cache_mem
+    from ..engine.experts import expert_cache_mem
     from ..errors import GuildError
     from ..formats.gguf import GGUFFile
     from ..formats.repack_cache import cache_path, load_cached

@@ -5,8 +5,8 @@ slots' memory within the bound; auto on only when the model does not fit; bad --
 import numpy as np
 import pytest
 
-from guild.cli.options import expert_cache_mem
 from guild.engine import experts
+from guild.engine.experts import expert_cache_mem
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
 from guild.errors import BadFlagError
