@@ -1014,9 +1014,12 @@ def _drive(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N):
                     _grid_decode(kind, p0, p4, g, nb, j, pd)
                     _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                 pd, True)
-                else:
+                elif T > 1:
                     _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                 pd, False)
+                elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
+                    k = j + 1 if n0 + 16 < N else j
+                    _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N)
         return
     for g in range(g0, g1):
         for j in range(4):
@@ -1046,7 +1049,7 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
     """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
     its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode). Rows
     two at a time; an odd last row is paired with itself (one loop body: a lone-row loop compiled markedly
-    slower, and the pair costs little more than one row)."""
+    slower). A single row (T = 1) takes _super_groups instead."""
     for t in range(0, T, 2):
         u = min(t + 1, T - 1)
         y = z = zero_f()
@@ -1068,6 +1071,25 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
         _put(pout, out, t, N, n0, y)
         if u != t:
             _put(pout, out, u, N, n0, z)
+
+
+@njit(cache=True, inline="always")
+def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N):
+    """Row 0 alone (T = 1, decode) for groups j and k of tile g: the row-pair body of _super_rows with the
+    second accumulator on the next 16 features, so no pass computes a row twice. Each feature's chain is
+    _super_rows' (same blocks, same order): bitwise the same outputs."""
+    y = z = zero_f()
+    for s in range(0, nb, SB):
+        a1 = m1 = a2 = m2 = zero_i()
+        for b in range(s, s + SB):
+            xa = pxp + b * QB
+            a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a1, m1)
+            a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, k, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a2, m2)
+        y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[0, s], y)
+        z = _sfin(kind, p1, p2, p3, p4, g, nb, s, k, a2, m2, xd[0, s], z)
+    _put(pout, out, 0, N, n0, y)
+    if k != j:
+        _put(pout, out, 0, N, n0 + 16, z)
 
 
 # C entry points (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp, g0, g1, out, N)
