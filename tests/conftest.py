@@ -1,3 +1,4 @@
+import fcntl
 import itertools
 import os
 import types
@@ -49,7 +50,10 @@ def dense_path():
 def moe_path(_cache_dir):
     from guild.upcycle import ensure_embedded_moe
 
-    return str(ensure_embedded_moe(progress=False))
+    # pytest-xdist's workers share the cache directory: one builds the MoE while the others wait, then reuse it
+    with open(Path(os.environ["GUILD_CACHE_DIR"]).with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return str(ensure_embedded_moe(progress=False))
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,11 @@ $GUILD_CACHE_DIR, on first use) or --model. Steps: load with an expert cache of 
 of the repack cache file); drop the GGUF's and the repack cache's pages from the page cache (POSIX_FADV_DONTNEED);
 measure the disk's read speed with expert-sized reads at random experts, IO_THREADS at a time (what a cache miss
 does); decode N greedy tokens per strategy; print decode tok/s beside the disk bound (read speed / bytes read per
-token), the hit rate and bytes read per token. llama.cpp (llama-cpp-python, `make setup-oracle`) decodes the same
-prompt in a subprocess, from dropped pages too, with the same memory (the expert cache plus the model's
-non-expert part) under `systemd-run --scope -p MemoryMax=` where systemd runs, else uncapped (the report says
-which).
+token), the hit rate, bytes read per token and the drafts per window. llama.cpp (llama-cpp-python, `make
+setup-oracle`) decodes the same prompt in a subprocess, from dropped pages too. Each engine runs in a memory cgroup
+of its own (a child of this process's, v2 or v1; no systemd needed) sized to the expert cache, the model's
+non-expert part and RUNTIME_HEADROOM, page cache included; where none can be made (or with --no-cap) the report
+says both ran uncapped.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from ..errors import GuildError
 
 PROMPT = "Write a short story about a robot who learns to paint."
 SCRATCH = "/tmp/guild-beyond-ram"
@@ -116,14 +119,65 @@ def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int) -> dict:
             "windows": len(st.windows), "drafted": st.summary()["drafted"], "accepted": st.summary()["accepted"]}
 
 
+# -- the memory cap: a cgroup of our own, under systemd or not -------------------------------------------
+RUNTIME_HEADROOM = 512 << 20  # beyond the expert cache and the model's non-expert part: interpreter, KV, buffers
+
+
+def _own_cgroup(controller: str) -> str | None:
+    """This process's cgroup path in the v1 hierarchy of `controller`, or in the v2 one for ''."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if (controller and controller in names.split(",")) or (not controller and names == ""):
+                return path
+    return None
+
+
+def make_cap(mem: int, engine: str) -> Path | None:
+    """A child of this process's memory cgroup limited to `mem` bytes, page cache included (cgroup v2's
+    memory.max or v1's memory.limit_in_bytes), or None where none can be made (no rights, no controller)."""
+    name = f"guild-beyond-ram-{engine}-{os.getpid()}"
+    for root, controller, limit in (("/sys/fs/cgroup", "", "memory.max"),
+                                    ("/sys/fs/cgroup/unified", "", "memory.max"),
+                                    ("/sys/fs/cgroup/memory", "memory", "memory.limit_in_bytes")):
+        own = _own_cgroup(controller)
+        if own is None or not Path(root).is_dir():
+            continue
+        d = Path(root) / own.lstrip("/") / name
+        try:
+            d.mkdir()
+        except OSError:
+            continue
+        try:
+            if (d / limit).is_file():  # the kernel made the controller's files: a cgroup, not a plain directory
+                (d / limit).write_text(str(mem))
+                return d
+        except OSError:
+            pass
+        d.rmdir()
+    return None
+
+
+def join_cap(cap: Path, pid: int | None = None) -> None:
+    """Move a process (this one by default) into the cap: what it allocates or reads from now on is charged."""
+    (cap / "cgroup.procs").write_text(str(pid or os.getpid()))
+
+
+def cap_peak(cap: Path) -> int | None:
+    """The most the cap's processes held at once, page cache included (None where the kernel does not say)."""
+    for f in ("memory.peak", "memory.max_usage_in_bytes"):
+        if (cap / f).is_file():
+            return int((cap / f).read_text())
+    return None
+
+
+def leave_cap(cap: Path) -> None:
+    """Move this process back to the cap's parent and remove the cap (what it still holds is charged there)."""
+    (cap.parent / "cgroup.procs").write_text(str(os.getpid()))
+    cap.rmdir()
+
+
 # -- llama.cpp, in its own process ---------------------------------------------------------------------
-def _can_cap() -> bool:
-    if shutil.which("systemd-run") is None:
-        return False
-    r = subprocess.run(["systemd-run", "--scope", "--quiet", "-p", "MemoryMax=1G", "true"], capture_output=True)
-    return r.returncode == 0
-
-
 def probe_llama(path: str, n: int, threads: int) -> dict:
     from ..text.tokenizer import Tokenizer
     from .perf import llama_cpp_decode
@@ -134,7 +188,8 @@ def probe_llama(path: str, n: int, threads: int) -> dict:
     return {"decode_tok_s": dec, "prefill_tok_s": pre, "tokens": [int(t) for t in toks], "peak_rss": peak_rss()}
 
 
-def run_llama(path: str, n: int, threads: int, mem: int) -> dict | None:
+def run_llama(path: str, n: int, threads: int, cap: Path | None) -> dict | None:
+    """llama.cpp's decode in a subprocess that joins `cap` before it loads anything (uncapped when None)."""
     try:
         import llama_cpp  # noqa: F401  (optional: the llama.cpp anchor)
     except ImportError:
@@ -142,15 +197,13 @@ def run_llama(path: str, n: int, threads: int, mem: int) -> dict | None:
     drop_pages(path)
     cmd = [sys.executable, "-m", "guild.tools.beyond_ram", "--probe-llama", "--model", path, "-n", str(n),
            "--threads", str(threads)]
-    cap = _can_cap()
-    if cap:
-        cmd = ["systemd-run", "--scope", "--quiet", "-p", f"MemoryMax={mem}", *cmd]
+    if cap is not None:
+        cmd = ["sh", "-c", f'echo $$ > "{cap}/cgroup.procs" && exec "$@"', "sh", *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"beyond_ram: llama.cpp failed:\n{r.stderr[-3000:]}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    out["cap"] = f"systemd-run scope, MemoryMax={mem}" if cap else "none (no systemd scope here: uncapped)"
-    return out
+        raise GuildError(f"llama.cpp failed (exit {r.returncode}{', killed by the cap' if r.returncode < 0 else ''}):"
+                         f" {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else 'no output'}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 # -- the report ----------------------------------------------------------------------------------------
@@ -161,22 +214,34 @@ def report(rep: dict) -> str:
              f"{c['expert_bytes'] / gb:.2f} GB; expert cache {c['resident_bytes'] / gb:.2f} GB ({c['n_slots']} slots "
              f"of {c['slot_bytes'] / 1e6:.2f} MB); {rep['threads']} threads, {rep['n']} greedy tokens; disk "
              f"{rep['read_gb_s']:.2f} GB/s in expert-sized random reads; peak RSS {rep['peak_rss'] / gb:.2f} GB", "",
-             "| engine | strategy | decode tok/s | disk bound tok/s | share of bound | hit rate | MB read/token |",
-             "|---" * 7 + "|"]
+             _cap_line(rep), "",
+             "| engine | strategy | decode tok/s | disk bound tok/s | share of bound | hit rate | MB read/token "
+             "| drafted/window |", "|---" * 8 + "|"]
     for r in rep["guild"]:
         mb = r["bytes_read_per_token"] / 1e6
         bound = rep["read_gb_s"] * gb / r["bytes_read_per_token"] if r["bytes_read_per_token"] else float("inf")
         hr = "" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
         lines.append(f"| guild | {r['strategy']} | {r['decode_tok_s']:.2f} | {bound:.2f} | "
-                     f"{r['decode_tok_s'] / bound:.0%} | {hr} | {mb:.1f} |")
+                     f"{r['decode_tok_s'] / bound:.0%} | {hr} | {mb:.1f} | {r['drafted'] / r['windows']:.2f} |")
     ll = rep.get("llama")
     if ll is not None:
-        lines.append(f"| llama.cpp | normal ({ll['cap']}) | {ll['decode_tok_s']:.2f} | | | | |")
+        g = rep["guild"][0]
+        lines.append(f"| llama.cpp | normal | {ll['decode_tok_s']:.2f} | | | | | |")
+        lines.append(f"\nguild {g['strategy']} / llama.cpp: {g['decode_tok_s'] / ll['decode_tok_s']:.2f}×")
     else:
         lines.append("\nllama.cpp: not measured (`llama_cpp` is not importable here: `make setup-oracle`)")
     toks = [r["tokens"] for r in rep["guild"]]
     lines.append(f"\nstrategies emit the same tokens: {all(t == toks[0] for t in toks)}")
     return "\n".join(lines)
+
+
+def _cap_line(rep: dict) -> str:
+    cap = rep["cap"]
+    if cap is None:
+        return "memory: uncapped (no cgroup could be made here, or --no-cap); the expert cache bounds guild"
+    peaks = ", ".join(f"{k.split('_')[0]} peak {v / 1e9:.2f} GB" for k, v in cap.items()
+                      if k.endswith("_peak") and v is not None)
+    return f"memory: each engine in its own cgroup of {cap['bytes'] / 1e9:.2f} GB, page cache included ({peaks})"
 
 
 def main(argv=None) -> int:
@@ -189,6 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--strategies", default="normal,adaptive")
     ap.add_argument("--max-draft", type=int, default=4)
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--no-cap", action="store_true",
+                    help="do not run the engines in a memory cgroup (default: both in one of the same size, "
+                         "where this process may make one)")
     ap.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     ap.add_argument("--probe-llama", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -197,7 +265,6 @@ def main(argv=None) -> int:
         return 0
     os.environ.setdefault("GUILD_CACHE_DIR", SCRATCH)
     from ..engine.experts import expert_cache_mem
-    from ..errors import GuildError
     from ..formats.gguf import GGUFFile
     from ..formats.repack_cache import cache_path, load_cached
     from ..kernels.cpu import quant
@@ -224,21 +291,39 @@ def main(argv=None) -> int:
             drop_pages(p)
         lm = load(path, threads=a.threads, progress=False, expert_cache=mem)
         cache = lm.model.expert_cache
-        speed = read_speed(cache)
-        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}]),
-                                  add_special=True)
-        runs = []
-        for s in [s for s in a.strategies.split(",") if s]:
-            runs.append(run_guild(lm, ids, a.n, s, a.max_draft))
-        rep = {"model": path, "file_bytes": rpk.stat().st_size, "threads": a.threads, "n": a.n,
-               "read_gb_s": speed / 1e9,
-               "cache": {"bound": mem, "resident_bytes": cache.resident_bytes, "n_slots": cache.n_slots,
-                         "slot_bytes": cache.slot_bytes, "expert_bytes": cache.expert_bytes,
-                         "totals": cache.stats.as_dict()},
-               "guild": runs, "peak_rss": peak_rss()}
-        cache.close()
-        if not a.no_llama:  # the same memory as guild's: the expert cache and the rest of the model
-            rep["llama"] = run_llama(path, a.n, a.threads, mem + rep["file_bytes"] - cache.expert_bytes)
+        # the same memory for both engines: the expert cache, the rest of the model, the runtime's headroom
+        cap_bytes = mem + rpk.stat().st_size - cache.expert_bytes + RUNTIME_HEADROOM
+        cap = None if a.no_cap else make_cap(cap_bytes, "guild")
+        try:
+            if cap is not None:  # joined before the first token: slots, reads and page cache are charged to it
+                join_cap(cap)
+                for p in (path, rpk):
+                    drop_pages(p)
+            speed = read_speed(cache)
+            ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}]),
+                                      add_special=True)
+            runs = [run_guild(lm, ids, a.n, s, a.max_draft) for s in a.strategies.split(",") if s]
+            rep = {"model": path, "file_bytes": rpk.stat().st_size, "threads": a.threads, "n": a.n,
+                   "read_gb_s": speed / 1e9,
+                   "cap": None if cap is None else {"bytes": cap_bytes, "guild_peak": cap_peak(cap)},
+                   "cache": {"bound": mem, "resident_bytes": cache.resident_bytes, "n_slots": cache.n_slots,
+                             "slot_bytes": cache.slot_bytes, "expert_bytes": cache.expert_bytes,
+                             "totals": cache.stats.as_dict()},
+                   "guild": runs, "peak_rss": peak_rss()}
+            cache.close()
+        finally:
+            if cap is not None:
+                leave_cap(cap)
+        del lm, cache
+        if not a.no_llama:
+            lcap = None if a.no_cap else make_cap(cap_bytes, "llama")
+            try:
+                rep["llama"] = run_llama(path, a.n, a.threads, lcap)
+                if lcap is not None:
+                    rep["cap"]["llama_peak"] = cap_peak(lcap)
+            finally:
+                if lcap is not None:
+                    lcap.rmdir()
     except GuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

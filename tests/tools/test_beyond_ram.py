@@ -2,6 +2,8 @@
 the report's figures come from the run (reads, hits, the disk probe) and the strategies emit the same tokens."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -29,3 +31,17 @@ def test_a_bad_mem_value_is_one_line(moe_path, capsys):
     assert beyond_ram.main(["--model", moe_path, "--expert-cache-mem", "lots", "--no-llama"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: --expert-cache-mem must be auto, off or a size such as 3G or 512MiB, got 'lots'"]
+
+
+def test_a_cap_kills_a_process_that_outgrows_it_and_spares_one_that_fits():
+    cap = beyond_ram.make_cap(64 << 20, "test")
+    if cap is None:
+        pytest.skip("no memory cgroup can be made here (no rights or no memory controller)")
+    try:
+        def run(mb):
+            return subprocess.run(["sh", "-c", f'echo $$ > "{cap}/cgroup.procs" && exec "$@"', "sh", sys.executable,
+                                   "-c", f"b = bytearray({mb} << 20); b[::4096] = b'x' * len(b[::4096])"]).returncode
+        assert run(8) == 0
+        assert run(256) != 0
+    finally:
+        cap.rmdir()
