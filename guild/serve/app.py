@@ -169,16 +169,20 @@ class Server:
         """Server-sent events: OpenAI's chunk objects, then `data: [DONE]`. A client that goes away cancels the
         job (Starlette cancels this generator), and its rows leave the batch before the next round."""
         offset = [0]  # /v1/completions' text_offset runs on across chunks
-        calls = toolcalls.CallStream(self.tok) if self._calls_on(req) else None
+        calls = toolcalls.CallStream(self.tok, self._names(req)) if self._calls_on(req) else None
         try:
             if req.chat:
                 yield _sse(self._chunk(rid, req, {"role": "assistant", "content": ""}, None))
             while True:
                 kind, payload = await queue.get()
                 if kind == "text":
-                    text = payload if calls is None else calls.push(payload)
+                    text, deltas = (payload, []) if calls is None else calls.push(payload)
                     if text:
                         yield _sse(self._chunk(rid, req, {"content": text} if req.chat else text, None))
+                    for d in deltas:
+                        tc = {"index": d.index, **_call(d.call)} if d.call else \
+                            {"index": d.index, "function": {"arguments": d.arguments}}
+                        yield _sse(self._chunk(rid, req, {"tool_calls": [tc]}, None))
                 elif kind == "logprobs":
                     lp = self._logprobs(payload, req, offset)
                     if lp is not None:
@@ -192,12 +196,12 @@ class Server:
                     res: Result = payload
                     finish = res.finish_reason
                     if calls is not None:
-                        rest, found = calls.finish(self.tok, self._names(req))
+                        rest, found, is_calls = calls.finish(self.tok)
                         if rest:
                             yield _sse(self._chunk(rid, req, {"content": rest}, None))
-                        for i, c in enumerate(found):
+                        for i, c in enumerate(found, len(calls.streamed)):
                             yield _sse(self._chunk(rid, req, {"tool_calls": [{"index": i, **_call(c)}]}, None))
-                        finish = "tool_calls" if found else finish
+                        finish = "tool_calls" if is_calls else finish
                     last = self._chunk(rid, req, {} if req.chat else "", finish)
                     if req.return_tokens:
                         last["guild"] = self._extra(res)

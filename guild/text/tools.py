@@ -132,7 +132,8 @@ def grammar(tok: Tokenizer, tools: list[dict], choice: str | None, where: str = 
 
 def parse(text: str, tok: Tokenizer, names: set[str]) -> tuple[str, list[ToolCall]]:
     """(content, calls) of the model's reply: well-formed calls to offered tools become calls, the text before
-    them content; anything else (malformed JSON, an unknown tool, an unclosed call) stays content."""
+    them content; anything else (malformed JSON, an unknown tool, an unclosed call) stays content. A call's
+    `arguments` is the model's own text of the arguments object, so the fragments a stream sent add up to it."""
     fmt = call_format(tok)
     if fmt.opener is None:
         found = _json_calls(text.removeprefix("<|python_tag|>").strip(), fmt, names)
@@ -152,59 +153,205 @@ def parse(text: str, tok: Tokenizer, names: set[str]) -> tuple[str, list[ToolCal
     return (text[:i].rstrip(), found) if found else (text, [])
 
 
-def _json_calls(s: str, fmt: CallFormat, names: set[str]) -> list[ToolCall]:
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"\s*")
+
+
+def _object(s: str, i: int) -> tuple[dict[str, tuple[object, str]], int] | None:
+    """The JSON object at s[i:] (after whitespace) as {key: (value, the value's text)} and where it ends, or None
+    where there is none; the value texts are what `arguments` keeps."""
+    i = _WS.match(s, i).end()
+    if s[i:i + 1] != "{":
+        return None
+    i = _WS.match(s, i + 1).end()
+    out: dict[str, tuple[object, str]] = {}
+    if s[i:i + 1] == "}":
+        return out, i + 1
     try:
-        v = json.loads(s)
+        while True:
+            key, i = _DECODER.raw_decode(s, i)
+            i = _WS.match(s, i).end()
+            if not isinstance(key, str) or s[i:i + 1] != ":":
+                return None
+            j = _WS.match(s, i + 1).end()
+            value, i = _DECODER.raw_decode(s, j)
+            out[key] = (value, s[j:i])
+            i = _WS.match(s, i).end()
+            sep, i = s[i:i + 1], _WS.match(s, i + 1).end()
+            if sep == "}":
+                return out, i
+            if sep != ",":
+                return None
     except ValueError:
+        return None
+
+
+def _json_calls(s: str, fmt: CallFormat, names: set[str]) -> list[ToolCall]:
+    """The calls in `s`, the whole of which is one call object or (array formats) a JSON array of them; [] where
+    any part of it is not a well-formed call to an offered tool."""
+    objs, i = [], 0
+    if s.startswith("["):
+        i = _WS.match(s, 1).end()
+        while s[i:i + 1] != "]":
+            got = _object(s, i)
+            if got is None:
+                return []
+            objs.append(got[0])
+            i = _WS.match(s, got[1]).end()
+            if s[i:i + 1] == ",":
+                i = _WS.match(s, i + 1).end()
+            elif s[i:i + 1] != "]":
+                return []
+        i += 1
+    else:
+        got = _object(s, 0)
+        if got is None:
+            return []
+        objs, i = [got[0]], got[1]
+    if not objs or s[i:].strip():
         return []
-    items = v if isinstance(v, list) else [v]
     out = []
-    for c in items:
-        if not isinstance(c, dict) or c.get("name") not in names:
+    for c in objs:
+        name = c.get("name", (None,))[0]
+        args = next((c[k] for k in (fmt.args_key, "arguments", "parameters") if k in c), None)
+        if not isinstance(name, str) or name not in names or args is None or not isinstance(args[0], dict):
             return []
-        args = c.get(fmt.args_key, c.get("arguments", c.get("parameters")))
-        if not isinstance(args, dict):
-            return []
-        out.append(ToolCall(c["name"], json.dumps(args, ensure_ascii=False), "call_" + secrets.token_hex(12)))
+        out.append(ToolCall(name, args[1], "call_" + secrets.token_hex(12)))
     return out
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of a streamed call: its first (`call` set: id and name, `arguments` "") or a fragment of its
+    arguments text."""
+
+    index: int
+    arguments: str = ""
+    call: ToolCall | None = None
+
+
+# a Hermes call up to its arguments object: the name (without escapes) must have arrived before the call streams
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_HERMES_TAIL = re.compile(r"\s*\}\s*</tool_call>")
+
+
 class CallStream:
-    """Streamed content with tools on: text is passed on until it could be the start of a call (the format's
-    opener, or a bare JSON object for formats without one), then held until the end, when `finish` parses it."""
+    """Streamed content with tools on. Text is passed on until it could be the start of a call (the format's
+    opener, or a bare JSON object for formats without one; whitespace before it is held). A Hermes call then
+    streams as it is generated: its id and name once the name is complete and offered, then its arguments text
+    fragment by fragment; the end of the reply (`finish`) checks the whole text as `parse` does. Other forms, and
+    a call whose start does not take that shape, are held until the end and parsed whole."""
 
-    def __init__(self, tok: Tokenizer):
-        fmt = call_format(tok)
-        self.opener = fmt.opener
+    def __init__(self, tok: Tokenizer, names: set[str]):
+        self.fmt, self.names = call_format(tok), names
         self.text = ""
-        self.sent = 0
-        self.holding = False
+        self.sent = 0  # content sent up to here
+        self.pos = 0  # where the calls' text is read on from
+        self.state = "content"  # content, head, args, tail, between, hold
+        self.streamed: list[ToolCall] = []  # calls whose start was sent; arguments as far as sent
+        self.depth, self.quoted, self.escaped = 0, False, False  # the arguments object's scanner
 
-    def push(self, piece: str) -> str:
+    def push(self, piece: str) -> tuple[str, list[CallDelta]]:
+        """(content to send, call deltas to send after it) for the next piece of the reply's text."""
         self.text += piece
-        if self.holding:
-            return ""
-        if self.opener is None:
-            if self.text.lstrip()[:1] in ("{", "<"):
-                self.holding = True
+        if self.state == "content":
+            return self._content(), self._calls()
+        return "", self._calls()
+
+    def _content(self) -> str:
+        t, opener = self.text, self.fmt.opener
+        if opener is None:
+            if t.lstrip()[:1] in ("{", "<"):
+                self.state = "hold"
                 return ""
-            return self._send(len(self.text))
-        i = self.text.find(self.opener, self.sent)
+            return self._send(len(t.rstrip()))
+        i = t.find(opener, self.sent)
         if i >= 0:
-            self.holding = True
-            return self._send(i)
-        tail = next((n for n in range(min(len(self.opener) - 1, len(self.text) - self.sent), 0, -1)
-                     if self.opener.startswith(self.text[-n:])), 0)
-        return self._send(len(self.text) - tail)
+            self.pos = i + len(opener)
+            self.state = "head" if not self.fmt.array else "hold"
+            return self._send(len(t[:i].rstrip()))
+        tail = next((n for n in range(min(len(opener) - 1, len(t) - self.sent), 0, -1)
+                     if opener.startswith(t[-n:])), 0)
+        return self._send(len(t[:len(t) - tail].rstrip()))
 
     def _send(self, upto: int) -> str:
         out = self.text[self.sent:upto]
         self.sent = max(self.sent, upto)
         return out
 
-    def finish(self, tok: Tokenizer, names: set[str]) -> tuple[str, list[ToolCall]]:
-        """(the content not yet sent, the calls)."""
-        content, calls = parse(self.text, tok, names)
+    def _calls(self) -> list[CallDelta]:
+        out: list[CallDelta] = []
+        t = self.text
+        while True:
+            if self.state == "head":
+                m = _HERMES_HEAD.match(t, self.pos)
+                if m is None:
+                    return out
+                if m[1] not in self.names:  # an unknown tool: parsed (and refused) at the end
+                    self.state = "hold"
+                    return out
+                call = ToolCall(m[1], "", "call_" + secrets.token_hex(12))
+                self.streamed.append(call)
+                out.append(CallDelta(len(self.streamed) - 1, "", call))
+                self.pos, self.state = m.end(), "args"
+            elif self.state == "args":
+                start, end = self.pos, self._scan()
+                if end > start:
+                    last = self.streamed[-1]
+                    self.streamed[-1] = ToolCall(last.name, last.arguments + t[start:end], last.id)
+                    out.append(CallDelta(len(self.streamed) - 1, t[start:end]))
+                if self.state == "args":
+                    return out
+            elif self.state == "tail":
+                m = _HERMES_TAIL.match(t, self.pos)
+                if m is None:
+                    return out
+                self.pos, self.state = m.end(), "between"
+            elif self.state == "between":
+                rest = t[self.pos:].lstrip()
+                if not rest.startswith(self.fmt.opener):
+                    return out
+                self.pos = len(t) - len(rest) + len(self.fmt.opener)
+                self.state = "head"
+            else:
+                return out
+
+    def _scan(self) -> int:
+        """Reads the arguments object on from self.pos; returns how far it reaches (its end once closed, when the
+        state moves on to the call's tail)."""
+        t = self.text
+        i = self.pos
+        while i < len(t):
+            c = t[i]
+            i += 1
+            if self.quoted:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.quoted = False
+            elif c == '"':
+                self.quoted = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.state = "tail"
+                    break
+        self.pos = i
+        return i
+
+    def finish(self, tok: Tokenizer) -> tuple[str, list[ToolCall], bool]:
+        """(the content not yet sent, the calls not yet sent, whether the reply is calls). Streamed calls that the
+        whole text does not confirm (cut by max_tokens, broken after the name, text after the calls) end the reply
+        as it stands, as OpenAI's API ends a call cut by max_tokens: the reply is then not calls."""
+        content, calls = parse(self.text, tok, self.names)
+        if self.streamed:
+            ok = len(calls) >= len(self.streamed) and all(
+                (a.name, a.arguments) == (b.name, b.arguments) for a, b in zip(self.streamed, calls, strict=False))
+            return "", calls[len(self.streamed):] if ok else [], ok
         if calls:
-            return content[self.sent:] if len(content) > self.sent else "", calls
-        return self.text[self.sent:], []
+            return content[self.sent:], calls, True
+        return self.text[self.sent:], [], False

@@ -108,21 +108,34 @@ def test_json_object(client):
             assert text.lstrip().startswith("{"), text
 
 
+def _streamed_calls(chunks):
+    """({index: call with its argument fragments}, finish_reason, content) of a streamed reply; each call's first
+    delta carries its id, type and name with empty arguments, the later ones only argument fragments."""
+    calls, finish, content = {}, None, ""
+    for ch in chunks:
+        d = ch.choices[0].delta if ch.choices else None
+        for tc in (d.tool_calls or []) if d else []:
+            if tc.index not in calls:
+                assert tc.id.startswith("call_") and tc.type == "function" and tc.function.arguments == "", tc
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": "", "fragments": []}
+            else:
+                assert tc.id is None and tc.function.name is None and tc.function.arguments, tc
+                calls[tc.index]["fragments"].append(tc.function.arguments)
+                calls[tc.index]["arguments"] += tc.function.arguments
+        content += (d.content or "") if d else ""
+        finish = ch.choices[0].finish_reason if ch.choices and ch.choices[0].finish_reason else finish
+    return calls, finish, content
+
+
 def _tool_loop(client, stream: bool):
     """A required call, its result, then the answer; the transcript."""
     first = dict(tools=[WEATHER, TIME], tool_choice="required", temperature=0, max_tokens=64)
     if stream:
-        calls, finish, content = {}, None, ""
-        for ch in client.chat.completions.create(model=MODEL, messages=ASK, stream=True, **first):
-            d = ch.choices[0].delta if ch.choices else None
-            for tc in (d.tool_calls or []) if d else []:
-                c = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
-                c["name"] += tc.function.name or ""
-                c["arguments"] += tc.function.arguments or ""
-            content += (d.content or "") if d else ""
-            finish = ch.choices[0].finish_reason if ch.choices and ch.choices[0].finish_reason else finish
+        calls, finish, content = _streamed_calls(client.chat.completions.create(model=MODEL, messages=ASK,
+                                                                                stream=True, **first))
         assert content == ""
         call = calls[0]
+        assert len(call["fragments"]) > 1, call  # the arguments arrived as the model wrote them
     else:
         r = client.chat.completions.create(model=MODEL, messages=ASK, **first)
         finish, m = r.choices[0].finish_reason, r.choices[0].message
@@ -153,6 +166,20 @@ def test_agent_loop(client):
     print(f"\nagent loop: call {call['name']}({call['arguments']}) -> tool '18 degrees celsius, sunny' -> {answer!r}")
     scall, sanswer = _tool_loop(client, stream=True)
     assert (scall["name"], scall["arguments"], sanswer) == (call["name"], call["arguments"], answer)
+
+
+def test_streamed_call_arguments_arrive_in_fragments(client):
+    """A named call, streamed token by token (normal; the agent loop streams adaptive's windows): its arguments
+    in several fragments that add up to the non-streamed call's."""
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=48,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              extra_body={"decode_strategy": "normal"})
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    calls, finish, content = _streamed_calls(client.chat.completions.create(stream=True, **kw))
+    assert finish == "tool_calls" and content == "" and list(calls) == [0]
+    assert len(calls[0]["fragments"]) > 1, calls
+    assert (calls[0]["name"], calls[0]["arguments"]) == (whole[0].function.name, whole[0].function.arguments)
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER["function"]["parameters"])
 
 
 def test_named_function_and_auto(client):

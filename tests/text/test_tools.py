@@ -68,12 +68,72 @@ def test_call_forms_parse_and_malformed_text_stays_content(plain, monkeypatch, f
                for c in calls)
 
 
+CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": [1, 2], '
+        '"note": "a \\"}\\" b"}}\n</tool_call>')
+
+
+def _stream(tok, pieces, names=frozenset({"get_weather"})):
+    """Feeds `pieces` to a CallStream: (content sent, {index: [id, name, [argument fragments]]}, finish())."""
+    s = tools.CallStream(tok, set(names))
+    content, calls = "", {}
+    for p in pieces:
+        text, deltas = s.push(p)
+        content += text
+        for d in deltas:
+            if d.call is not None:
+                assert d.index not in calls and d.arguments == ""
+                calls[d.index] = [d.call.id, d.call.name, []]
+            else:
+                calls[d.index][2].append(d.arguments)
+    return content, calls, s.finish(tok)
+
+
+def _pieces(text, n=3):
+    return [text[i:i + n] for i in range(0, len(text), n)]
+
+
 def test_streamed_content_stops_at_a_call(plain):
-    s = tools.CallStream(plain)
-    sent = "".join(s.push(p) for p in ["Let me ", "check. <tool", "_call>\n{\"name\": \"get_weather\", ",
-                                       "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"])
-    rest, calls = s.finish(plain, {"get_weather"})
-    assert sent == "Let me check. " and rest == "" and [c.name for c in calls] == ["get_weather"]
-    s = tools.CallStream(plain)
-    sent = "".join(s.push(p) for p in ["a <", "b > c"])
-    assert sent + s.finish(plain, {"get_weather"})[0] == "a <b > c"
+    content, calls, (rest, found, is_calls) = _stream(plain, ["Let me ", "check. <tool", "_call>\n{\"name\": \"get_"
+                                                              "weather\", ", "\"arguments\": {\"city\": \"Oslo\"}}\n"
+                                                              "</tool_call>"])
+    assert content == "Let me check." and rest == "" and found == [] and is_calls
+    assert [(c[1], "".join(c[2])) for c in calls.values()] == [("get_weather", '{"city": "Oslo"}')]
+    content, calls, (rest, found, is_calls) = _stream(plain, ["a <", "b > c "])
+    assert content + rest == "a <b > c " and not calls and not is_calls
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_streamed_arguments_add_up_to_the_parsed_call(plain, n):
+    """Fragment by fragment, whatever the pieces (braces and quotes inside strings included); two calls in one
+    reply get indexes 0 and 1; the concatenation is the `arguments` that `parse` returns for the whole text."""
+    text = "Sure.\n" + CALL + "\n" + CALL.replace("Oslo", "Rome")
+    content, calls, (rest, found, is_calls) = _stream(plain, _pieces(text, n))
+    want_content, want = tools.parse(text, plain, {"get_weather"})
+    assert content == want_content == "Sure." and rest == "" and found == [] and is_calls
+    assert [(c[1], "".join(c[2])) for c in calls.values()] == [(w.name, w.arguments) for w in want]
+    assert json.loads(want[0].arguments) == {"city": "Oslo", "days": [1, 2], "note": 'a "}" b'}
+    assert all(len(c[2]) > 1 for c in calls.values()) and calls[0][0] != calls[1][0]
+
+
+@pytest.mark.parametrize("text, content", [
+    ('<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>', None),  # not offered: never streamed
+    ('I think <tool_call> is {not json', None),
+    ('<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>', ""),  # parsed whole
+])
+def test_calls_that_do_not_stream_end_as_parse_says(plain, text, content):
+    got, calls, (rest, found, is_calls) = _stream(plain, _pieces(text))
+    assert not calls
+    want_content, want = tools.parse(text, plain, {"get_weather"})
+    assert got + rest == want_content == (text if content is None else content)
+    assert [(c.name, c.arguments) for c in found] == [(c.name, c.arguments) for c in want]
+    assert is_calls == bool(want)
+
+
+def test_a_streamed_call_cut_short_is_not_calls(plain):
+    """The call's start was sent; the text then stops (max_tokens), breaks, or goes on after the call: the reply is
+    not calls, nothing more is sent (OpenAI's API ends a call cut by max_tokens the same way), and `parse` returns
+    it as content."""
+    for text in (CALL[:60], CALL[:-3] + "!!", CALL + "\nHope that helps."):
+        content, calls, (rest, found, is_calls) = _stream(plain, _pieces(text))
+        assert content == "" and list(calls) == [0] and (rest, found, is_calls) == ("", [], False)
+        assert tools.parse(text, plain, {"get_weather"}) == (text, [])
