@@ -16,6 +16,8 @@ from ..calib.optimize import size
 from ..calib.probe import hardware_identity
 from ..errors import BadFlagError, GuildError, PlanMismatchError
 from ..formats.gguf import GGUFFile
+from ..kernels.rope import RopeScaling
+from ..models.base import gguf_rope
 from ..models.mtp import ARCH as ARCH_MTP
 from ..models.mtp import sidecar_path
 from ..plans.plan import MAX_T, Plan, read_plan
@@ -64,7 +66,7 @@ def model_summary(path: str | os.PathLike) -> dict:
         "layers": n_layers, "context_length": g.get(f"{a}.context_length", int, None),
         "embedding_length": g.get(f"{a}.embedding_length", int, None),
         "expert_count": n_exp, "expert_used_count": int(g.get(f"{a}.expert_used_count", int, 0)) if n_exp else 0,
-        **_file_fields(g),
+        "rope": gguf_rope(g), **_file_fields(g),
     }
     interval = g.get(f"{a}.full_attention_interval", None, None)
     nextn = int(g.get(f"{a}.nextn_predict_layers", int, 0))
@@ -147,6 +149,9 @@ def print_model(d: dict, console: Console) -> None:
                   + (", M MTP" if "M" in d["layer_pattern"] else "") + f"; interval {d['full_attention_interval']})")
     t.add_row("experts", f"{d['expert_count']} (top-{d['expert_used_count']})" if d["expert_count"] else "dense")
     t.add_row("context length", str(d["context_length"]) if d["context_length"] else "— (not in the file)")
+    r = d["rope"]
+    t.add_row("rope", f"base {r['freq_base']:g} · scaling "
+              + (escape(RopeScaling(**{k: v for k, v in r.items() if k != "freq_base"}).describe())))
     t.add_row("parameters", f"{d['parameters'] / 1e6:.1f} M")
     t.add_row("tensors", str(d["tensor_count"]))
     t.add_row("quant types", escape(", ".join(f"{k} × {v}" for k, v in d["quant_types"].items())))

@@ -80,7 +80,7 @@ class ModelArgs:
             ffn_dim=g.get(f"{a}.feed_forward_length", int, 0),
             vocab_size=vocab,
             context_length=g.get(f"{a}.context_length", int, 2048),
-            rope_base=g.get(f"{a}.rope.freq_base", float, 10000.0),
+            rope_base=g.get(f"{a}.rope.freq_base", float, cls.rope_base),
             rope_dim=g.get(f"{a}.rope.dimension_count", int, head_dim),
             norm_eps=g.get(f"{a}.attention.layer_norm_rms_epsilon", float, 1e-5),
             n_experts=n_experts,
@@ -102,6 +102,13 @@ class ModelArgs:
         adjusted for a YaRN factor set at run time): --context past it runs, with a warning."""
         s = self.rope_scaling
         return max(self.context_length, round(s.orig_ctx * s.factor) if s.type != "none" else 0)
+
+
+def gguf_rope(g: GGUFFile) -> dict:
+    """The rope a file asks for (base frequency and scaling) as `ModelArgs.rope_settings` records it: what
+    `guild inspect` shows before any flag changes it."""
+    base = g.get(f"{g.architecture}.rope.freq_base", float, ModelArgs.rope_base)
+    return {"freq_base": base, **asdict(rope_scaling_from_gguf(g))}
 
 
 def rope_scaling_from_gguf(g: GGUFFile) -> RopeScaling:

@@ -59,3 +59,24 @@ def test_every_command_that_takes_a_context_lists_the_rope_flags():
         out = CliRunner().invoke(app, [cmd, "-h"], env={"COLUMNS": "200"}).stdout
         for flag in ("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"):
             assert flag in out, (cmd, flag)
+
+
+def test_inspect_shows_the_rope_the_file_asks_for(tiny, tmp_path):
+    from tests.fuzz import gguf_io as gi
+
+    g = gi.parse(open(tiny, "rb").read())
+    arch = g.get("general.architecture")[1].decode()
+    for k, typ, v in (("rope.scaling.type", gi.STR, b"yarn"), ("rope.scaling.factor", gi.F32, 4.0),
+                      ("rope.scaling.original_context_length", gi.U32, 16), ("rope.freq_base", gi.F32, 50000.0)):
+        g.set(f"{arch}.{k}", typ, v)
+    path = tmp_path / "yarn.gguf"
+    path.write_bytes(gi.serialize(g))
+    r = CliRunner().invoke(app, ["inspect", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    rope = json.loads(r.output)["rope"]
+    assert rope["freq_base"] == 50000.0 and rope["type"] == "yarn" and rope["factor"] == 4.0
+    assert rope["orig_ctx"] == 16
+    r = CliRunner().invoke(app, ["inspect", tiny])
+    assert r.exit_code == 0 and "scaling none" in r.output, r.output
+    r = CliRunner().invoke(app, ["inspect", str(path)])
+    assert "scaling yarn x4 from 16" in r.output, r.output
