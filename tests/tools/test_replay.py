@@ -30,7 +30,8 @@ def _trace(n_out=60, lookup_from=20, mtp_right=False, lookup=True):
 def test_replay_gains_where_lookup_is_right_and_stays_under_the_oracle():
     wl = _trace()
     r = R.replay(wl)
-    assert r["drafted"] > 0 and r["accepted"] >= r["drafted"] - 1  # lookup is always right (the head, never)
+    # lookup is always right; the head never is, though it says 90%: two misses overturn that before the back-off
+    assert r["drafted"] > 0 and r["accepted"] >= r["drafted"] - 2
     assert 1.3 < r["speedup"] <= R.oracle(wl) + 1e-9
     # an MTP head that is never right adds nothing a perfect policy would use
     assert R.oracle(wl) == pytest.approx(R.oracle(wl, ("lookup",)))
