@@ -10,12 +10,23 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..window import MAX_DRAFT
-from .base import Drafter, top1
+from .base import Drafter
 from .costs import DraftCosts
+from .registry import drafter
 from .scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
 
 MAX_PENDING = 64  # shadow proposals awaiting their tokens (each resolves within k emitted tokens)
 MAX_CATCHUP_TIMED = 8  # an MTP propose that caught up more rows than a window commits is not timed
+
+
+def agree(sig: dict, strategy: str, tokens, others) -> None:
+    """Whether a drafter of the other kind (the model's head against the copying ones, which share the text they
+    copy from) proposes the same first token: +1 one does, -1 none does, unset when none proposed. Independent
+    drafters that agree are right far more often."""
+    head = drafter(strategy).uses_head
+    firsts = [q.tokens[0] for q in others if q.tokens and drafter(q.strategy).uses_head != head]
+    if firsts:
+        sig["agree"] = 1.0 if tokens[0] in firsts else -1.0
 
 
 class AdaptiveDrafter(Drafter):
@@ -25,16 +36,12 @@ class AdaptiveDrafter(Drafter):
     name = "adaptive"
 
     def __init__(self, drafters: Sequence, costs: DraftCosts | None = None, max_draft: int = MAX_DRAFT,
-                 clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3,
-                 confidence: Callable[[object], float] = lambda row: top1(row)[1]):
+                 clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3):
         self.drafters = list(drafters)
         self.follows_rows = any(d.follows_rows for d in self.drafters)
         self.scheduler = AdaptiveScheduler(SchedulerConfig(max_draft=max_draft, mtp_cap_k=mtp_cap_k), costs)
         self.clock = clock
-        self.confidence = confidence  # the target's top-1 probability from the root's row (replay: recorded)
-        self._root, self._root_p = None, None
         self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
-        self.first: dict[str, tuple[int, int]] = {}  # per strategy: (position, 0/1) of its latest judged first draft
         self.last_strategy = "normal"
         self.last_decision = None
 
@@ -50,7 +57,6 @@ class AdaptiveDrafter(Drafter):
 
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         self.pending.clear()  # what follows a new prompt is not the continuation they predicted
-        self.first.clear()
         for d in self.drafters:
             d.start(history, prompt_start)
 
@@ -62,8 +68,6 @@ class AdaptiveDrafter(Drafter):
             a = 0
             while a < avail and history[pos + a] == p.tokens[a]:
                 a += 1
-            if avail and pos >= self.first.get(p.strategy, (-1, 0))[0]:
-                self.first[p.strategy] = (pos, int(a > 0))
             if a < avail or avail == len(p.tokens):
                 self.scheduler.observe_proposal(p, a)
             else:
@@ -83,15 +87,13 @@ class AdaptiveDrafter(Drafter):
             if d.catchup_rows <= MAX_CATCHUP_TIMED:  # a long lagging catch-up is not the steady cost
                 self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
             sig = dict(d.signals())
-            if toks.size:  # a softmax over the vocabulary, paid only when a proposal is to be priced
-                sig["root"] = self._root_prob()
-                if d.name in self.first:
-                    sig["prev"] = self.first[d.name][1]
             if d.lazy and toks.size:  # e.g. the head's confidence (docs/adaptive.md "MTP confidence")
+                agree(sig, d.name, toks, props)
                 self.scheduler.observe_lazy(d.name, sig)
-            p = Proposal(d.name, tuple(toks.tolist()), sig)
-            props.append(p)
+            props.append(Proposal(d.name, tuple(toks.tolist()), sig))
+        for p in props:
             if p.tokens:
+                agree(p.signals, p.strategy, p.tokens, props)
                 self.pending.append((p, len(history)))
         dec = self.scheduler.decide(props, k)
         self.last_decision = dec
@@ -100,16 +102,6 @@ class AdaptiveDrafter(Drafter):
             return np.empty(0, np.int32)
         chosen = next(p for p in props if p.strategy == dec.strategy)
         return np.asarray(chosen.tokens[: dec.k], np.int32)
-
-    def observe_logits(self, row) -> None:
-        self._root, self._root_p = row, None
-
-    def _root_prob(self) -> float:
-        if self._root is None:
-            return 0.0
-        if self._root_p is None:
-            self._root_p = self.confidence(self._root)
-        return self._root_p
 
     def observe_residency(self, cold_ms) -> None:
         self.scheduler.observe_residency(cold_ms)

@@ -8,8 +8,9 @@ and `observe_logits` with the target's logits of the row that sampled the next w
 acceptance estimates on. Every hook does nothing by default.
 
 A drafter class is also its own declaration (guild/speculative/registry.py lists the classes): its strategy name,
-what it needs, how it is built from DraftOptions, and the scheduler's priors per acceptance bucket. Everything
-that lists strategies (options, the scheduler, plans, calibration) reads these attributes.
+what it needs, how it is built from DraftOptions, and the scheduler's priors (per acceptance bucket, and of the
+weights of its `features`). Everything that lists strategies (options, the scheduler, plans, calibration) reads
+these attributes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Drafter:
     needs_head = False  # cannot run without one
     uses_corpus = False  # ingests --retrieval-corpus
     priors: dict[str, float] = {}  # the adaptive scheduler's prior acceptance per signal bucket
+    weights: dict[str, float] = {}  # prior means of the weights of `features` (absent: 0)
 
     @classmethod
     def build(cls, o, head, n_ctx: int) -> Drafter:
@@ -45,6 +47,11 @@ class Drafter:
         if len(cls.priors) != 1:
             raise NotImplementedError(f"{cls.__name__} has {len(cls.priors)} acceptance buckets and no bucket rule")
         return next(iter(cls.priors))
+
+    @classmethod
+    def features(cls, signals: dict) -> dict[str, float]:
+        """The acceptance model's inputs beyond the bucket, from a proposal's signals: 0 where typical."""
+        return {}
 
     def propose(self, history: Sequence[int], k: int) -> np.ndarray:
         """Up to k draft ids (int32) continuing `history`, which ends with the root the window feeds first;

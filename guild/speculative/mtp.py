@@ -14,6 +14,7 @@ first draft under it. No I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,7 +29,8 @@ class MtpDrafter(Drafter):
     lazy = True  # a head forward per proposal: the adaptive scheduler asks only when it could pay
     follows_rows = True  # catches its own cache up over the base's committed rows
     uses_head = needs_head = True
-    priors = {"lo": 0.35, "mid": 0.60, "hi": 0.85}
+    priors = {"lo": 0.21, "mid": 0.45, "hi": 0.76}
+    weights = {"prob": 0.85, "agree": 2.0}  # a copying drafter starting with the head's token: mostly right
 
     @classmethod
     def build(cls, o, head, n_ctx: int) -> MtpDrafter:
@@ -45,6 +47,13 @@ class MtpDrafter(Drafter):
     def bucket(cls, signals: dict) -> str:
         p = float(signals.get("prob", 0.0))  # the head's top-1 probability of the first draft
         return "hi" if p >= 0.8 else "mid" if p >= 0.5 else "lo"
+
+    @classmethod
+    def features(cls, signals: dict) -> dict[str, float]:
+        # the head's confidence within its bucket: its probability's logit beside the bucket's typical one
+        p = min(max(float(signals.get("prob", 0.0)), 1e-3), 1 - 1e-3)
+        q = cls.priors[cls.bucket(signals)]
+        return {"prob": math.log(p / (1 - p) * (1 - q) / q)}
 
     def __init__(self, head, n_ctx: int, max_k: int = 3, min_p: float = 0.0):
         if not 1 <= max_k <= MAX_DRAFT:

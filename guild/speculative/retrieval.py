@@ -53,6 +53,7 @@ of their arguments and release the GIL). Deterministic: no I/O, no clock, intege
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -377,7 +378,8 @@ class RetrievalDrafter(Drafter):
 
     name = "retrieval"
     uses_corpus = True
-    priors = {"weak3": 0.32, "conf3": 0.60, "m4": 0.80, "m8": 0.90}
+    priors = {"weak3": 0.84, "conf3": 0.85, "m4": 0.84, "m8": 0.8}  # docs/adaptive.md "Acceptance"
+    weights = {"len": 0.56, "vote": 1.55, "cands": -0.27, "agree": 0.15}
 
     @classmethod
     def bucket(cls, signals: dict) -> str:
@@ -387,6 +389,12 @@ class RetrievalDrafter(Drafter):
         if ml >= 4:
             return "m4"
         return "conf3" if signals.get("confidence", 0.0) >= 0.6 else "weak3"
+
+    @classmethod
+    def features(cls, signals: dict) -> dict[str, float]:
+        return {"len": math.log2(max(signals.get("match_len", 0), 1)) - 3.0,  # 0 at an 8-token match
+                "vote": signals.get("confidence", 1.0) - 1.0,  # the winner's share of the candidates' votes
+                "cands": math.log2(max(signals.get("candidates", 1), 1)) / 4}
 
     def signals(self) -> dict:
         return {"match_len": self.last_match_len, "confidence": self.last_confidence,

@@ -6,15 +6,17 @@ milliseconds per committed token (docs/adaptive.md):
 blended with the strategy's decayed empirical ms per emitted token when that is worse than the model.
 
 Plain classes, no clock and no I/O: the session measures every time and passes it in (`observe`), so the
-scheduler runs on synthetic traces in tests. Acceptance comes from Beta-Binomial posteriors per strategy,
-signal bucket and draft position. They learn from every proposal, executed or not: decoding is exact, so a
-draft token is accepted iff it equals the token later emitted at its position ("shadow" verification, free).
+scheduler runs on synthetic traces in tests. Acceptance comes from an online logistic model per strategy over
+the proposal's signals and the draft position. It learns from every proposal, executed or not: decoding is
+exact, so a draft token is accepted iff it equals the token later emitted at its position ("shadow"
+verification, free).
 A strategy's priors, buckets and traits (lazy, follows rows, uses the MTP head) are its drafter class's
 (guild.speculative.registry); a strategy no drafter declares is an UnknownStrategyError.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,28 +30,28 @@ def bucket(strategy: str, signals: dict) -> str:
     return drafter(strategy).bucket(signals)
 
 
-def keys(strategy: str, signals: dict, refine: Sequence[str]) -> tuple[str, ...]:
-    """The proposal's acceptance keys, coarse to fine: its bucket, then the bucket split by each refining
-    signal in turn (REFINE: how each is banded)."""
-    out = [bucket(strategy, signals)]
-    for r in refine:
-        band = REFINE[r](signals)
-        if band is None:
-            break
-        out.append(f"{out[-1]}|{r}={band}")
-    return tuple(out)
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-3), 1 - 1e-3)
+    return math.log(p / (1 - p))
 
 
-def _band(edges: Sequence[float], name: str):
-    def f(signals: dict):
-        v = signals.get(name)
-        return None if v is None else sum(v >= e for e in edges)
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
+def features(strategy: str, signals: dict) -> dict[str, float]:
+    """The inputs of a proposal's acceptance model: a bias, the drafter's bucket (an intercept each), the
+    drafter's own features (Drafter.features, 0 where typical) and whether the other drafters' proposals
+    start with the same token (`agree`, set by the adaptive drafter; absent: 0). Drafts past the first add
+    the input `deep`."""
+    cls = drafter(strategy)
+    f = {"bias": 1.0, "b:" + cls.bucket(signals): 1.0, **cls.features(signals)}
+    if signals.get("agree") is not None:
+        f["agree"] = float(signals["agree"])
     return f
 
 
-# signals the scheduler refines buckets by, banded: the target's top-1 probability at the root, whether this
-# drafter's previous proposal had its first draft accepted, how far back lookup's match is
-REFINE = {"root": _band((0.5, 0.9), "root"), "prev": lambda s: s.get("prev"), "dist": _band((64, 512), "dist")}
+TEXT = ("bias", "deep")  # the weights that say how this text differs from the priors: they learn fastest
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,12 @@ class SchedulerConfig:
     max_draft: int = 4  # k at most of the drafters that do not use the MTP head
     mtp_cap_k: int = 3  # k at most of those that do
     hysteresis: float = 0.05  # switch only for >= 5% expected improvement
-    min_dwell: int = 3  # windows in a mode before switching away (backing off to normal is always allowed)
+    min_dwell: int = 0  # windows in a mode before switching away (backing off to normal is always allowed)
     backoff_after: int = 2  # consecutive zero-acceptance windows that send the mode back to normal
-    prior_strength: float = 2.0  # pseudo-trials behind each prior
-    refine_strength: float = 4.0  # pseudo-trials of its coarser key behind each refined key
-    refine: tuple[str, ...] = ("prev", "root")  # signals that split the buckets (REFINE), coarse to fine
-    depth_penalty: float = 0.55  # pseudo-failures 0.55 i(i-1), fading with trials (docs/adaptive.md "Acceptance")
-    decay: float = 0.98  # per-update decay of acceptance counts: tracks a changing text
+    prior_precision: float = 16.0  # of the Gaussian prior of the bucket and feature weights (docs/adaptive.md)
+    text_precision: float = 4.0  # of the bias's and `deep`'s: what this text does beside the priors
+    deep_prior: float = 0.2  # prior logit offset of drafts 2.. (kept given their predecessors were)
+    decay: float = 0.98  # per-update relaxation of the weights' precision toward the prior: tracks the text
     cost_decay: float = 0.9  # decay of the empirical cost sums and window-time averages
     default_slope: float = 0.25  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan; int8 kernels: 0.15-0.23)
     probe_every: int = 16  # a lazy drafter (MTP) not asked for this many windows is asked anyway; a probe that
@@ -74,66 +75,91 @@ class SchedulerConfig:
             raise ValueError(f"draft lengths must be in 0..{MAX_T - 1}")
         if not 0 <= self.hysteresis < 1 or self.min_dwell < 0 or self.backoff_after < 1:
             raise ValueError("hysteresis in [0, 1), min_dwell >= 0, backoff_after >= 1")
-        if not (0 < self.decay <= 1 and 0 < self.cost_decay <= 1 and self.prior_strength > 0):
-            raise ValueError("decays in (0, 1], prior_strength > 0")
+        if not (0 < self.decay <= 1 and 0 < self.cost_decay <= 1 and self.prior_precision > 0
+                and self.text_precision > 0):
+            raise ValueError("decays in (0, 1], precisions > 0")
         if not 1 <= self.probe_every <= self.probe_max:
             raise ValueError("1 <= probe_every <= probe_max")
 
 
 class Acceptance:
-    """Beta-Binomial posteriors of the conditional acceptance a_i (draft i accepted given 1..i-1 were), per
-    strategy and a chain of keys from coarse to fine: the drafter's bucket, then that bucket split by the
-    signals `refine` names. Each level's estimate is the prior of the next (hierarchical shrinkage), so a fine
-    key speaks only once it has trials of its own. Counts decay so that the estimate follows the text."""
+    """Online Bayesian logistic regression of the conditional acceptance a_i (draft i kept given 1..i-1 were),
+    one weight vector per strategy over `features`: a Gaussian posterior with diagonal precision, updated by a
+    Laplace step per outcome (Chapelle & Li 2011, "An Empirical Evaluation of Thompson Sampling", Algorithm 3,
+    one outcome at a time).
+    Prior means: the logit of each bucket's prior (Drafter.priors), the drafter's feature weights
+    (Drafter.weights), `deep_prior`; every other weight 0. Each update relaxes the precisions it touches toward
+    the prior's, so the estimate follows the text."""
 
     def __init__(self, cfg: SchedulerConfig):
         self.cfg = cfg
-        self.succ: dict[tuple[str, str], list[float]] = {}
-        self.trials: dict[tuple[str, str], list[float]] = {}
+        self.mean: dict[str, dict[str, float]] = {}
+        self.prec: dict[str, dict[str, float]] = {}
+        self.version: dict[str, int] = {}  # per strategy: bumped whenever its weights change
 
-    def _counts(self, strategy: str, key: str) -> tuple[list[float], list[float]]:
-        z = [0.0] * (MAX_T - 1)
-        return self.succ.get((strategy, key), z), self.trials.get((strategy, key), z)
+    def _prior(self, strategy: str, name: str) -> float:
+        cls = drafter(strategy)
+        if name.startswith("b:"):
+            return _logit(cls.priors[name[2:]])
+        if name == "deep":
+            return self.cfg.deep_prior
+        return cls.weights.get(name, 0.0)
 
-    def probs(self, strategy: str, keys: Sequence[str], k: int) -> list[float]:
-        c = self.cfg
-        q = drafter(strategy).priors[keys[0]]
-        s, n = self._counts(strategy, keys[0])
-        # the first draft has its own rate; deeper ones (accepted given the previous were, typically higher)
-        # share a pooled rate that each shrinks toward, so their few trials do not make k jump around
-        out = [(s[0] + c.prior_strength * q) / (n[0] + c.prior_strength)]
-        pooled = (sum(s[1:]) + c.prior_strength * q) / (sum(n[1:]) + c.prior_strength)
-        m = 2 * c.prior_strength
-        for i in range(2, k + 1):
-            ni = n[i - 1]
-            pen = c.depth_penalty * i * (i - 1) / (1.0 + ni)  # deep positions: few trials, stay cautious
-            out.append((s[i - 1] + m * pooled) / (ni + m + pen))
-        for key in keys[1:]:
-            s, n = self._counts(strategy, key)
-            out = [(s[i] + c.refine_strength * out[i]) / (n[i] + c.refine_strength) for i in range(len(out))]
-        return out[:k]
+    def _q0(self, name: str) -> float:
+        return self.cfg.text_precision if name in TEXT else self.cfg.prior_precision
 
-    def update(self, strategy: str, keys: Sequence[str], drafted: int, accepted: int) -> None:
+    def _weights(self, strategy: str, x: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        m = self.mean.setdefault(strategy, {})
+        q = self.prec.setdefault(strategy, {})
+        for name in x:
+            if name not in m:
+                m[name], q[name] = self._prior(strategy, name), self._q0(name)
+        return m, q
+
+    def _w(self, strategy: str, name: str) -> float:
+        m = self.mean.get(strategy)
+        return m[name] if m and name in m else self._prior(strategy, name)
+
+    def probs(self, strategy: str, signals: dict, k: int) -> list[float]:
+        """a_1..a_k: the first draft's, then the deeper ones' (one rate: they differ only by `deep`)."""
+        if k <= 0:
+            return []
+        z = sum(v * self._w(strategy, n) for n, v in features(strategy, signals).items())
+        return [_sigmoid(z)] + [_sigmoid(z + self._w(strategy, "deep"))] * (k - 1)
+
+    def learn(self, strategy: str, x: dict[str, float], y: int) -> None:
+        """One outcome: the posterior's mode along x (Newton in the one dimension z = w.x), then its precision."""
+        m, q = self._weights(strategy, x)
+        self.version[strategy] = self.version.get(strategy, 0) + 1
+        g = self.cfg.decay
+        for n in x:
+            q[n] = g * q[n] + (1 - g) * self._q0(n)
+        z0 = sum(m[n] * v for n, v in x.items())
+        var = sum(v * v / q[n] for n, v in x.items())
+        z = z0
+        for _ in range(4):
+            p = _sigmoid(z)
+            z -= (z - z0 - var * (y - p)) / (1 + var * p * (1 - p))
+        p = _sigmoid(z)
+        for n, v in x.items():
+            m[n] += v / q[n] * (y - p)
+            q[n] += p * (1 - p) * v * v
+
+    def update(self, strategy: str, signals: dict, drafted: int, accepted: int) -> None:
         """A proposal of `drafted` tokens whose first `accepted` matched (positions 1..accepted succeeded,
         position accepted+1 failed if it exists)."""
-        g = self.cfg.decay
-        for key in keys:
-            s = self.succ.setdefault((strategy, key), [0.0] * (MAX_T - 1))
-            n = self.trials.setdefault((strategy, key), [0.0] * (MAX_T - 1))
-            for i in range(min(drafted, MAX_T - 1)):
-                s[i] *= g
-                n[i] *= g
-            for i in range(min(accepted + 1, drafted, MAX_T - 1)):
-                n[i] += 1.0
-                if i < accepted:
-                    s[i] += 1.0
+        x = features(strategy, signals)
+        for i in range(1, min(accepted + 1, drafted, MAX_T - 1) + 1):
+            self.learn(strategy, x if i == 1 else {**x, "deep": 1.0}, int(i <= accepted))
 
     def forget(self, strategy: str, keep: float = 0.1) -> None:
-        """A back-off says the text changed: shrink the strategy's evidence so new outcomes dominate."""
-        for key in self.trials:
-            if key[0] == strategy:
-                self.succ[key] = [x * keep for x in self.succ[key]]
-                self.trials[key] = [x * keep for x in self.trials[key]]
+        """A back-off says the text changed: the precision of the strategy's text weights drops to `keep` of
+        their prior's, so the next outcomes move them most."""
+        q = self.prec.get(strategy, {})
+        self.version[strategy] = self.version.get(strategy, 0) + 1
+        for n in TEXT:
+            if n in q:
+                q[n] = keep * self._q0(n)
 
 
 class Costs:
@@ -261,6 +287,9 @@ class AdaptiveScheduler:
         self.emp_w: dict[str, float] = {}  # decayed window counts
         self.last: Decision | None = None
         self.lazy_buckets: dict[str, dict[str, float]] = {}  # decayed counts of each lazy drafter's buckets
+        self.lazy_latest: dict[str, dict[str, dict]] = {}  # the signals of its latest proposal in each bucket
+        self.lazy_version: dict[str, int] = {}  # bumped on each of its proposals
+        self.lazy_keeps: dict[str, tuple] = {}  # _bucket_keeps' cache
         self.unasked: dict[str, int] = {}  # windows since each lazy drafter was last asked
         self.probe_gap: dict[str, int] = {}  # windows between probes of each lazy drafter
 
@@ -275,12 +304,11 @@ class AdaptiveScheduler:
         w = self.emp_w[s] / (self.emp_w[s] + 2.0)  # trust grows with the windows behind it
         return w * c_emp + (1 - w) * c_model
 
-    def _curve(self, strategy: str, ks: Sequence[str], kmax: int) -> list[tuple[float, float]]:
-        """(V(1+k), E[keep]) for k = 1..kmax drafts of `strategy` with acceptance keys ks."""
-        a = self.acc.probs(strategy, ks, kmax)
+    def _curve(self, a: Sequence[float]) -> list[tuple[float, float]]:
+        """(V(1+k), E[keep]) for k = 1..len(a) drafts of conditional acceptances a."""
         out, q, e = [], 1.0, 1.0
-        for k in range(1, kmax + 1):
-            q *= a[k - 1]
+        for k, ak in enumerate(a, 1):
+            q *= ak
             e += q
             out.append((self.costs.verify(k + 1), e))
         return out
@@ -291,7 +319,7 @@ class AdaptiveScheduler:
 
     def acceptance(self, p: Proposal, k: int) -> list[float]:
         """The predicted a_1..a_k of a proposal's drafts (each given its predecessors were accepted)."""
-        return self.acc.probs(p.strategy, keys(p.strategy, p.signals, self.cfg.refine), min(k, MAX_T - 1))
+        return self.acc.probs(p.strategy, p.signals, min(k, MAX_T - 1))
 
     def candidate_costs(self, p: Proposal, room: int) -> list[float]:
         """C(s, k) for k = 1..min(len(tokens), cap, room), in ms per committed token."""
@@ -299,21 +327,37 @@ class AdaptiveScheduler:
         if kmax <= 0:
             return []
         extra = self.costs.draft(p.strategy) + self.costs.catchup(p.strategy)
-        curve = self._curve(p.strategy, keys(p.strategy, p.signals, self.cfg.refine), kmax)
+        curve = self._curve(self.acc.probs(p.strategy, p.signals, kmax))
         return [self._blend(p.strategy, (extra + v) / e) for v, e in curve]
 
     # ---------------------------------------------------------------- decisions
     def ask_value(self, strategy: str, best: float, room: int) -> float:
         """Expected ms saved by running the lazy drafter this window, against `best` ms per token without it: its
         forward is paid whatever it says; then it drafts only in the confidence buckets where that pays
-        (docs/adaptive.md "MTP confidence"). Buckets are weighted by their recent shares of its proposals."""
+        (docs/adaptive.md "MTP confidence"). Buckets are weighted by their recent shares of its proposals, each
+        priced at the signals of its latest proposal (at the bucket's prior until it has one)."""
         kmax = self._kmax(strategy, MAX_T, room)
         shares = self._shares(strategy)
         total = sum(shares.values())
-        gain = 0.0
-        for b, w in shares.items():
-            gain += w / total * max([0.0] + [best * e - v for v, e in self._curve(strategy, (b,), kmax)])
+        keeps = self._bucket_keeps(strategy, kmax)
+        v = [self.costs.verify(k + 1) for k in range(1, kmax + 1)]
+        gain = sum(w / total * max([0.0] + [best * e - vk for e, vk in zip(keeps[b], v, strict=True)])
+                   for b, w in shares.items())
         return gain - self.costs.draft(strategy) - self.costs.catchup(strategy)
+
+    def _bucket_keeps(self, strategy: str, kmax: int) -> dict[str, list[float]]:
+        """E[keep | k] for k = 1..kmax per bucket of a lazy drafter, recomputed only when its weights or its
+        latest proposals changed (asking is weighed every window)."""
+        key = (self.acc.version.get(strategy, 0), self.lazy_version.get(strategy, 0), kmax)
+        hit = self.lazy_keeps.get(strategy)
+        if hit is None or hit[0] != key:
+            latest = self.lazy_latest.get(strategy, {})
+            keeps = {}
+            for b in self._shares(strategy):
+                a = self.acc.probs(strategy, latest[b], kmax) if b in latest else [drafter(strategy).priors[b]] * kmax
+                keeps[b] = [e for _, e in self._curve(a)]
+            hit = self.lazy_keeps[strategy] = (key, keeps)
+        return hit[1]
 
     def _shares(self, strategy: str) -> dict[str, float]:
         if strategy not in self.lazy_buckets:
@@ -418,7 +462,7 @@ class AdaptiveScheduler:
     def observe_proposal(self, p: Proposal, accepted: int) -> None:
         """Shadow verification of a proposal (executed or not): its first `accepted` tokens were emitted."""
         if p.tokens:
-            self.acc.update(p.strategy, keys(p.strategy, p.signals, self.cfg.refine), len(p.tokens), accepted)
+            self.acc.update(p.strategy, p.signals, len(p.tokens), accepted)
 
     def observe_draft_ms(self, strategy: str, ms: float) -> None:
         self.costs.observe_draft(strategy, ms)
@@ -430,8 +474,11 @@ class AdaptiveScheduler:
 
     def observe_lazy(self, strategy: str, signals: dict) -> None:
         """The signals of the draft a lazy drafter just proposed (MTP: the head's top-1 probability,
-        docs/adaptive.md "MTP confidence"): the bucket shares `ask_value` weighs."""
+        docs/adaptive.md "MTP confidence"): the bucket shares `ask_value` weighs, and its bucket's latest."""
         shares = self._shares(strategy)
         for b in shares:
             shares[b] *= self.cfg.decay
-        shares[bucket(strategy, signals)] += 1.0
+        b = bucket(strategy, signals)
+        shares[b] += 1.0
+        self.lazy_latest.setdefault(strategy, {})[b] = dict(signals)
+        self.lazy_version[strategy] = self.lazy_version.get(strategy, 0) + 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -28,17 +29,17 @@ from ..engine.options import DecodeOptions
 from ..errors import GuildError
 from ..formats.files import write_bytes
 from ..load import load_for, slots
-from ..speculative.adaptive import AdaptiveDrafter
+from ..speculative.adaptive import AdaptiveDrafter, agree
 from ..speculative.base import Drafter, top1
 from ..speculative.options import MTP_K
 from ..speculative.registry import DRAFTERS
+from ..speculative.scheduler import Acceptance, Proposal, features
 from ..text.chat import run_turn
 from ..workloads import load_workloads
 from .perf import window_costs
 
 CATCHUP_MS_PER_ROW = 0.12  # MTP catch-up per extra lagging row (64-row catch-ups on the embedded MoE: ~0.1-0.13 ms)
-OVERHEAD_MS = 0.05  # scheduler and bookkeeping per adaptive window
-CONFIDENCE_MS = 0.15  # the target's top-1 probability at the root: a float32 softmax over the 49,152-token vocabulary
+OVERHEAD_MS = 0.14  # the adaptive drafter's own work per window (its process time over a replay: 0.12-0.14 ms)
 
 
 class Recorder(AdaptiveDrafter):
@@ -156,7 +157,7 @@ def _rho(wl: dict, flatten: float) -> list[float]:
 
 
 def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: float = 1.0) -> dict:
-    """The adaptive drafter (`make(drafters, clock, confidence)`, default AdaptiveDrafter) over one recorded
+    """The adaptive drafter (`make(drafters, clock)`, default AdaptiveDrafter) over one recorded
     workload. Besides the speedup: the drafters' share of decode time (the asking cost) and, for every proposal,
     the acceptance the scheduler predicted for each draft position beside what happened (`calibration`)."""
     clock = [0.0]
@@ -164,12 +165,8 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: 
     rho = _rho(wl, flatten)
     fakes = [_Replayed(name, lazy[name], ms[name], clock) for name in ms]
 
-    def confidence(p: float) -> float:  # the recorded probability, at the modelled cost of computing it
-        clock[0] += CONFIDENCE_MS / 1e3
-        return p
-
-    ad = (make or (lambda ds, c, conf: AdaptiveDrafter(ds, clock=c, max_draft=max_draft, mtp_cap_k=MTP_K,
-                                                       confidence=conf)))(fakes, lambda: clock[0], confidence)
+    ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, max_draft=max_draft, mtp_cap_k=MTP_K)))(
+        fakes, lambda: clock[0])
     t_plain = t_ad = t_draft = 0.0
     n_win = drafted = accepted = 0
     ks: list[int] = []
@@ -184,8 +181,6 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: 
         t_plain += (end - n0) * v1
         while n < end:
             room = min(turn["max_tokens"] - (n - n0 + 1) - 1, max_draft)
-            w = turn["windows"].get(str(n))
-            ad.observe_logits(w.get("root", 0.0) if w else 0.0)
             c0 = clock[0]
             draft = list(ad.propose(h[:n], room))[:room] if room > 0 else []
             d_ms = (clock[0] - c0) * 1e3 + OVERHEAD_MS
@@ -237,6 +232,84 @@ def oracle(wl: dict, strategies: Sequence[str] | None = None, max_draft: int = 4
     return t_plain / t_best
 
 
+def outcomes(wl: dict, max_draft: int = 4) -> dict[str, list[tuple[dict[str, float], int]]]:
+    """Per drafter, every recorded proposal's acceptance-model inputs (agreement marked as the adaptive drafter
+    marks it) with each draft position the text reached: kept (1) or not (0)."""
+    out: dict[str, list] = {}
+    for turn in wl["turns"]:
+        h = turn["tokens"]
+        end = len(h)
+        for n, w in turn["windows"].items():
+            props = [Proposal(s, tuple(p["tokens"]), dict(p["signals"])) for s, p in w["proposals"].items()]
+            for p in props:
+                if not p.tokens:
+                    continue
+                agree(p.signals, p.strategy, p.tokens, props)
+                a = _accepted(h, int(n), end, p.tokens[:max_draft])
+                x = features(p.strategy, p.signals)
+                for i in range(min(len(p.tokens), max_draft, end - int(n), a + 1)):
+                    out.setdefault(p.strategy, []).append((x if i == 0 else {**x, "deep": 1.0}, int(a > i)))
+    return out
+
+
+def fit(rows: Sequence[tuple[dict[str, float], int]], l2: float = 1.0) -> dict[str, float]:
+    """Logistic-regression weights of the acceptance model over (inputs, kept) rows: Newton's method on the
+    log-likelihood with an L2 penalty (pooled over workloads: the drafters' priors; over one: its ceiling)."""
+    names = sorted({n for x, _ in rows for n in x})
+    x = np.array([[r.get(n, 0.0) for n in names] for r, _ in rows])
+    y = np.array([v for _, v in rows], float)
+    w = np.zeros(len(names))
+    for _ in range(30):
+        p = 1.0 / (1.0 + np.exp(-x @ w))
+        w -= np.linalg.solve((x * (p * (1 - p))[:, None]).T @ x + l2 * np.eye(len(names)), x.T @ (p - y) + l2 * w)
+    return dict(zip(names, w.tolist(), strict=True))
+
+
+class _Fitted(Acceptance):
+    """The acceptance model with its weights fixed in hindsight, learning nothing."""
+
+    def __init__(self, cfg, weights: dict[str, dict[str, float]]):
+        super().__init__(cfg)
+        self.fixed = weights
+
+    def _w(self, strategy: str, name: str) -> float:
+        return self.fixed.get(strategy, {}).get(name, 0.0)
+
+    def learn(self, strategy: str, x: dict[str, float], y: int) -> None:
+        pass
+
+
+def fitted(wl: dict, max_draft: int = 4, flatten: float = 1.0) -> float:
+    """Speedup of the scheduler whose acceptance model was fitted to this workload's own outcomes: the most its
+    signals could tell a causal policy (the oracle knows more: which drafts will be kept)."""
+    weights = {s: fit(rows) for s, rows in outcomes(wl, max_draft).items()}
+
+    def make(ds, clock):
+        ad = AdaptiveDrafter(ds, clock=clock, max_draft=max_draft, mtp_cap_k=MTP_K)
+        ad.scheduler.acc = _Fitted(ad.scheduler.cfg, weights)
+        return ad
+    return replay(wl, make, max_draft, flatten)["speedup"]
+
+
+def fit_priors(tr: dict, workloads: Sequence[str] | None = None) -> dict[str, dict]:
+    """The acceptance model fitted to the pooled outcomes of a trace's workloads (ids, or their W-prefix:
+    W10 pools every W10 size), per drafter in the form the drafters declare: each bucket's acceptance at
+    typical features (the sigmoid of bias + bucket weight), the feature weights, and `deep`."""
+    rows: dict[str, list] = {}
+    for wl in tr["workloads"]:
+        if workloads is None or wl["id"] in workloads or wl["id"].split("@")[0] in workloads:
+            for s, r in outcomes(wl, tr["max_draft"]).items():
+                rows.setdefault(s, []).extend(r)
+    out = {}
+    for s, r in rows.items():
+        w = fit(r)
+        bias = w.pop("bias", 0.0)
+        out[s] = {"priors": {n[2:]: round(1 / (1 + math.exp(-(bias + v))), 2) for n, v in w.items() if n[:2] == "b:"},
+                  "weights": {n: round(v, 2) for n, v in w.items() if n[:2] != "b:" and n != "deep"},
+                  "deep": round(w.get("deep", 0.0), 2)}
+    return out
+
+
 def load_trace(path: str | Path) -> dict:
     """A trace written by `record`, checked for the fields replay reads."""
     try:
@@ -267,11 +340,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--flatten", type=float, default=1.0,
                    help="scale the growth of V(T)/V(1) (0.5: half as steep), as a cheaper window would")
     p.add_argument("--json", action="store_true")
+    f = sub.add_parser("fit", help="fit the acceptance model to a trace's outcomes, pooled: the drafters' priors")
+    f.add_argument("trace")
+    f.add_argument("--workloads", default=None, help="the workloads to pool (default: all)")
     a = ap.parse_args(argv)
     if a.cmd == "record":
         tr = record(a.workloads.split(","), a.model, max_tokens=a.max_tokens, progress=print)
         write_bytes(Path(a.out), json.dumps(tr).encode(), "the replay trace")
         print(f"written to {a.out}")
+        return
+    if a.cmd == "fit":
+        for s, w in fit_priors(load_trace(a.trace), a.workloads.split(",") if a.workloads else None).items():
+            print(f"{s}: priors {w['priors']}, weights {w['weights']}, deep {w['deep']}")
         return
     if not a.flatten > 0:
         raise GuildError(f"--flatten must be > 0, got {a.flatten}")
@@ -279,12 +359,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if a.json:
         print(json.dumps({"workloads": rows, "calibration": calib}, indent=1))
         return
-    print("| workload | replayed adaptive | oracle | captured | oracle without MTP | windows | drafted | accepted "
-          "| mean k | asking | V(T)/V(1) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | replayed adaptive | oracle | captured | fitted (captured) | oracle without MTP | windows "
+          "| drafted | accepted | mean k | asking | V(T)/V(1) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
-        cap = "–" if x["captured"] is None else f"{x['captured']:.0%}"
-        print(f"| {x['workload']} | {x['speedup']:.3f}× | {x['oracle']:.3f}× | {cap} | "
+        cap, fcap = ("–" if c is None else f"{c:.0%}" for c in (x["captured"], x["fitted_captured"]))
+        print(f"| {x['workload']} | {x['speedup']:.3f}× | {x['oracle']:.3f}× | {cap} | {x['fitted']:.3f}× ({fcap}) | "
               f"{x['oracle_no_mtp']:.3f}× | {x['windows']} | {x['drafted']} | {x['accepted']} | {x['mean_k']:.2f} | "
               f"{x['asking']:.1%} | {', '.join(f'{v:.2f}' for v in x['rho'])} |")
     print("\nCalibration: the acceptance the scheduler predicted for each draft position the text reached, "
@@ -323,7 +403,9 @@ def run(tr: dict, flatten: float = 1.0) -> tuple[list[dict], list[dict]]:
         res = replay(wl, max_draft=md, flatten=flatten)
         calib += res.pop("calibration")
         orc = oracle(wl, max_draft=md, flatten=flatten)
+        fit_s = fitted(wl, md, flatten)
         rows.append({"workload": wl["id"], **res, "oracle": orc, "captured": captured(res["speedup"], orc),
+                     "fitted": fit_s, "fitted_captured": captured(fit_s, orc),
                      "oracle_no_mtp": oracle(wl, [n for n, d in DRAFTERS.items() if not d.uses_head], md, flatten),
                      "rho": [round(x, 3) for x in _rho(wl, flatten)]})
     return rows, calibration(calib)

@@ -57,13 +57,13 @@ def test_a_registered_drafter_is_a_strategy(echo):
 def test_the_scheduler_takes_a_registered_drafters_priors_and_bucket(echo):
     assert bucket("echo", {"match_len": 9}) == "any"
     s = AdaptiveScheduler()
-    assert s.acc.probs("echo", ("any",), 1) == [pytest.approx(0.5)]
+    assert s.acc.probs("echo", {}, 1) == [pytest.approx(0.5)]
     s.observe_window("normal", 0, 0.0, 10.0, 1)  # seeds V(1)
     s.observe_draft_ms("echo", 0.01)
     d = s.decide([Proposal("echo", (7, 7), {})], 4)
     assert d.strategy in ("normal", "echo") and "echo" in d.costs
     s.observe_proposal(Proposal("echo", (7, 7), {}), 2)
-    assert s.acc.probs("echo", ("any",), 1)[0] > 0.5
+    assert s.acc.probs("echo", {}, 1)[0] > 0.5
 
 
 def test_a_plan_carries_a_registered_drafters_costs(echo, tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from guild.speculative.costs import DraftCosts
-from guild.speculative.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket, keys
+from guild.speculative.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig, bucket, features
 
 
 def linear_v(v1, slope):
@@ -65,10 +65,14 @@ def test_low_acceptance_backs_off_to_normal_quickly():
     assert all(d.strategy == "normal" for d in ds[20:])
 
 
-def test_isolated_trigrams_are_not_drafted():
-    """Isolated 3-gram matches (prior 0.32) do not pay on a steep V(T): no window is spent on them."""
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
-    ds = simulate(s, 100, linear_v(10, 0.6), lambda i, r: 0, signals={"match_len": 3, "freq": 1})
+def test_isolated_distant_trigrams_are_not_drafted():
+    """An isolated 3-gram matched 2,000 tokens back (prior acceptance about 0.5: short and far) does not pay on a
+    steep V(T) with a plan that says so: no window is spent on it."""
+    steep = DraftCosts(verify_ms=tuple(10 * (1 + 0.6 * t) for t in range(8)))
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4), steep)
+    sig = {"match_len": 3, "freq": 1, "dist": 2000}
+    assert 0.3 < s.acc.probs("lookup", sig, 1)[0] < 0.6
+    ds = simulate(s, 100, linear_v(10, 0.6), lambda i, r: 0, signals=sig)
     assert all(d.k == 0 for d in ds)
 
 
@@ -152,17 +156,22 @@ def test_one_off_stall_barely_moves_the_estimate():
     assert s.costs.verify(1) < 13.0
 
 
-def test_acceptance_posterior_tracks_data():
+def test_acceptance_starts_at_the_priors_and_tracks_data():
+    """Before any outcome the model reads the drafter's priors (its bucket's acceptance, its feature weights);
+    then it follows what the text does, both ways."""
+    import math
+
     s = AdaptiveScheduler()
-    p = Proposal("lookup", tuple(range(4)), {"match_len": 3, "freq": 1})
-    prior = s.acc.probs("lookup", (bucket("lookup", p.signals),), 1)[0]
-    assert prior == pytest.approx(0.32)
+    sig = {"match_len": 3, "freq": 1}
+    z = math.log(0.83 / 0.17) + 0.45 * (math.log2(3) - 3)  # iso3's prior, a 3-token match's length weight
+    assert s.acc.probs("lookup", sig, 1)[0] == pytest.approx(1 / (1 + math.exp(-z)))
+    p = Proposal("lookup", tuple(range(4)), sig)
     for _ in range(60):
         s.observe_proposal(p, 4)
-    assert s.acc.probs("lookup", ("iso3",), 4)[0] > 0.95
+    assert min(s.acc.probs("lookup", sig, 4)) > 0.95
     for _ in range(150):
         s.observe_proposal(p, 0)
-    assert s.acc.probs("lookup", ("iso3",), 1)[0] < 0.1
+    assert s.acc.probs("lookup", sig, 1)[0] < 0.1
 
 
 def test_buckets_follow_signals():
@@ -277,46 +286,72 @@ def test_four_way_arbitration_follows_the_text():
     assert adaptive < 0.95 * min(*fixed.values(), 10.0), (adaptive, fixed)
 
 
-def test_refined_keys_split_a_bucket_and_fall_back_to_it():
-    """Within one bucket, the signals in `refine` (here: whether the drafter's previous first draft was right)
-    learn their own rates; a refinement with no trials of its own reads its coarser key's estimate."""
-    s = AdaptiveScheduler(SchedulerConfig(refine=("prev",)))
-    sig = {"match_len": 5, "freq": 1}
-    for i in range(80):
-        prev = i % 2
-        s.observe_proposal(Proposal("lookup", (1, 2, 3), {**sig, "prev": prev}), 3 if prev else 0)
-    right, wrong = (s.acceptance(Proposal("lookup", (1,), {**sig, "prev": v}), 1)[0] for v in (1, 0))
-    coarse = s.acceptance(Proposal("lookup", (1,), sig), 1)[0]
-    assert right > 0.85 and wrong < 0.15 and wrong < coarse < right, (right, wrong, coarse)
-    # a key never seen: its bucket's rate
-    assert s.acceptance(Proposal("lookup", (1,), {**sig, "prev": 7}), 1)[0] == pytest.approx(coarse)
-    assert keys("lookup", {**sig, "prev": 1, "root": 0.95}, ("prev", "root")) == ("m4", "m4|prev=1",
-                                                                                 "m4|prev=1|root=2")
-    assert keys("lookup", sig, ("prev", "root")) == ("m4",)  # no previous proposal: the bucket alone
+def _calibration_error(s, stream, k):
+    """Mean |predicted - kept| over a stream of (signals, accepted) proposals of k drafts, each predicted, then
+    learnt, in turn (online: as the scheduler sees them), over the draft positions the text reached."""
+    err, n = 0.0, 0
+    for sig, a in stream:
+        probs = s.acc.probs("lookup", sig, k)
+        for i in range(min(a + 1, k)):
+            err += abs(probs[i] - (a > i))
+            n += 1
+        s.observe_proposal(Proposal("lookup", tuple(range(k)), sig), a)
+    return err / n
 
 
-def test_adaptive_drafter_adds_the_roots_confidence_and_the_previous_outcome():
-    """Each proposal carries the target's top-1 probability at the root (computed only when a proposal has
-    tokens: a softmax over the vocabulary is not free) and whether the drafter's previous first draft was right."""
+def test_acceptance_learns_what_depends_on_the_draft_position():
+    """A synthetic stream (no clock) whose first drafts are kept 35% of the time and every deeper one (given its
+    predecessors) 95%: the model's first and deeper rates separate, so its predictions over the second half are
+    closer to what happened than over the first, and each rate ends near its truth."""
+    rng = np.random.default_rng(0)
+    stream = []
+    for _ in range(400):
+        a = 0 if rng.random() > 0.35 else 1 + int(sum(np.cumprod(rng.random(3) < 0.95)))
+        stream.append(({"match_len": 5, "freq": 1, "dist": 40}, a))
+    s = AdaptiveScheduler()
+    early, late = _calibration_error(s, stream[:200], 4), _calibration_error(s, stream[200:], 4)
+    assert late < early, (early, late)
+    first, deep = s.acc.probs("lookup", stream[0][0], 2)
+    assert abs(first - 0.35) < 0.12 and abs(deep - 0.95) < 0.08, (first, deep)
+
+
+def test_features_read_the_signals_and_the_agreement():
+    """The model's inputs: a bias, the bucket, the drafter's own features (0 where typical) and, when another
+    drafter proposed too, whether it starts with the same token."""
+    f = features("lookup", {"match_len": 8, "freq": 1, "group": 2, "consensus": 0.5, "dist": 63, "agree": -1.0})
+    assert f == {"bias": 1.0, "b:m8": 1.0, "len": 0.0, "dist": 0.0, "split": 0.5, "agree": -1.0}
+    assert set(features("mtp", {"prob": 0.9})) == {"bias", "b:hi", "prob"}
+    s = AdaptiveScheduler()
+    sig = {"prob": 0.6}
+    assert s.acc.probs("mtp", {**sig, "agree": 1.0}, 1)[0] > 0.85 > s.acc.probs("mtp", sig, 1)[0] > \
+        s.acc.probs("mtp", {**sig, "agree": -1.0}, 1)[0]
+
+
+def test_adaptive_drafter_marks_agreement_and_does_not_ask_muted_drafters():
+    """Each proposal carries whether the other drafters' proposals start with its first token; a drafter the
+    scheduler muted after a back-off is not asked at all (its lookup costs nothing meanwhile)."""
     from guild.speculative.adaptive import AdaptiveDrafter
-    from guild.speculative.lookup import SuffixDrafter
+    from guild.speculative.base import Drafter
 
-    calls = []
-    ad = AdaptiveDrafter([SuffixDrafter()], confidence=lambda row: calls.append(row) or 0.7)
-    novel = list(range(100, 140))
-    ad.start(novel, 0)
-    ad.observe_logits("row0")
-    ad.propose(novel, 4)
-    assert calls == []  # nothing to price: no softmax
-    text = [5, 6, 7, 8, 9, 10, 11, 12] * 3
-    ad.start(text, 0)
-    ad.observe_logits("row1")
-    ad.propose(text, 4)
-    p = ad.pending[-1][0]
-    assert calls == ["row1"] and p.signals["root"] == 0.7 and "prev" not in p.signals
-    ad.observe(0, 0.0, 10.0, 1)
-    ad.observe_logits("row2")
-    ad.propose([*text, p.tokens[0]], 4)  # the first draft of the last proposal was right
-    assert calls == ["row1", "row2"] and ad.pending[-1][0].signals["prev"] == 1
-    ad.propose([*text, p.tokens[0], 999], 4)  # the next proposal's first draft was wrong
-    assert ad.first["lookup"] == (len(text) + 1, 0)
+    class Fixed(Drafter):
+        def __init__(self, name, toks):
+            self.name, self.toks, self.asked = name, toks, 0
+
+        def propose(self, history, k):
+            self.asked += 1
+            return np.asarray(self.toks[:k], np.int32)
+
+    # the head (uses_head) against the copying drafters, which copy from the same text: only across kinds
+    a, b, c = Fixed("lookup", [5, 6]), Fixed("retrieval", [5, 9]), Fixed("mtp", [5])
+    ad = AdaptiveDrafter([a, b, c])
+    ad.start([1, 2, 3], 0)
+    ad.propose([1, 2, 3], 4)
+    assert [p.signals["agree"] for p, _ in ad.pending] == [1.0, 1.0, 1.0]
+    c.toks = [7]
+    ad.propose([1, 2, 3, 4], 4)
+    assert [p.signals["agree"] for p, _ in ad.pending[-3:]] == [-1.0, -1.0, -1.0]
+    ad.scheduler.muted["mtp"] = 3
+    asked = c.asked
+    ad.propose([1, 2, 3, 4, 5], 4)
+    assert c.asked == asked and a.asked == b.asked == asked + 1
+    assert all("agree" not in p.signals for p, _ in ad.pending[-2:])  # no drafter of the other kind proposed
