@@ -30,7 +30,7 @@ run: setup
 #   $(BIN)/python -m pytest -m "not slow"            the quick part
 #   $(BIN)/python -m pytest -m "not gpu and not oracle"
 test: setup
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest
 
 # hostile inputs (tests/fuzz): 10,000 mutated GGUFs, plans, chat templates and prompts, 4 GiB and 10 s per case;
 # prints cases, clean errors, crashes, hangs and peak memory per category (exit 1 on any crash or hang)
