@@ -50,7 +50,7 @@ def dense_path():
 def moe_path(_cache_dir):
     from guild.upcycle import ensure_embedded_moe
 
-    # pytest-xdist's workers share the cache directory: one builds the MoE while the others wait, then reuse it
+    # concurrent test runs (two checkouts, or parallel workers) share the cache directory: one builds the MoE
     with open(Path(os.environ["GUILD_CACHE_DIR"]).with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return str(ensure_embedded_moe(progress=False))
