@@ -19,6 +19,9 @@ from .tokenizer import Tokenizer
 from .vocab import TT_CONTROL, TT_UNKNOWN
 
 KINDS = ("json_schema", "json_object", "lark", "regex")
+# whitespace between JSON tokens: a space, or one or two newlines and an indent of at most 20 (llama.cpp's
+# json-schema-to-grammar `space` rule), so a model cannot loop on blank lines until max_tokens
+JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
 MAX_GRAMMAR_CHARS = 2**20  # a schema or grammar as text: real ones are a few KiB
 
 
@@ -66,7 +69,7 @@ def compile_grammar(kind: str, spec, tok: Tokenizer, where: str) -> Grammar:
         raise GrammarError(where, f"unknown grammar kind '{kind}' (one of {', '.join(KINDS)})")
     try:
         if kind == "json_object":
-            source = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+            source = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         elif kind == "json_schema":
             if isinstance(spec, str):
                 spec = json.loads(spec)
@@ -74,7 +77,7 @@ def compile_grammar(kind: str, spec, tok: Tokenizer, where: str) -> Grammar:
                 raise GrammarError(where, "a JSON schema must be a JSON object")
             if len(json.dumps(spec)) > MAX_GRAMMAR_CHARS:
                 raise GrammarError(where, f"the schema is over {MAX_GRAMMAR_CHARS} characters")
-            source = llguidance.LLMatcher.grammar_from_json_schema(spec)
+            source = llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_OPTIONS)
         else:
             if not isinstance(spec, str) or not spec.strip():
                 raise GrammarError(where, f"the {kind} is empty")

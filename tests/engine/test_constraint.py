@@ -108,3 +108,18 @@ def test_bad_grammars_name_where(tok):
         compile_grammar("json_schema", {"type": "foo"}, tok, "response_format.json_schema")
     with pytest.raises(GrammarError, match="--grammar g.lark"):
         compile_grammar("lark", "start: ((", tok, "--grammar g.lark")
+
+
+def test_json_whitespace_is_bounded_as_llama_cpp_bounds_it(tok):
+    """Pretty-printed JSON passes; a run of blank lines (a sampled model can loop on them until max_tokens) does
+    not: one or two newlines and an indent of at most 20 between tokens."""
+    g = compile_grammar("json_schema", SCHEMA, tok, "schema")
+
+    def accepts(text):
+        m = constraint(g, tok)
+        return all(m.matcher.consume_token(i) for i in tok.encode(text, add_special=False)) and not m.matcher.is_error()
+
+    assert accepts('{"name": "Ada", "age": 36, "colour": "red"}')
+    assert accepts('{\n  "name": "Ada",\n\n  "age": 36,\n  "colour": "red"\n}')
+    assert not accepts('{\n  "name": "Ada",\n\n\n  "age": 36')
+    assert not accepts('{\n' + ' ' * 21 + '"name"')
