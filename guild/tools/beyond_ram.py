@@ -316,7 +316,7 @@ def main(argv=None) -> int:
                 leave_cap(cap)
         del lm, cache
         if not a.no_llama:
-            lcap = None if a.no_cap else make_cap(cap_bytes, "llama")
+            lcap = None if cap is None else make_cap(cap_bytes, "llama")  # capped only beside a capped guild
             try:
                 rep["llama"] = run_llama(path, a.n, a.threads, lcap)
                 if lcap is not None:
