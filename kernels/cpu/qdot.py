@@ -111,6 +111,8 @@ from .simd import (
 )
 
 QB = 32  # activation block (elements)
+GL = 16  # features per group: the lanes of one vector
+NJ = NT // GL  # groups per tile
 SB = 8  # activation blocks per K-quant super-block (256 elements)
 ACT_EXTRA = 20  # bytes per row and block besides the quants: scale, Σq, scale·Σq, the two half sums
 # kernel kinds
@@ -167,9 +169,9 @@ _GRIDS = {Q.IQ2_XXS: (GRID_IQ2XXS, 0.125), Q.IQ2_XS: (GRID_IQ2XS, 0.125), Q.IQ2_
 
 
 def _shape(role: str, nt: int, nb: int) -> tuple:
-    return {"q4": (nt, nb, 4, NT, 4), "q8": (nt, nb, 8, NT, 4), "w": (nt, nb, NT), "w2": (nt, nb, 2, NT),
-            "b2": (nt, nb, 2, NT), "b": (nt, nb, NT), "h": (nt, nb, NT), "hs": (nt, nb // SB, NT),
-            "g4": (nt, nb, 4, NT), "g8": (nt, nb, 8, NT)}[role]
+    rest = {"q4": (nb, 4, GL, 4), "q8": (nb, 8, GL, 4), "w": (nb, GL), "w2": (nb, 2, GL), "b2": (nb, 2, GL),
+            "b": (nb, GL), "h": (nb, GL), "hs": (nb // SB, GL), "g4": (nb, 4, GL), "g8": (nb, 8, GL)}[role]
+    return (nt, NJ) + rest
 
 
 def layout(qtype: int, n_rows: int, n_cols: int) -> tuple:
@@ -361,8 +363,8 @@ def _tile_into(dst: np.ndarray, a: np.ndarray, g0: int, role: str) -> None:
     ntc = -(-n // NT)
     pad = np.zeros((ntc * NT,) + a.shape[1:], a.dtype)
     pad[:n] = a
-    t = pad.reshape((ntc, NT) + a.shape[1:])
-    t = np.moveaxis(t, 1, -2 if role in ("q4", "q8") else -1)  # b2, g4, g8: [.., 2 | 4 | 8, NT]
+    t = pad.reshape((ntc, NJ, GL) + a.shape[1:])
+    t = np.moveaxis(t, 2, -2 if role in ("q4", "q8") else -1)  # b2, g4, g8: [.., 2 | 4 | 8, GL]
     dst[g0 : g0 + ntc] = t
 
 
@@ -391,15 +393,15 @@ def pack(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
 # ---------------------------------------------------------------------------------------------------------
 # get_rows: the packed fields back to ggml's dequantize_row_* values, bit for bit (float32, ggml's order)
 def _row_fields(rec: I8Type, arrays: tuple, rows: np.ndarray) -> dict:
-    g, n = rows // NT, rows % NT
+    g, j, n = rows // NT, rows % NT // GL, rows % GL
     out = {}
     for (name, role, _), a in zip(rec.fields, arrays, strict=True):
         if role in ("q4", "q8"):
-            out[name] = a[g, :, :, n, :]  # [R, nb, nq, 4]
+            out[name] = a[g, j, :, :, n, :]  # [R, nb, nq, 4]
         elif role in ("w", "b", "h", "hs"):
-            out[name] = a[g, :, n]  # [R, nb]
+            out[name] = a[g, j, :, n]  # [R, nb]
         else:
-            out[name] = a[g, :, :, n]  # [R, nb, 2 | 4 | 8]
+            out[name] = a[g, j, :, :, n]  # [R, nb, 2 | 4 | 8]
     return out
 
 
@@ -596,39 +598,45 @@ _M1, _M2 = 0x01010101, 0x03030303
 
 
 @njit(cache=True)
+def _unit(g, j, nb, b):
+    inline_here()
+    return (g * NJ + j) * nb + b  # block b of group j of tile g: a field's units in memory order
+
+
+@njit(cache=True)
 def _hoff(g, nb, b, j):
     inline_here()
-    return ((g * nb + b) * NT + 16 * j) * 2  # an f16 per block [nt, nb, NT]
+    return _unit(g, j, nb, b) * GL * 2  # an f16 per block [nt, NJ, nb, GL]
 
 
 @njit(cache=True)
 def _hsoff(g, nb, b, j):
     inline_here()
-    return ((g * (nb // SB) + b // SB) * NT + 16 * j) * 2  # an f16 per super-block [nt, nb / 8, NT]
+    return ((g * NJ + j) * (nb // SB) + b // SB) * GL * 2  # an f16 per super-block [nt, NJ, nb / 8, GL]
 
 
 @njit(cache=True)
 def _b1off(g, nb, b, j):
     inline_here()
-    return (g * nb + b) * NT + 16 * j  # a byte per block [nt, nb, NT]
+    return _unit(g, j, nb, b) * GL  # a byte per block [nt, NJ, nb, GL]
 
 
 @njit(cache=True)
 def _b2off(g, nb, b, h, j):
     inline_here()
-    return ((g * nb + b) * 2 + h) * NT + 16 * j  # two bytes per block [nt, nb, 2, NT]
+    return (_unit(g, j, nb, b) * 2 + h) * GL  # two bytes per block [nt, NJ, nb, 2, GL]
 
 
 @njit(cache=True)
 def _nibbles(kind, p0, ph, g, nb, b, j, xa):
     """Σ u·x̂ over the block for the nibble types (the 5th bit from the plane at ph for Q5_*)."""
     inline_here()
-    oq = ((g * nb + b) * 4 * NT + 16 * j) * 4
+    oq = _unit(g, j, nb, b) * 4 * GL * 4
     five = kind == Q5_0 or kind == Q5_1 or kind == Q5_K
-    hw = ld_i32(ph + ((g * nb + b) * NT + 16 * j) * 4) if five else zero_i()
+    hw = ld_i32(ph + _unit(g, j, nb, b) * GL * 4) if five else zero_i()
     a = zero_i()
     for q in range(4):
-        w = ld_i32(p0 + oq + q * NT * 4)
+        w = ld_i32(p0 + oq + q * GL * 4)
         lo = lo4(w)
         hi = hi4(w)
         if five:
@@ -656,10 +664,10 @@ def _levels(kind, v):
 def _lut_dot(kind, p0, g, nb, b, j, xa, sx):
     """Σ w·x̂ over the block for the table types: each nibble looked up in the type's signed levels."""
     inline_here()
-    oq = ((g * nb + b) * 4 * NT + 16 * j) * 4
+    oq = _unit(g, j, nb, b) * 4 * GL * 4
     a = zero_i()
     for q in range(4):
-        w = ld_i32(p0 + oq + q * NT * 4)
+        w = ld_i32(p0 + oq + q * GL * 4)
         if _SIGNED:
             a = dot4ss(a, _levels(kind, lo4(w)), bc_i32(xa + 4 * q))
             a = dot4ss(a, _levels(kind, hi4(w)), bc_i32(xa + 16 + 4 * q))
@@ -682,7 +690,7 @@ def _iq1s(p0, p1, g, nb, b, j, xa, sx):
     base = _G1S_U.ctypes.data
     a = zero_i()
     for gl in range(4):
-        ix = or_i(ld_u8(p0 + (g * nb + b) * 4 * NT + gl * NT + 16 * j), bits_i(qh, 3 * gl, 7, 8))
+        ix = or_i(ld_u8(p0 + (_unit(g, j, nb, b) * 4 + gl) * GL), bits_i(qh, 3 * gl, 7, 8))
         a = dot8(a, gather_u32(base, ix, 8, 0), bc_i32(xa + 8 * gl), gather_u32(base, ix, 8, 4),
                  bc_i32(xa + 8 * gl + 4))
     s = splat_i(sx)
@@ -708,10 +716,10 @@ def _grid(kind):
 def _gidx(kind, pi, ph, g, nb, b, j, ngr, gl):
     """Grid indices of group gl (of ngr per block) for the 16 features: the low byte and the bits above it."""
     inline_here()
-    lo = ld_u8(pi + ((g * nb + b) * ngr * NT + gl * NT + 16 * j))
+    lo = ld_u8(pi + (_unit(g, j, nb, b) * ngr + gl) * GL)
     if kind == IQ2_XXS or kind == IQ3_XXS:
         return lo
-    hb = ld_u8(ph + (g * nb + b) * NT + 16 * j)
+    hb = ld_u8(ph + _unit(g, j, nb, b) * GL)
     if kind == IQ2_S:
         return or_i(lo, bits_i(hb, 2 * gl, 3, 8))
     return or_i(lo, bits_i(hb, gl, 1, 8))
@@ -723,7 +731,7 @@ def _grid_dot(kind, pi, ps, ph, g, nb, b, j, xa):
     the type's grid by index, the signs applied to the activations' bytes (u8 magnitudes ≤ 62: dot8 is exact)."""
     inline_here()
     base = _grid(kind)
-    sw = ld_i32(ps + ((g * nb + b) * NT + 16 * j) * 4)
+    sw = ld_i32(ps + _unit(g, j, nb, b) * GL * 4)
     aA = zero_i()
     aB = zero_i()
     if kind == IQ3_XXS or kind == IQ3_S:  # an index per 4 elements (quad r), 4-byte entries
@@ -777,7 +785,7 @@ def _grid_blk(kind, ps, p2, g, nb, b, j, xa, pd):
     """_iblk's integer sum for the grid types from magnitudes decoded by _grid_decode: exactly the gathering
     path's integers, so the same bits."""
     inline_here()
-    sw = ld_i32(ps + ((g * nb + b) * NT + 16 * j) * 4)
+    sw = ld_i32(ps + _unit(g, j, nb, b) * GL * 4)
     o = pd + b * _DEC
     aA = zero_i()
     aB = zero_i()
@@ -806,7 +814,7 @@ def _iq1m(p0, p1, p2, g, nb, b, j, xa, sA, sB):
         d = zero_i()
         for e in range(2):
             gl = 2 * h + e
-            ix = or_i(ld_u8(p0 + (g * nb + b) * 4 * NT + gl * NT + 16 * j), bits_i(qb, 4 * e, 7, 8))
+            ix = or_i(ld_u8(p0 + (_unit(g, j, nb, b) * 4 + gl) * GL), bits_i(qb, 4 * e, 7, 8))
             x0 = bc_i32(xa + 8 * gl)
             x1 = bc_i32(xa + 8 * gl + 4)
             a = dot8(a, gather_u32(base, ix, 8, 0), x0, gather_u32(base, ix, 8, 4), x1)
@@ -822,12 +830,12 @@ def _iq1m(p0, p1, p2, g, nb, b, j, xa, sA, sB):
 def _halves2(kind, p0, ph, g, nb, b, j, xa):
     """(Σ_A, Σ_B) of u·x̂ over the block's two halves for the 2-bit-quad types (Q3_K's 3rd bit from ph)."""
     inline_here()
-    o = ((g * nb + b) * 2 * NT + 16 * j) * 4
-    hw = ld_i32(ph + ((g * nb + b) * NT + 16 * j) * 4) if kind == Q3_K else zero_i()
+    o = _unit(g, j, nb, b) * 2 * GL * 4
+    hw = ld_i32(ph + _unit(g, j, nb, b) * GL * 4) if kind == Q3_K else zero_i()
     aA = zero_i()
     aB = zero_i()
     for h in range(2):
-        w = ld_i32(p0 + o + h * NT * 4)
+        w = ld_i32(p0 + o + h * GL * 4)
         a = zero_i()
         for q in range(0, 4, 2):
             u0 = bits_i(w, 2 * q, _M2, 0)
@@ -847,15 +855,15 @@ def _halves2(kind, p0, ph, g, nb, b, j, xa):
 def _q6(p0, ph, g, nb, b, j, xa):
     """(Σ_A, Σ_B) of u·x̂ for Q6_K: low nibbles from the quads, the two high bits from the planes."""
     inline_here()
-    oq = ((g * nb + b) * 4 * NT + 16 * j) * 4
-    oh = ((g * nb + b) * 2 * NT + 16 * j) * 4
+    oq = _unit(g, j, nb, b) * 4 * GL * 4
+    oh = _unit(g, j, nb, b) * 2 * GL * 4
     h0 = ld_i32(ph + oh)
-    h1 = ld_i32(ph + oh + NT * 4)
+    h1 = ld_i32(ph + oh + GL * 4)
     aA = zero_i()
     aB = zero_i()
     for q in range(0, 4, 2):
-        w0 = ld_i32(p0 + oq + q * NT * 4)
-        w1 = ld_i32(p0 + oq + (q + 1) * NT * 4)
+        w0 = ld_i32(p0 + oq + q * GL * 4)
+        w1 = ld_i32(p0 + oq + (q + 1) * GL * 4)
         aA = dot8(aA, or_i(lo4(w0), bits_i(h0, 2 * q, _M2, 4)), bc_i32(xa + 4 * q),
                   or_i(lo4(w1), bits_i(h0, 2 * q + 2, _M2, 4)), bc_i32(xa + 4 * q + 4))
         aB = dot8(aB, or_i(hi4(w0), bits_i(h1, 2 * q, _M2, 4)), bc_i32(xa + 16 + 4 * q),
@@ -870,14 +878,14 @@ def _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd, sx, xs, y):
     inline_here()
     dx = splat_f(xd)
     if kind == Q8_0:
-        o = ((g * nb + b) * 8 * NT + 16 * j) * 4
+        o = _unit(g, j, nb, b) * 8 * GL * 4
         a = zero_i()
         if AVX2 and not VNNI512:  # signed bytes: |w| · sign(x, w) pairs stay within i16
             for q in range(8):
-                a = dot4ss(a, xor80(ld_i32(p0 + o + q * NT * 4)), bc_i32(xa + 4 * q))
+                a = dot4ss(a, xor80(ld_i32(p0 + o + q * GL * 4)), bc_i32(xa + 4 * q))
         else:
             for q in range(8):
-                a = dpbusd(a, ld_i32(p0 + o + q * NT * 4), bc_i32(xa + 4 * q))
+                a = dpbusd(a, ld_i32(p0 + o + q * GL * 4), bc_i32(xa + 4 * q))
             a = sub_i(a, splat_i(128 * sx))
         return fma_f(cvt(a), mul_f(ld_h2f(p1 + _hoff(g, nb, b, j)), dx), y)
     if kind == IQ4_NL or kind == MXFP4:
