@@ -126,12 +126,16 @@ def measure(path: str, rounds: int = 3, tokens: int = 32, threads: int = 2, nume
         ttft(chat)
     res = {k: {"decode": [], "prefill": [], "ttft_ms": []} for k in runners}
     names = list(runners)
+    # like after like: every runner's decode, then every runner's prefill, then time to first token, so no decode
+    # follows another runner's prefill (a heavy prefill slows the next few hundred ms on a boosting CPU)
     for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            run, ttft = runners[name]
-            res[name]["decode"].append(run(short, tokens)[0])
-            res[name]["prefill"].append(run(long, 2)[1])
-            res[name]["ttft_ms"].append(ttft(chat))
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            res[name]["decode"].append(runners[name][0](short, tokens)[0])
+        for name in order:
+            res[name]["prefill"].append(runners[name][0](long, 2)[1])
+        for name in order:
+            res[name]["ttft_ms"].append(runners[name][1](chat))
     out = {k: {m: round(median(v[m]), 2) for m in v} for k, v in res.items()}
     for name, model in models.items():
         vt, distinct = window_costs(model, short, repeats=max(3, rounds))
