@@ -5,10 +5,13 @@ Activations. Each row is quantised with one scale per 32 elements for the 32-ele
 per 256 for the super-block types (ggml's Q8_0 and Q8_K: d = max|x| / 127, q = rint(x * (1 / d)) in float32),
 with each 32-block's Σq and the sums of its two halves (the 16-element sub-blocks of Q2_K, Q3_K, Q6_K).
 
-Weights ("quad tiles"). Features in tiles of NT = 64; per 32-element block, the four bytes of consecutive k of
-one feature are adjacent, so one 64-byte load holds 16 features × 4 k: the operand of a 4-byte integer dot
-(`simd.dot4`: vpdpbusd on AVX-512 VNNI, vpmaddubsw + vpmaddwd on AVX2). Every type is repacked at load into
-nibble quads (byte i of quad q: low nibble = element 4q + i, high nibble = element 16 + 4q + i) or 2-bit
+Weights ("quad tiles"). Features in tiles of NT = 64, each tile in 4 groups of GL = 16 (a vector's lanes);
+per 32-element block, the four bytes of consecutive k of one feature are adjacent, so one 64-byte load holds 16
+features × 4 k: the operand of a 4-byte integer dot (`simd.dot4`: vpdpbusd on AVX-512 VNNI, vpmaddubsw +
+vpmaddwd on AVX2). Every field is group-major ([tile, group, block, ..., lane]): a pass over one group's blocks
+reads memory in order, which the hardware prefetchers stream at the memory's bandwidth (groups interleaved
+within each block would make a pass read one cache line in four). Every type is repacked at load into nibble
+quads (byte i of quad q: low nibble = element 4q + i, high nibble = element 16 + 4q + i) or 2-bit
 quads, plus bit planes for the bits above (one 32-bit word per feature and block, laid out so that a shift and
 a mask give the bits of one quad), integer sub-block scales as bytes, and the f16 scales of the block or
 super-block; the grid types keep their grid indices, sign bits and scales (kernels below). The packed bytes per
@@ -121,11 +124,12 @@ IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = range(13, 20)  # grid typ
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the table: one record per type (kernel kind, packed fields); field shapes by role, for [nt tiles, nb blocks]:
-#   q4: nibble quads [nt, nb, 4, NT, 4] u8      q8: byte quads [nt, nb, 8, NT, 4] u8 (q + 128)
-#   w:  bit-plane word [nt, nb, NT] u32         w2: two words (block halves) [nt, nb, 2, NT] u32
-#   b2: two bytes [nt, nb, 2, NT]   b: a byte [nt, nb, NT]   h: f16 per block [nt, nb, NT]
-#   hs: f16 per 256 [nt, nb/8, NT]   g4, g8: grid indices' low bytes per 8 or per 4 elements [nt, nb, 4 | 8, NT]
+# the table: one record per type (kernel kind, packed fields); field shapes by role, each after [nt tiles, NJ
+# groups] (nb blocks, GL lanes):
+#   q4: nibble quads [nb, 4, GL, 4] u8      q8: byte quads [nb, 8, GL, 4] u8 (q + 128)
+#   w:  bit-plane word [nb, GL] u32         w2: two words (block halves) [nb, 2, GL] u32
+#   b2: two bytes [nb, 2, GL]   b: a byte [nb, GL]   h: f16 per block [nb, GL]
+#   hs: f16 per 256 [nb/8, GL]   g4, g8: grid indices' low bytes per 8 or per 4 elements [nb, 4 | 8, GL]
 #   (the grid types: IQ2_XS's 9th index bit, IQ2_S's 9th and 10th, IQ3_S's 9th in a byte `gh` per block; the
 #   signs, one bit per element, in a bit-plane word; IQ2_XS/IQ2_S's two 4-bit scales s in one byte, else 2s + 1)
 class I8Type:
