@@ -100,7 +100,7 @@ def measure(path: str, rounds: int = 3, tokens: int = 32, threads: int = 2, nume
             llama: bool = True, peaks: dict | None = None) -> dict:
     """{runner: {"decode", "prefill" (tok/s), "ttft_ms", "vt_ms" {T: ms}}}; guild i8 adds "distinct" {T: mean
     distinct experts per MoE layer} and, given the machine's peaks, "bound" (decode tok/s at the copy
-    bandwidth) and "bound_share"."""
+    bandwidth), "bound_share" and "bytes_vt" (the bytes T rows read over one row's)."""
     runners, models = {}, {}
     vocab, chat = None, None
     for mode in numerics:
@@ -143,9 +143,12 @@ def measure(path: str, rounds: int = 3, tokens: int = 32, threads: int = 2, nume
         if name == "guild i8":
             out[name]["distinct"] = {T: round(v, 2) for T, v in distinct.items()}
             if peaks is not None:
-                mem_ms = window_bound(model, len(short) + tokens // 2, {1: distinct[1]}, peaks)[1]["mem_ms"]
+                wb = window_bound(model, len(short) + tokens // 2, distinct, peaks)
+                mem_ms = wb[1]["mem_ms"]
                 out[name]["bound"] = round(1e3 / mem_ms, 2)
                 out[name]["bound_share"] = round(out[name]["decode"] * mem_ms / 1e3, 3)
+                # the bytes a window of T rows reads over one row's: the V(T)/V(1) a bandwidth-bound kernel gets
+                out[name]["bytes_vt"] = {T: round(wb[T]["mem_ms"] / mem_ms, 3) for T in sorted(wb)}
     if llm is not None:
         out["llama.cpp"]["vt_ms"] = {T: round(v, 3) for T, v in _llama_windows(llm, short, max(3, rounds),
                                                                                 vocab).items()}
@@ -205,7 +208,9 @@ def _print(path: str, out: dict) -> None:
             print(f"{'':10s} distinct experts per layer, T=1..{MAX_T}: "
                   + " ".join(f"{v['distinct'][T]:.1f}" for T in sorted(v["distinct"])))
         if "bound" in v:
-            print(f"{'':10s} bandwidth bound {v['bound']:.1f} tok/s, reached {100 * v['bound_share']:.0f} %")
+            print(f"{'':10s} bandwidth bound {v['bound']:.1f} tok/s, reached {100 * v['bound_share']:.0f} %; "
+                  "bytes read by T rows over one row's, T=1..8: "
+                  + " ".join(f"{v['bytes_vt'][T]:.2f}" for T in sorted(v["bytes_vt"])))
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,8 @@ def test_measures_both_numerics(small, capsys):
     i8 = r["guild i8"]
     assert all(1 <= d <= 8 * T for T, d in ((int(t), d) for t, d in i8["distinct"].items()))  # top-8 of 128
     assert i8["bound"] > 0 and 0 < i8["bound_share"] < 10
+    bvt = {int(T): v for T, v in i8["bytes_vt"].items()}  # a window reads at least one row's bytes
+    assert sorted(bvt) == list(range(1, 9)) and bvt[1] == 1.0 and all(v >= 1 for v in bvt.values())
 
 
 def test_bad_flags_are_one_line_errors(small, capsys):
