@@ -14,7 +14,8 @@ share of it reached.
 
 `--synth` writes each type's file into DIR once (random valid weights, `guild.tools.synth`) and measures them
 in turn. `--fresh MODEL` starts `guild run --chat -n 1 --json` in new processes and reports the time to first
-token they print, beside llama.cpp's warm prefill of the same ids.
+token they print, and the first streamed token a fresh `guild serve` sends one client, beside llama.cpp's warm
+prefill of the same ids.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +41,7 @@ PREFILL = 512
 MAX_T = 8
 # the chat prompt of the time-to-first-token rows: 44 tokens under the embedded models' template
 CHAT_PROMPT = "Why is the sky blue during the day, and red at sunset?"
+_SUBJECTS = ("sea", "lake", "ice", "snow", "glass", "smoke", "steam", "river", "ocean", "cloud", "bay", "pool")
 
 
 def _chat_ids(lm) -> list[int]:
@@ -156,8 +159,11 @@ def measure(path: str, rounds: int = 3, tokens: int = 32, threads: int = 2, nume
 
 
 def fresh_ttft(model: str, runs: int = 3, threads: int = 2, llama: bool = True) -> dict:
-    """Time to first token of the chat prompt as fresh `guild run --json` processes print it (median of runs),
-    beside llama.cpp's warm prefill of the same ids in this process."""
+    """Time to first token of the chat prompt as fresh `guild run --json` processes print it (median of runs)
+    and as a fresh `guild serve` streams it to one client, beside llama.cpp's warm prefill of the same ids in
+    this process."""
+    if runs >= len(_SUBJECTS):
+        raise BadFlagError(f"--rounds: at most {len(_SUBJECTS) - 1} with --fresh")
     lm = load(model, threads=threads, progress=False)
     ids = _chat_ids(lm)
     cmd = [sys.executable, "-m", "guild", "run", str(model), "--chat", "-p", CHAT_PROMPT, "-n", "1", "--json",
@@ -169,7 +175,9 @@ def fresh_ttft(model: str, runs: int = 3, threads: int = 2, llama: bool = True) 
             last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
             raise GuildError(f"guild run failed: {last}")
         ttfts.append(json.loads(p.stdout.strip().splitlines()[-1])["ttft_ms"])
-    out = {"prompt_tokens": len(ids), "guild_fresh_ttft_ms": median(ttfts), "runs": ttfts}
+    first, later = _serve_ttft(str(lm.path), runs, threads)
+    out = {"prompt_tokens": len(ids), "guild_fresh_ttft_ms": median(ttfts), "runs": ttfts,
+           "guild_serve_first_ttft_ms": first, "guild_serve_ttft_ms": later}
     if llama:
         try:
             llm = open_llama_cpp(str(lm.path), n_ctx=len(ids) + 16, n_threads=threads, n_threads_batch=threads)
@@ -178,6 +186,26 @@ def fresh_ttft(model: str, runs: int = 3, threads: int = 2, llama: bool = True) 
         except ImportError:
             pass
     return out
+
+
+def _serve_ttft(path: str, runs: int, threads: int) -> tuple[float, float]:
+    """Time to the first streamed token of the chat prompt from a fresh `guild serve` to one client: its first
+    request (nothing to reuse), then the median of `runs` more, each about another subject (same length), so
+    only the chat template's first tokens come from the server's prefix reuse."""
+    from .bench_serve import free_port, stream_chat, wait_ready
+
+    port = free_port()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "guild", "serve", path, "--port", str(port), "-t",
+                                 str(threads)], stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_ready(port, proc, "/health")
+            asks = [CHAT_PROMPT.replace("sky", w) for w in _SUBJECTS[: runs + 1]]
+            first = stream_chat(port, asks[0], 4, {})["ttft_s"] * 1e3
+            return first, median([stream_chat(port, p, 4, {})["ttft_s"] * 1e3 for p in asks[1:]])
+        finally:
+            proc.terminate()
+            proc.wait(120)
 
 
 def _synth_files(preset: str, layers: int, types: list[str], folder: str) -> list[str]:
@@ -255,7 +283,9 @@ def main(argv=None) -> int:
     if fresh:
         llama_ms = fresh.get("llama_warm_prefill_ms")
         print(f"== fresh `guild run` on {a.fresh}: time to first token of a {fresh['prompt_tokens']}-token chat "
-              f"prompt {fresh['guild_fresh_ttft_ms']:.1f} ms (runs {fresh['runs']})"
+              f"prompt {fresh['guild_fresh_ttft_ms']:.1f} ms (runs {fresh['runs']}); fresh `guild serve` to one "
+              f"client: first request {fresh['guild_serve_first_ttft_ms']:.1f} ms, later ones (the template's "
+              f"first tokens reused) {fresh['guild_serve_ttft_ms']:.1f} ms"
               + (f"; llama.cpp warm prefill of the same ids {llama_ms:.1f} ms" if llama_ms else ""))
     print(f"load average before {before[0]:.2f}, after {report['load_after'][0]:.2f}")
     return 0
