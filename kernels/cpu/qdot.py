@@ -908,13 +908,6 @@ def _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd, sx, xs, y):
 
 
 @njit(cache=True)
-def _super(kind):
-    """Whether the kind has 256-element super-blocks (its activations share one scale per 256: ggml's Q8_K)."""
-    inline_here()
-    return (kind >= Q4_K and kind <= Q3_K) or kind == IQ4_XS or kind >= IQ2_XXS
-
-
-@njit(cache=True)
 def _grid_int(kind, p2, g, nb, b, j, aA, aB):
     """The grid types' integer block sum: sc·(a_A + a_B), or sc_A·a_A + sc_B·a_B (IQ2_XS, IQ2_S: 2s + 1 per
     half from the byte's two nibbles)."""
@@ -1004,6 +997,10 @@ def _entry(kind: int, name: str):
     g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic)."""
 
+    # Python constants: Numba drops the branches of the other kinds before typing them
+    sup = Q4_K <= kind <= Q3_K or kind == IQ4_XS or kind >= IQ2_XXS  # 256-element super-blocks (ggml's Q8_K)
+    grid = IQ2_XXS <= kind <= IQ3_S  # grid types, whose magnitudes a tile of 3+ rows decodes once
+
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
         xd = carray(_pf32(o), (T, nb))
@@ -1011,8 +1008,8 @@ def _entry(kind: int, name: str):
         xs = carray(_pf32(o + 8 * T * nb), (T, nb))
         sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
         out = carray(_pf32(pout), (T, N))
-        if _super(kind):
-            dec = kind >= IQ2_XXS and kind <= IQ3_S and T >= GRID_TILE_ROWS
+        if sup:
+            dec = grid and T >= GRID_TILE_ROWS
             # the grid types' magnitudes decoded once per group of 16 features for all rows (the gathers are most
             # of a grid block's cost)
             scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
@@ -1022,7 +1019,7 @@ def _entry(kind: int, name: str):
                     n0 = g * NT + 16 * j
                     if n0 >= N:
                         break
-                    if dec:
+                    if grid and dec:
                         _grid_decode(kind, p0, p4, g, nb, j, pd)
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                     pd, True)
