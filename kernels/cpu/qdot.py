@@ -912,13 +912,6 @@ def _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd, sx, xs, y):
 
 
 @njit(cache=True)
-def _super(kind):
-    """Whether the kind has 256-element super-blocks (its activations share one scale per 256: ggml's Q8_K)."""
-    inline_here()
-    return (kind >= Q4_K and kind <= Q3_K) or kind == IQ4_XS or kind >= IQ2_XXS
-
-
-@njit(cache=True)
 def _grid_int(kind, p2, g, nb, b, j, aA, aB):
     """The grid types' integer block sum: sc·(a_A + a_B), or sc_A·a_A + sc_B·a_B (IQ2_XS, IQ2_S: 2s + 1 per
     half from the byte's two nibbles)."""
@@ -1000,60 +993,71 @@ def _put(pout, out, t, N, n0, y):
             out[t, n0 + i] = lane(y, i)
 
 
-@njit(cache=True, inline="always")
-def _drive(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N):
+def _entry(kind: int, name: str):
     """Tiles g0..g1 of out [T, N], 16 features at a time: rows two at a time (one weight load and decode for
     both), then a last one alone, the blocks in memory order. Two accumulators a pass fit AVX2's registers,
-    and three inlined block bodies keep the compile short."""
-    o = pxp + T * Kp
-    xd = carray(_pf32(o), (T, nb))
-    sx = carray(_pi32(o + 4 * T * nb), (T, nb))
-    xs = carray(_pf32(o + 8 * T * nb), (T, nb))
-    sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
-    out = carray(_pf32(pout), (T, N))
-    if _super(kind):
-        dec = kind >= IQ2_XXS and kind <= IQ3_S and T >= GRID_TILE_ROWS
-        # the grid types' magnitudes decoded once per group of 16 features for all rows (the gathers are most
-        # of a grid block's cost)
-        scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
-        pd = scratch.ctypes.data
+    and three inlined block bodies keep the compile short.
+    The C entry point of one kind (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp,
+    g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
+    slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic)."""
+
+    # Python constants: Numba drops the branches of the other kinds before typing them
+    sup = Q4_K <= kind <= Q3_K or kind == IQ4_XS or kind >= IQ2_XXS  # 256-element super-blocks (ggml's Q8_K)
+    grid = IQ2_XXS <= kind <= IQ3_S  # grid types, whose magnitudes a tile of 3+ rows decodes once
+
+    def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+        o = pxp + T * Kp
+        xd = carray(_pf32(o), (T, nb))
+        sx = carray(_pi32(o + 4 * T * nb), (T, nb))
+        xs = carray(_pf32(o + 8 * T * nb), (T, nb))
+        sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
+        out = carray(_pf32(pout), (T, N))
+        if sup:
+            dec = grid and T >= GRID_TILE_ROWS
+            # the grid types' magnitudes decoded once per group of 16 features for all rows (the gathers are most
+            # of a grid block's cost)
+            scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
+            pd = scratch.ctypes.data
+            for g in range(g0, g1):
+                for j in range(4):
+                    n0 = g * NT + 16 * j
+                    if n0 >= N:
+                        break
+                    if grid and dec:
+                        _grid_decode(kind, p0, p4, g, nb, j, pd)
+                        _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
+                                    pd, True)
+                    elif T > 1:
+                        _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
+                                    pd, False)
+                    elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
+                        k = j + 1 if n0 + 16 < N else j
+                        _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N)
+            return
         for g in range(g0, g1):
             for j in range(4):
                 n0 = g * NT + 16 * j
                 if n0 >= N:
                     break
-                if dec:
-                    _grid_decode(kind, p0, p4, g, nb, j, pd)
-                    _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                pd, True)
-                elif T > 1:
-                    _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                pd, False)
-                elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
-                    k = j + 1 if n0 + 16 < N else j
-                    _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N)
-        return
-    for g in range(g0, g1):
-        for j in range(4):
-            n0 = g * NT + 16 * j
-            if n0 >= N:
-                break
-            for t in range(0, T - 1, 2):
-                y = z = zero_f()
-                u = t + 1
-                for b in range(nb):
-                    xa = pxp + t * Kp + b * QB
-                    y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd[t, b], sx[t, b], xs[t, b], y)
-                    z = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], xs[u, b], z)
-                _put(pout, out, t, N, n0, y)
-                _put(pout, out, u, N, n0, z)
-            if T % 2 == 1:  # the last row alone
-                t = T - 1
-                y = zero_f()
-                for b in range(nb):
-                    y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
-                             xs[t, b], y)
-                _put(pout, out, t, N, n0, y)
+                for t in range(0, T - 1, 2):
+                    y = z = zero_f()
+                    u = t + 1
+                    for b in range(nb):
+                        xa = pxp + t * Kp + b * QB
+                        y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd[t, b], sx[t, b], xs[t, b], y)
+                        z = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], xs[u, b], z)
+                    _put(pout, out, t, N, n0, y)
+                    _put(pout, out, u, N, n0, z)
+                if T % 2 == 1:  # the last row alone
+                    t = T - 1
+                    y = zero_f()
+                    for b in range(nb):
+                        y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
+                                 xs[t, b], y)
+                    _put(pout, out, t, N, n0, y)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
 
 
 @njit(cache=True, inline="always")
@@ -1104,88 +1108,6 @@ def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, po
         _put(pout, out, 0, N, n0 + 16, z)
 
 
-# C entry points (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp, g0, g1, out, N)
-def _k_q4_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q4_0, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q4_1(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q4_1, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q8_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q8_0, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q5_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q5_0, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q5_1(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q5_1, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q4_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q4_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q5_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q5_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q6_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q6_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q2_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q2_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_q3_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(Q3_K, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq4_nl(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ4_NL, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq4_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ4_XS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(MXFP4, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq2_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ2_XXS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq2_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ2_XS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq2_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ2_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq3_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ3_XXS, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ3_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq1_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ1_S, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-def _k_iq1_m(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
-    _drive(IQ1_M, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, pout, N)
-
-
-KERNELS = {Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q8_0: _k_q8_0, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q4_K: _k_q4_k,
-           Q5_K: _k_q5_k, Q6_K: _k_q6_k, Q2_K: _k_q2_k, Q3_K: _k_q3_k, IQ4_NL: _k_iq4_nl, IQ4_XS: _k_iq4_xs,
-           MXFP4: _k_mxfp4, IQ2_XXS: _k_iq2_xxs, IQ2_XS: _k_iq2_xs, IQ2_S: _k_iq2_s, IQ3_XXS: _k_iq3_xxs,
-           IQ3_S: _k_iq3_s, IQ1_S: _k_iq1_s, IQ1_M: _k_iq1_m}
+# the C entry points by kind, and by name (_k_q4_0, ...: each kind's symbols and cache files)
+KERNELS = {t.kind: _entry(t.kind, "_k_" + Q(t.qtype).name.lower()) for t in I8_TYPES.values()}
+globals().update({f.__name__: f for f in KERNELS.values()})

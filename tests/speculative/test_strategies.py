@@ -25,6 +25,19 @@ def lm(moe_path):
     return load(moe_path)
 
 
+@pytest.fixture(scope="module")
+def plain(lm):
+    """Plain decoding's tokens per sampling, decoded once for the module: every parity test compares to them."""
+    runs = {}
+
+    def of(sampling):
+        if sampling not in runs:
+            runs[sampling] = _say(lm, "normal", sampling)[0]
+        return runs[sampling]
+
+    return of
+
+
 def _say(lm, strategy, sampling, k=4, n=48, corpus=()):
     s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
     d = make_drafter(strategy)
@@ -36,18 +49,16 @@ def _say(lm, strategy, sampling, k=4, n=48, corpus=()):
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("strategy", ["lookup", "retrieval", "adaptive"])
-def test_parity_with_plain(lm, strategy, sampling):
-    plain, _ = _say(lm, "normal", sampling)
+def test_parity_with_plain(lm, plain, strategy, sampling):
     for k in (2, 4, 7):
         got, summ = _say(lm, strategy, sampling, k=k, corpus=[DOC] if strategy != "lookup" else ())
-        assert got == plain, f"{strategy} k={k}"
+        assert got == plain(sampling), f"{strategy} k={k}"
         if sampling.greedy and k == 4:
             assert summ["accepted"] > 0  # the copy task gives the drafter something to find
 
 
-def test_min_match_two(lm):
-    plain, _ = _say(lm, "normal", SamplingParams())
+def test_min_match_two(lm, plain):
     s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
     d = make_drafter("lookup", min_match=2)
     t = Conversation(s, lm.tokenizer).say(PROMPT, 48, drafter=d, max_draft=3)
-    assert t.tokens == plain
+    assert t.tokens == plain(SamplingParams())
