@@ -78,6 +78,7 @@ from .simd import (
     cvt,
     dot4ss,
     dot8,
+    dot32s,
     dpbusd,
     e8m0_f,
     fma_f,
@@ -650,6 +651,22 @@ def _nibbles(kind, p0, ph, g, nb, b, j, xa):
     return a
 
 
+@njit(cache=True)
+def _q4k(p0, p1, g, nb, b, j, xa, acc):
+    """acc + sc·Σ u·x̂ over a Q4_K block (its 6-bit scale sc from p1): _nibbles' products with the scale applied
+    as the i16 sums widen (simd.dot32s), the same integer."""
+    inline_here()
+    oq = _unit(g, j, nb, b) * 4 * GL * 4
+    w0 = ld_i32(p0 + oq)
+    w1 = ld_i32(p0 + oq + GL * 4)
+    w2 = ld_i32(p0 + oq + 2 * GL * 4)
+    w3 = ld_i32(p0 + oq + 3 * GL * 4)
+    return dot32s(acc, ld_u8(p1 + _b2off(g, nb, b, 0, j)),
+                  lo4(w0), bc_i32(xa), hi4(w0), bc_i32(xa + 16), lo4(w1), bc_i32(xa + 4), hi4(w1), bc_i32(xa + 20),
+                  lo4(w2), bc_i32(xa + 8), hi4(w2), bc_i32(xa + 24), lo4(w3), bc_i32(xa + 12), hi4(w3),
+                  bc_i32(xa + 28))
+
+
 # the signed levels a nibble indexes (blocks.KVALUES_*), and the same + 128 for vpdpbusd's unsigned operand
 _lut_iq4_s, _lut_iq4_u = lookup16(KVALUES_IQ4NL), lookup16(KVALUES_IQ4NL.astype(np.int32) + 128)
 _lut_fp4_s, _lut_fp4_u = lookup16(KVALUES_MXFP4), lookup16(KVALUES_MXFP4.astype(np.int32) + 128)
@@ -928,15 +945,13 @@ def _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx, sA, sB, acc, macc):
     """Block b of a super-block kind for one row, in integers: acc + the block's scaled sum, macc + its
     scaled min term (Q4_K, Q5_K, Q2_K); exact in int32 over a super-block's 8 blocks."""
     inline_here()
-    if kind == Q4_K or kind == Q5_K:
-        if kind == Q4_K:
-            a = _nibbles(kind, p0, p0, g, nb, b, j, xa)
-            ps = p1
-        else:
-            a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
-            ps = p2
-        sc = ld_u8(ps + _b2off(g, nb, b, 0, j))
-        mn = ld_u8(ps + _b2off(g, nb, b, 1, j))
+    if kind == Q4_K:
+        mn = ld_u8(p1 + _b2off(g, nb, b, 1, j))
+        return _q4k(p0, p1, g, nb, b, j, xa, acc), add_i(macc, mul_i(mn, splat_i(sx)))
+    if kind == Q5_K:
+        a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
+        sc = ld_u8(p2 + _b2off(g, nb, b, 0, j))
+        mn = ld_u8(p2 + _b2off(g, nb, b, 1, j))
         return add_i(acc, mul_i(sc, a)), add_i(macc, mul_i(mn, splat_i(sx)))
     if kind == Q6_K or kind == Q3_K:
         if kind == Q6_K:

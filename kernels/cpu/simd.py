@@ -335,10 +335,14 @@ def _maddubs(b, u, s):
     return b.call(fn, [u, s])
 
 
-def _madd_ones(b, p):
+def _madd(b, p, q):
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_i32x8, [_i16x16, _i16x16]),
                                         "llvm.x86.avx2.pmadd.wd")
-    return b.call(fn, [p, ir.Constant(_i16x16, [1] * 16)])
+    return b.call(fn, [p, q])
+
+
+def _madd_ones(b, p):
+    return _madd(b, p, ir.Constant(_i16x16, [1] * 16))
 
 
 def _abs8(b, v):
@@ -394,6 +398,32 @@ def dot8(typingctx, acc, u1, s1, u2, s2):
     """dot4(dot4(acc, u1, s1), u2, s2) for u <= 63 (two products per pair, summed in i16 on AVX2: exact)."""
     return _simple(I32(I32, I32, I32, I32, I32), lambda b, a: _dot_isa(b, a[0], [(a[1], a[2]), (a[3], a[4])]))(
         typingctx, acc, u1, s1, u2, s2)
+
+
+@intrinsic
+def dot32s(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7, s7, u8, s8):
+    """acc + sc · Σ over the eight (u, s) pairs of dot4(u, s), for u <= 15 and 0 <= sc < 2^15 (a block of 32
+    4-bit quants with its scale). AVX2: the eight pairs' i16 sums (<= 8 · 2 · 15 · 127) widened by vpmaddwd
+    against (sc, sc), the scale's multiply folded into the widening (as ggml's Q4_K dot); exact everywhere."""
+
+    def body(b, a):
+        acc, sc, pairs = a[0], a[1], [(a[i], a[i + 1]) for i in range(2, 18, 2)]
+        if VNNI512 or not AVX2:
+            return b.add(acc, b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
+        sc2 = b.bitcast(b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI))), ir.VectorType(ir.IntType(16), 32))
+        halves = []
+        for h in (0, 1):
+            p = None
+            for u, s in pairs:
+                m = _maddubs(b, _halves(b, u)[h], _halves(b, s)[h])
+                p = m if p is None else b.add(p, m)
+            sch = b.shuffle_vector(sc2, ir.Constant(sc2.type, None),
+                                   ir.Constant(ir.VectorType(_i32, 16), list(range(16 * h, 16 * h + 16))))
+            halves.append(_madd(b, p, sch))
+        return b.add(acc, _join(b, *halves))
+
+    return _simple(I32(*[I32] * 18), body)(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7,
+                                           s7, u8, s8)
 
 
 @intrinsic
