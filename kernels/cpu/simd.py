@@ -358,14 +358,16 @@ def _sign8(b, v, s):
 def _dot_avx2(b, acc, pairs):
     """acc + Σ over (u, s) pairs of the 4-byte dot products per lane, the pairs' i16 partial sums added before
     the widening (exact while each i16 sum fits: the callers' contract)."""
-    halves = []
-    for h in (0, 1):
-        p = None
-        for u, s in pairs:
-            m = _maddubs(b, _halves(b, u)[h], _halves(b, s)[h])
-            p = m if p is None else b.add(p, m)
-        halves.append(_madd_ones(b, p))
-    return b.add(acc, _join(b, *halves))
+    return b.add(acc, _join(b, *(_madd_ones(b, _i16_sums(b, pairs, h)) for h in (0, 1))))
+
+
+def _i16_sums(b, pairs, h):
+    """Half h (256 bits) of Σ over the (u, s) pairs of vpmaddubsw(u, s): i16 sums of byte-pair products."""
+    p = None
+    for u, s in pairs:
+        m = _maddubs(b, _halves(b, u)[h], _halves(b, s)[h])
+        p = m if p is None else b.add(p, m)
+    return p
 
 
 def _dot_portable(b, acc, pairs):
@@ -413,13 +415,9 @@ def dot32s(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u
         sc2 = b.bitcast(b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI))), ir.VectorType(ir.IntType(16), 32))
         halves = []
         for h in (0, 1):
-            p = None
-            for u, s in pairs:
-                m = _maddubs(b, _halves(b, u)[h], _halves(b, s)[h])
-                p = m if p is None else b.add(p, m)
             sch = b.shuffle_vector(sc2, ir.Constant(sc2.type, None),
                                    ir.Constant(ir.VectorType(_i32, 16), list(range(16 * h, 16 * h + 16))))
-            halves.append(_madd(b, p, sch))
+            halves.append(_madd(b, _i16_sums(b, pairs, h), sch))
         return b.add(acc, _join(b, *halves))
 
     return _simple(I32(*[I32] * 18), body)(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7,
