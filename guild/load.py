@@ -12,6 +12,7 @@ import numba
 
 from .calib.optimize import plan_for
 from .engine import experts
+from .engine.backends import PARALLEL_ROWS
 from .engine.device import place_model, resolve_device
 from .engine.gpu import describe as describe_placement
 from .engine.kvtypes import F32_KV, KVTypes
@@ -103,7 +104,9 @@ class LoadedModel:
         t0 = time.perf_counter()
         s = self.session(64)
         d = self.drafter(replace(DraftOptions(), strategy=strategy, mtp=mtp), 64)
-        s.generate(self.tokenizer.encode("Hello, hello, hello, hello", add_special=True), 6, drafter=d, max_draft=4)
+        # long enough for the row-parallel host ops a chat prompt's prefill takes (backends.PARALLEL_ROWS)
+        s.generate(self.tokenizer.encode("Hello," + " hello," * PARALLEL_ROWS, add_special=True), 6, drafter=d,
+                   max_draft=4)
         self.load_s += time.perf_counter() - t0
 
 
