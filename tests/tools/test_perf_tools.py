@@ -145,3 +145,11 @@ def test_the_per_op_split_of_a_window_sums_within_it(tiny, tmp_path):
     t = time_windows(h, st, lambda r, T: np.arange(T), [3], 2, ops=True)
     for k, f in zip(t.kernel_ms[3], t.forward_ms[3], strict=True):
         assert k["gdn_recurrence"] > 0 and k["experts"] > 0 and sum(k.values()) < f
+
+
+def test_machine_peaks_are_rates_a_cpu_can_reach():
+    """The peak loops really run: a rate a compiler folded away reads in the tens of thousands of G/s."""
+    from guild.tools.perf import machine_peaks
+
+    p = machine_peaks(1, repeats=3)  # the best of three: a folded loop's rate is only bounded by the clock
+    assert 0 < p["fp32_gmacs"] < 1000 and 0 < p["int8_gmacs"] < 3000 and p["copy_gbs"] > 0
