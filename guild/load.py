@@ -104,9 +104,9 @@ class LoadedModel:
         t0 = time.perf_counter()
         s = self.session(64)
         d = self.drafter(replace(DraftOptions(), strategy=strategy, mtp=mtp), 64)
-        # long enough for the row-parallel host ops a chat prompt's prefill takes (backends.PARALLEL_ROWS)
-        s.generate(self.tokenizer.encode("Hello," + " hello," * PARALLEL_ROWS, add_special=True), 6, drafter=d,
-                   max_draft=4)
+        # PARALLEL_ROWS + 2 tokens: the row-parallel host ops a chat prompt's prefill takes (backends.PARALLEL_ROWS)
+        ids = self.tokenizer.encode("Hello, hello, hello, hello", add_special=True)
+        s.generate((ids + ids[-4:] * (PARALLEL_ROWS + 2))[: PARALLEL_ROWS + 2], 6, drafter=d, max_draft=4)
         self.load_s += time.perf_counter() - t0
 
 
