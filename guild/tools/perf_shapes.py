@@ -192,20 +192,22 @@ def _serve_ttft(path: str, runs: int, threads: int) -> tuple[float, float]:
     """Time to the first streamed token of the chat prompt from a fresh `guild serve` to one client: its first
     request (nothing to reuse), then the median of `runs` more, each about another subject (same length), so
     only the chat template's first tokens come from the server's prefix reuse."""
-    from .bench_serve import free_port, stream_chat, wait_ready
+    from .bench_serve import free_port, run_server, stream_chat
 
     port = free_port()
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "guild", "serve", path, "--port", str(port), "-t",
-                                 str(threads)], stdout=log, stderr=subprocess.STDOUT, text=True)
+    asks = [CHAT_PROMPT.replace("sky", w) for w in _SUBJECTS[: runs + 1]]
+    got: list[float] = []
+
+    def body():
+        got.extend(stream_chat(port, p, 4, {})["ttft_s"] * 1e3 for p in asks)
+
+    with tempfile.TemporaryDirectory() as logs:
         try:
-            wait_ready(port, proc, "/health")
-            asks = [CHAT_PROMPT.replace("sky", w) for w in _SUBJECTS[: runs + 1]]
-            first = stream_chat(port, asks[0], 4, {})["ttft_s"] * 1e3
-            return first, median([stream_chat(port, p, 4, {})["ttft_s"] * 1e3 for p in asks[1:]])
-        finally:
-            proc.terminate()
-            proc.wait(120)
+            run_server("guild", [sys.executable, "-m", "guild", "serve", path, "--port", str(port), "-t",
+                                 str(threads)], "/health", Path(logs), port, body)
+        except RuntimeError as e:  # the server did not start
+            raise GuildError(f"guild serve: {str(e).splitlines()[0]}") from None
+    return got[0], median(got[1:])
 
 
 def _synth_files(preset: str, layers: int, types: list[str], folder: str) -> list[str]:
@@ -237,7 +239,7 @@ def _print(path: str, out: dict) -> None:
                   + " ".join(f"{v['distinct'][T]:.1f}" for T in sorted(v["distinct"])))
         if "bound" in v:
             print(f"{'':10s} bandwidth bound {v['bound']:.1f} tok/s, reached {100 * v['bound_share']:.0f} %; "
-                  "bytes read by T rows over one row's, T=1..8: "
+                  f"bytes read by T rows over one row's, T=1..{MAX_T}: "
                   + " ".join(f"{v['bytes_vt'][T]:.2f}" for T in sorted(v["bytes_vt"])))
 
 

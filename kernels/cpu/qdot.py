@@ -1000,8 +1000,8 @@ def _sfin(kind, p1, p2, p3, p4, g, nb, b, j, acc, macc, xd, y):
 
 @njit(cache=True, inline="always")
 def _put(pout, out, t, N, n0, y):
-    """out[t, n0:n0 + 16] = y, clipped at N."""
-    if n0 + 16 <= N:
+    """out[t, n0:n0 + GL] = y, clipped at N."""
+    if n0 + GL <= N:
         st_f32(pout + 4 * (t * N + n0), y)
     elif n0 < N:
         for i in range(N - n0):
@@ -1034,8 +1034,8 @@ def _entry(kind: int, name: str):
             scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
             pd = scratch.ctypes.data
             for g in range(g0, g1):
-                for j in range(4):
-                    n0 = g * NT + 16 * j
+                for j in range(NJ):
+                    n0 = g * NT + GL * j
                     if n0 >= N:
                         break
                     if grid and dec:
@@ -1046,12 +1046,12 @@ def _entry(kind: int, name: str):
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                     pd, False)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
-                        k = j + 1 if n0 + 16 < N else j
+                        k = j + 1 if n0 + GL < N else j
                         _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N)
             return
         for g in range(g0, g1):
-            for j in range(4):
-                n0 = g * NT + 16 * j
+            for j in range(NJ):
+                n0 = g * NT + GL * j
                 if n0 >= N:
                     break
                 for t in range(0, T - 1, 2):
@@ -1120,7 +1120,7 @@ def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, po
         z = _sfin(kind, p1, p2, p3, p4, g, nb, s, k, a2, m2, xd[0, s], z)
     _put(pout, out, 0, N, n0, y)
     if k != j:
-        _put(pout, out, 0, N, n0 + 16, z)
+        _put(pout, out, 0, N, n0 + GL, z)
 
 
 # the C entry points by kind, and by name (_k_q4_0, ...: each kind's symbols and cache files)
