@@ -32,7 +32,9 @@ y = fma(−Σ m, M·dx, y) for Q4_K, Q5_K, Q2_K; per block:
   IQ4_XS: i = (ls − 32)·Σ v·x̂   (v: the signed level a nibble indexes, looked up 64 bytes at a time with vpshufb)
   IQ2_XXS, IQ3_XXS, IQ3_S: i = sc·(a_A + a_B)   IQ2_XS, IQ2_S: i = sc_A·a_A + sc_B·a_B
   (a: Σ |g|·(±x̂), the grid's magnitudes g read by index, the sign bits applied to x̂; sc = 2s + 1 and c = 1/8
-  for ggml's (0.5 + s)·0.25, 1/4 for IQ3_XXS's (0.5 + s)·0.5; IQ3_S: sc = 1 + 2s, c = 1)
+  for ggml's (0.5 + s)·0.25, 1/4 for IQ3_XXS's (0.5 + s)·0.5; IQ3_S: sc = 1 + 2s, c = 1; a single row of
+  IQ2_XXS or IQ3_XXS sums each feature's block with its elements in lanes, where a row's grid entries load
+  into place instead of being gathered lane by lane for 16 features: the same integers, 1.2–1.6× faster)
   IQ1_S: i = sc·(8 Σ g·x̂ + σ s), c = 1/8   (g ∈ {−1, 0, 1}, ggml's delta ±1/8 = σ/8)
   IQ1_M: i = Σ_halves sc_h·(8 Σ g·x̂ + Σ_l σ_l s_l), c = 1/8   (σ_l, s_l per group of 8)
 (integer sums exact in int32, each converted to f32 once; each product of f32 scales rounded once). The float
@@ -83,8 +85,10 @@ from .simd import (
     e8m0_f,
     fma_f,
     gather_u32,
+    grid_rows2,
     hi4,
     hmax_f,
+    hsum2,
     hsum_i,
     inline_here,
     lane,
@@ -1019,6 +1023,7 @@ def _entry(kind: int, name: str):
     # Python constants: Numba drops the branches of the other kinds before typing them
     sup = Q4_K <= kind <= Q3_K or kind == IQ4_XS or kind >= IQ2_XXS  # 256-element super-blocks (ggml's Q8_K)
     grid = IQ2_XXS <= kind <= IQ3_S  # grid types, whose magnitudes a tile of 3+ rows decodes once
+    t1 = kind == IQ2_XXS or kind == IQ3_XXS  # grid types whose single row takes _grid_t1
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
@@ -1033,6 +1038,9 @@ def _entry(kind: int, name: str):
             # of a grid block's cost)
             scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
             pd = scratch.ctypes.data
+            rows_t1 = t1 and T == 1
+            rs = np.empty(GL, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
+            prs = rs.ctypes.data
             for g in range(g0, g1):
                 for j in range(NJ):
                     n0 = g * NT + GL * j
@@ -1042,6 +1050,8 @@ def _entry(kind: int, name: str):
                         _grid_decode(kind, p0, p4, g, nb, j, pd)
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                     pd, True)
+                    elif rows_t1:  # one row: elements in lanes, 16 rows one after another
+                        _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs)
                     elif T > 1:
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                     pd, False)
@@ -1102,6 +1112,32 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
         _put(pout, out, t, N, n0, y)
         if u != t:
             _put(pout, out, u, N, n0, z)
+
+
+@njit(cache=True, inline="always")
+def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs):
+    """Row 0 alone (T = 1) for group j of a grid type with its index bytes alone in p0 (IQ2_XXS, IQ3_XXS): each
+    of the 16 features' blocks with its elements in lanes (grid_rows2: a row's entries load into place, where
+    the features-in-lanes form gathers 16 rows' entries lane by lane), their integer sums gathered per
+    super-block into the 16 lanes, then _sfin: the same integers and float steps, so bitwise _super_rows."""
+    base = _grid(kind)
+    ngr = 4 if kind == IQ2_XXS else 8
+    y = zero_f()
+    for s in range(0, nb, SB):
+        for r in range(0, GL, 2):
+            acc = zero_i()
+            for b in range(s, s + SB):
+                u = _unit(g, j, nb, b)
+                ia = p0 + u * ngr * GL + r
+                sa = p1 + u * GL * 4 + 4 * r
+                ca = p2 + _b1off(g, nb, b, j) + r
+                if kind == IQ2_XXS:
+                    acc = add_i(acc, grid_rows2(base, ia, sa, ca, pxp + b * QB, 8))
+                else:
+                    acc = add_i(acc, grid_rows2(base, ia, sa, ca, pxp + b * QB, 4))
+            hsum2(acc, prs + 4 * r)
+        y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, ld_i32(prs), zero_i(), xd[0, s], y)
+    _put(pout, out, 0, N, n0, y)
 
 
 @njit(cache=True, inline="always")

@@ -624,3 +624,86 @@ def _ld_u16_ir(b, addr):
 def ld_u16(typingctx, addr):
     """16 u16 at addr, zero-extended to the 16 i32 lanes."""
     return _simple(I32(types.int64), lambda b, a: _ld_u16_ir(b, a[0]))(typingctx, addr)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one row's 32-element block with its elements in lanes (the grid types at T = 1): a row's grid entries cover
+# adjacent elements, so each entry loads once into place, where 16 features in lanes gather lane by lane
+_SIGN_BITS = ir.Constant(_b8x32, [1 << (e // 4) for e in range(32)])  # element e's sign: bit 8(e % 4) + e // 4
+
+
+def _splat_n(b, val, vt):
+    v = b.insert_element(ir.Constant(vt, None), val, ir.Constant(_i32, 0))
+    return b.shuffle_vector(v, ir.Constant(vt, None), ir.Constant(ir.VectorType(_i32, vt.count), [0] * vt.count))
+
+
+def _grid_row(b, base, ia, sa, ca, xa, ent, avx2):
+    """<8 x i32> summing to sc · Σ_e |g_e| · (±x̂_e) over one row's block (see grid_rows2)."""
+    i64, i8 = ir.IntType(64), ir.IntType(8)
+    et = ir.IntType(8 * ent)
+    v = ir.Constant(ir.VectorType(et, 32 // ent), None)
+    for q in range(32 // ent):  # entry q's index: this row's byte of the packed field's lane row q (stride 16)
+        k = b.zext(b.load(b.inttoptr(b.add(ia, ir.Constant(i64, 16 * q)), i8.as_pointer()), align=1), i64)
+        e = b.load(b.inttoptr(b.add(base, b.mul(k, ir.Constant(i64, ent))), et.as_pointer()), align=1)
+        v = b.insert_element(v, e, ir.Constant(_i32, q))
+    mags = b.bitcast(v, _b8x32)
+    sw = b.load(b.inttoptr(sa, _i32.as_pointer()), align=1)
+    bc = b.bitcast(_splat_n(b, sw, _i32x8), _b8x32)  # byte e holds byte e % 4 of the sign word
+    m = b.sext(b.icmp_unsigned("==", b.and_(bc, _SIGN_BITS), _SIGN_BITS), _b8x32)
+    xs = b.sub(b.xor(b.load(b.inttoptr(xa, _b8x32.as_pointer()), align=1), m), m)
+    sc = b.zext(b.load(b.inttoptr(ca, i8.as_pointer()), align=1), ir.IntType(16))
+    if avx2:  # magnitudes <= 62: the pairs' i16 sums are exact; the scale multiplies in the widening
+        return _madd(b, _maddubs(b, mags, xs), _splat_n(b, sc, _i16x16))
+    w32 = ir.VectorType(_i32, 32)
+    p = b.mul(b.zext(mags, w32), b.sext(xs, w32))
+    for n in (16, 8):
+        p = b.add(*[b.shuffle_vector(p, p, ir.Constant(ir.VectorType(_i32, n), list(range(h * n, h * n + n))))
+                    for h in (0, 1)])
+    return b.mul(p, _splat_n(b, b.zext(sc, _i32), _i32x8))
+
+
+def _grid_rows(avx2: bool):
+    @intrinsic
+    def grid_rows(typingctx, base, ia, sa, ca, xa, ent):
+        if not isinstance(ent, types.IntegerLiteral):
+            return None
+        n = ent.literal_value
+        i64 = ir.IntType(64)
+
+        def body(b, a):
+            # the index address as one opaque base: loop strength reduction would otherwise keep a pointer per
+            # entry and row (16 for IQ3_XXS) and spill them
+            ia = b.asm(ir.FunctionType(i64, [i64]), "", "=r,0", [a[1]], False, "opaque")
+            r0 = _grid_row(b, a[0], ia, a[2], a[3], a[4], n, avx2)
+            one = ir.Constant(i64, 1)
+            r1 = _grid_row(b, a[0], b.add(ia, one), b.add(a[2], ir.Constant(i64, 4)), b.add(a[3], one), a[4], n,
+                           avx2)
+            return _join(b, r0, r1)
+
+        return _simple(I32(*[types.int64] * 5, ent), body)(typingctx, base, ia, sa, ca, xa, ent)
+
+    return grid_rows
+
+
+grid_rows2 = _grid_rows(AVX2)
+"""grid_rows2(base, ia, sa, ca, xa, ent): rows r and r + 1 of a grid type's block, elements in lanes; lanes 0..7
+sum to row r's sc · Σ |g|·(±x̂), lanes 8..15 to row r + 1's (hsum2 takes the two sums). base: the grid table;
+ia: row r's first index byte (entry q's at ia + 16 q); sa: its sign word (bit 8i + q: element 4q + i); ca: its
+scale byte; row r + 1's at ia + 1, sa + 4, ca + 1; xa: the block's 32 activation bytes; ent: bytes per entry
+(8: IQ2_XXS, 4: IQ3_XXS). vpmaddubsw + vpmaddwd on AVX2, exact portable IR elsewhere."""
+grid_rows2_portable = _grid_rows(False)  # the portable form everywhere (tests)
+
+
+@intrinsic
+def hsum2(typingctx, v, addr):
+    """Store the sum of lanes 0..7 at addr and of lanes 8..15 at addr + 4 (i32)."""
+
+    def body(b, a):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_i32, [_i32x8]), "llvm.vector.reduce.add.v8i32")
+        for h in (0, 1):
+            half = b.shuffle_vector(a[0], a[0], ir.Constant(_i32x8, list(range(8 * h, 8 * h + 8))))
+            b.store(b.call(fn, [half]), b.inttoptr(b.add(a[1], ir.Constant(ir.IntType(64), 4 * h)), _i32.as_pointer()),
+                    align=4)
+        return ir.Constant(ir.IntType(8), 0)
+
+    return _simple(types.uint8(I32, types.int64), body)(typingctx, v, addr)

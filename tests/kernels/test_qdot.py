@@ -220,6 +220,44 @@ def test_table_lookup_forms_agree():
         assert np.array_equal(form.reshape(4, 16).T.reshape(64), want)
 
 
+@njit(cache=True)
+def _rows_both(grid, idx, sw, sc, x, ent, out):
+    pg, pi, ps, pc = grid.ctypes.data, idx.ctypes.data, sw.ctypes.data, sc.ctypes.data
+    px, po = x.ctypes.data, out.ctypes.data
+    if ent == 8:
+        simd.hsum2(simd.grid_rows2(pg, pi, ps, pc, px, 8), po)
+        simd.hsum2(simd.grid_rows2_portable(pg, pi, ps, pc, px, 8), po + 8)
+    else:
+        simd.hsum2(simd.grid_rows2(pg, pi, ps, pc, px, 4), po)
+        simd.hsum2(simd.grid_rows2_portable(pg, pi, ps, pc, px, 4), po + 8)
+
+
+@pytest.mark.parametrize("ent", [8, 4])
+def test_grid_rows_forms_agree(ent):
+    """Two rows of a grid type's block with the elements in lanes (the T = 1 path of IQ2_XXS, IQ3_XXS): this
+    host's form and the portable one both give sc · Σ |g| · (±x̂) per row, at the ranges' extremes too."""
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        grid = rng.integers(0, 63, (256, ent)).astype(np.uint8)
+        idx = rng.integers(0, 256, 16 * (32 // ent)).astype(np.uint8)  # entry q of row r at 16 q + r
+        sw = rng.integers(0, 1 << 32, 2, dtype=np.uint64).astype(np.uint32)
+        sc = rng.integers(0, 256, 2).astype(np.uint8)
+        x = rng.integers(-127, 128, 32).astype(np.int8)
+        if trial < 2:  # the extremes: largest magnitudes, scales and activations, all signs set or none
+            grid[:] = 62
+            sc[:] = 255
+            x[:] = 127
+            sw[:] = 0xFFFFFFFF if trial else 0
+        out = np.zeros(4, np.int32)
+        _rows_both(grid, idx, sw, sc, x, ent, out)
+        for r in range(2):
+            mags = grid[idx.reshape(-1, 16)[:, r]].reshape(32).astype(np.int64)
+            e = np.arange(32)
+            neg = (int(sw[r]) >> (8 * (e % 4) + e // 4)) & 1
+            want = int(sc[r]) * int((mags * np.where(neg, -1, 1) * x.astype(np.int64)).sum())
+            assert out[r] == want and out[2 + r] == want, (trial, r, out, want)
+
+
 @pytest.mark.parametrize("kernel", ["_k_q4_1", "_k_q6_k", "_k_iq4_xs"])
 def test_isa_instructions_emitted(kernel):
     """VNNI hosts use vpdpbusd; AVX2 hosts without it vpmaddubsw + vpmaddwd (not the portable widening); the
