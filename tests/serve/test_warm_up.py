@@ -4,26 +4,16 @@ no Jinja template and imports no module, and finds the chat template's opening a
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 # a fresh process: another test may already have loaded what the warm-up should
 _SCRIPT = """
-import gc, json, os, signal, sys, threading, time, urllib.error, urllib.request
-import jinja2
-from numba.core.registry import CPUDispatcher
+import json, os, signal, sys, threading, time, urllib.error, urllib.request
+from tests.helpers.first_use import since, snapshot, watch
+watch()
 from guild.engine.options import DecodeOptions
 from guild.serve import ServeOptions, serve
 from guild.tools.bench_serve import free_port
-
-compiled = []
-_compile = jinja2.Environment.compile
-def counted(self, *a, **k):
-    compiled.append(1)
-    return _compile(self, *a, **k)
-jinja2.Environment.compile = counted
-
-def overloads():
-    return {f"{d.py_func.__module__}.{d.py_func.__name__}": len(d.overloads)
-            for d in gc.get_objects() if isinstance(d, CPUDispatcher)}
 
 port, out = free_port(), {}
 def client():
@@ -37,7 +27,7 @@ def client():
             except OSError:
                 pass
             time.sleep(0.05)
-        mods, kernels, n = set(sys.modules), overloads(), len(compiled)
+        before = snapshot()
         ask = [{"role": "user", "content": "Why is the sky blue during the day, and red at sunset?"}]
         body = json.dumps({"messages": ask, "max_tokens": 4, "stream": True,
                            "stream_options": {"include_usage": True}}).encode()
@@ -45,9 +35,8 @@ def client():
                                      headers={"Content-Type": "application/json"})
         lines = [x.decode().strip() for x in urllib.request.urlopen(req, timeout=600)]
         usage = next(json.loads(x[6:])["usage"] for x in lines if x.startswith("data: {") and '"usage"' in x)
-        out.update(modules=sorted(set(sys.modules) - mods), compiled=len(compiled) - n,
-                   kernels=sorted(k for k, v in overloads().items() if v != kernels.get(k)),
-                   cached=usage["prompt_tokens_details"]["cached_tokens"], prompt=usage["prompt_tokens"],
+        out.update(since(before), cached=usage["prompt_tokens_details"]["cached_tokens"],
+                   prompt=usage["prompt_tokens"],
                    requests=urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode())
     finally:
         os.kill(os.getpid(), signal.SIGINT)
@@ -59,7 +48,8 @@ print(json.dumps(out))
 
 
 def test_first_request_after_ready_loads_nothing(moe_path):
-    p = subprocess.run([sys.executable, "-c", _SCRIPT, moe_path], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-c", _SCRIPT, moe_path], capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).parents[2])
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["prompt"] >= 40
