@@ -99,13 +99,19 @@ class LoadedModel:
                             kv=self.kv)
 
     def warm_up(self, strategy: str, mtp: MtpOptions) -> None:
-        """Load (or compile) the kernels a first request would wait for: a short generation on a throwaway
-        session with the strategy's drafter (as llama.cpp's warm-up run at load); its time counts as loading."""
+        """Load (or compile) what a first chat turn would wait for: the chat template (Jinja compiles it on first
+        use), then the kernels, by a short generation on a throwaway session with the strategy's drafter (as
+        llama.cpp's warm-up run at load); its time counts as loading."""
         t0 = time.perf_counter()
         s = self.session(64)
         d = self.drafter(replace(DraftOptions(), strategy=strategy, mtp=mtp), 64)
+        text = "Hello, hello, hello, hello"
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        except GuildError:  # a template that cannot render fails the chat turn that uses it, not the load
+            pass
         # PARALLEL_ROWS + 2 tokens: the row-parallel host ops a chat prompt's prefill takes (backends.PARALLEL_ROWS)
-        ids = self.tokenizer.encode("Hello, hello, hello, hello", add_special=True)
+        ids = self.tokenizer.encode(text, add_special=True)
         s.generate((ids + ids[-4:] * (PARALLEL_ROWS + 2))[: PARALLEL_ROWS + 2], 6, drafter=d, max_draft=4)
         self.load_s += time.perf_counter() - t0
 

@@ -124,10 +124,10 @@ def load_with_notes(model: str | None, opts: DecodeOptions, threads: int | None 
         _say(notify, f"compiling kernels for this CPU (first run: about {COMPILE_ESTIMATE_S:.0f} s more, cached "
                      "afterwards) …")
     lm = load_for(model, opts, threads)
-    lm.warm_up(opts.strategy, opts.mtp)  # the first prompt's time to first token is then its own
     if text.chat_template is not None:
         lm.tokenizer = copy.copy(lm.tokenizer)  # this run's own renderer; the loaded tokenizer stays as it was
         use_chat_template(lm.tokenizer, text.chat_template)
+    lm.warm_up(opts.strategy, opts.mtp)  # the first prompt's time to first token is then its own
     where = lm.device if lm.device == "cpu" else lm.device.split(" · ")[0]
     _say(notify, f"loaded {Path(lm.path).name} in {lm.load_s:.1f} s · {lm.threads} threads · {where}")
     return lm

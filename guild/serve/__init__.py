@@ -4,10 +4,13 @@ exact per-request speculation and prefix reuse. `serve()` is the whole command."
 from __future__ import annotations
 
 import copy
+import http.client
+import json
 import signal
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +21,12 @@ from .batcher import BatchEngine
 from .metrics import Metrics
 from .schema import Defaults
 
-__all__ = ["ServeOptions", "serve", "build"]
+__all__ = ["ServeOptions", "serve", "build", "warm_up"]
+
+# The warm-up request's chat message: over PARALLEL_ROWS + 2 tokens under any tokenizer (a chat prompt's
+# row-parallel host ops) and without repeats, so that `adaptive` drafts from its head, not only by prompt lookup.
+WARM_UP_MESSAGE = "Tell me, in two short sentences, about a lighthouse keeper who paints seashells on winter evenings."
+WARM_UP_TOKENS = 6  # a generation of a few windows: the drafters' and the verifier's first use
 
 
 @dataclass(frozen=True)
@@ -76,11 +84,8 @@ def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: 
         use_chat_template(lm.tokenizer, sopts.chat_template)
     name = model or Path(lm.path).stem
     server, engine = build(lm, opts, sopts, name)
-    log("guild serve: warming up the kernels")
-    lm.warm_up(opts.strategy, opts.mtp)
     host, port = sock.getsockname()[:2]
-    log(f"guild serve: {name} on http://{host}:{port}/v1 ({lm.threads} threads, device {lm.device}, "
-        f"--parallel {sopts.parallel}, --context {opts.context}); Ctrl-C or SIGTERM drains and stops")
+    log("guild serve: warming up (one chat request to itself)")
     config = uvicorn.Config(server.app(), log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=sopts.drain_s)
     http = uvicorn.Server(config)
@@ -98,13 +103,62 @@ def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: 
         finally:
             engine.close(wait=False)  # the engine finishes what is in flight, then returns
 
+    def ready():
+        failed = warm_up(server, (host, port))
+        if failed:
+            log(f"guild serve: the warm-up request failed ({failed}); a first request may wait for kernels")
+        server.ready = True
+        log(f"guild serve: {name} on http://{host}:{port}/v1 ({lm.threads} threads, device {lm.device}, "
+            f"--parallel {sopts.parallel}, --context {opts.context}); Ctrl-C or SIGTERM drains and stops")
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     t = threading.Thread(target=serve_http, name="guild-http", daemon=True)
     t.start()
+    threading.Thread(target=ready, name="guild-warm-up", daemon=True).start()
     engine.run()
     t.join(sopts.drain_s)
     log("guild serve: stopped")
+
+
+def warm_up(server, address: tuple[str, int]) -> str | None:
+    """One streamed chat request to this server over its socket, before /health says ready (as llama.cpp warms
+    up at load): what a first request would load on first use loads here — the kernels at a chat prompt's row
+    count, the chat template's compilation, the tokenizer, the HTTP stack's lazily imported modules. Its session
+    stays pooled, so the chat template's opening (a default system prompt) is cached for the first client. A
+    template that refuses the message gets a plain completion instead. Its counts leave /metrics. Returns None,
+    or why it failed."""
+    host, port = address
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # a wildcard address is reached on loopback
+    failed = None
+    for path, field, value in (("/v1/chat/completions", "messages", [{"role": "user", "content": WARM_UP_MESSAGE}]),
+                               ("/v1/completions", "prompt", WARM_UP_MESSAGE)):
+        status, failed = _post_stream(host, port, path, {field: value, "max_tokens": WARM_UP_TOKENS, "stream": True})
+        m = server.engine.metrics
+        for _ in range(1000):  # the request is counted just after its last byte is sent
+            if m.get("guild_requests_total", endpoint=path, status=str(status)):
+                break
+            time.sleep(0.001)
+        m.clear()
+        if failed is None:
+            return None
+    return failed
+
+
+def _post_stream(host: str, port: int, path: str, body: dict) -> tuple[int, str | None]:
+    """POST a streamed request; (HTTP status, None or why it failed)."""
+    conn = http.client.HTTPConnection(host, port, timeout=3600)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode(errors="replace").strip()
+    except OSError as e:
+        return 0, str(e)
+    finally:
+        conn.close()
+    if r.status != 200 or not text.endswith("data: [DONE]") or 'data: {"error"' in text:
+        return r.status, f"{path}: HTTP {r.status}: {text.splitlines()[-1][:200] if text else 'no body'}"
+    return r.status, None
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -35,6 +35,7 @@ class Server:
         self.engine, self.name, self.defaults = engine, model_name, defaults
         self.created = int(time.time())
         self.tok = engine.tok
+        self.ready = False  # set once the warm-up request (guild.serve.warm_up) is answered
 
     def app(self) -> Starlette:
         routes = [
@@ -60,6 +61,8 @@ class Server:
 
     async def health(self, request: Request) -> Response:
         e = self.engine
+        if not self.ready:  # llama.cpp's server answers 503 while it loads
+            return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok", "active": e.active, "waiting": e.waiting})
 
     async def metrics(self, request: Request) -> Response:

@@ -42,6 +42,10 @@ class Metrics:
         with self._lock:
             self._v[name][tuple(sorted(labels.items()))] = value
 
+    def clear(self) -> None:
+        with self._lock:
+            self._v.clear()
+
     def get(self, name: str, **labels) -> float:
         with self._lock:
             return self._v[name].get(tuple(sorted(labels.items())), 0.0)
