@@ -207,6 +207,7 @@ class LayerExperts:
         c = self.cache
         if not c.prefetching:
             return
+        t0 = time.perf_counter()
         h = np.empty(x.shape, np.float32)
         ops.rmsnorm(x, self.norm, self.eps, h)
         logits = np.empty((x.shape[0], self.router.n_rows), np.float32)
@@ -220,6 +221,7 @@ class LayerExperts:
                 order.append(e)
         if order:
             c.prefetch(self, order[: c.prefetch_max])
+        c.stats.predict_s += time.perf_counter() - t0
 
 
 class CachedExperts(list):
@@ -239,6 +241,14 @@ class Stats:
     prefetched: int = 0  # experts read ahead by prediction
     prefetch_used: int = 0  # of those, requested before being evicted
     bytes_read: int = 0
+    # where a window's time goes (seconds; the read and drop times are summed over the I/O threads)
+    wait_s: float = 0.0  # windows blocked on expert reads, their own or a prefetch's
+    sync_reads: int = 0  # experts a window read itself (not predicted, or predicted too late to start)
+    reads: int = 0  # experts read from the file (sync or prefetch)
+    depth_sum: int = 0  # reads in flight when each began, summed: depth_sum / reads is the mean queue depth
+    read_s: float = 0.0  # inside preadv
+    drop_s: float = 0.0  # inside posix_fadvise(DONTNEED)
+    predict_s: float = 0.0  # pre-gating: the router applied to the rows before attention
 
     def as_dict(self) -> dict:
         n = self.hits + self.misses
@@ -288,6 +298,7 @@ class ExpertCache:
         self.clock = 0
         self.prefetch_max = max(1, n // 4)
         self.stats = Stats()
+        self.in_flight = 0  # reads under way (the I/O threads')
         self.read_ms: float | None = None  # decayed mean ms a window waits per expert it reads
         self.cond = threading.Condition()
         self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="guild-experts")
@@ -354,14 +365,23 @@ class ExpertCache:
     # -- reading (I/O threads) ---------------------------------------------------------------------------
     def _read(self, s: int) -> None:
         """Read slot s's expert from the file (its two ranges), then publish its addresses."""
-        L, e = self.owner[s]
+        with self.cond:
+            L, e = self.owner[s]
+            self.in_flight += 1
+            self.stats.reads += 1
+            self.stats.depth_sum += self.in_flight
         at = s * self.slot_bytes
-        n = 0
+        n, t_read, t_drop = 0, 0.0, 0.0
         try:
             for kind, off in ((L.gu, 0), (L.down, L.down_at)):
+                t0 = time.perf_counter()
                 n += self._pread(self.mem[at + off : at + off + kind.span], int(kind.file_off[e]))
+                t1 = time.perf_counter()
+                self._drop(int(kind.file_off[e]), kind.span)
+                t_read, t_drop = t_read + t1 - t0, t_drop + time.perf_counter() - t1
         except BaseException:
             with self.cond:  # the slot goes back empty; whoever waits for it sees the error from its own read
+                self.in_flight -= 1
                 L.slot_of[e] = -1
                 self.owner[s] = None
                 self.loading[s] = False
@@ -370,7 +390,10 @@ class ExpertCache:
             raise
         with self.cond:
             L.point(e, self.base + at)
+            self.in_flight -= 1
             self.stats.bytes_read += n
+            self.stats.read_s += t_read
+            self.stats.drop_s += t_drop
             self.loading[s] = False
             self.cond.notify_all()
 
@@ -381,7 +404,6 @@ class ExpertCache:
             if got <= 0:
                 raise GuildError(f"{self.path}: short read at offset {off + done} (the repack cache file shrank?)")
             done += got
-        self._drop(off, dst.nbytes)
         return done
 
     def _drop(self, off: int, n: int) -> None:
@@ -413,6 +435,7 @@ class ExpertCache:
                             break
                         self._assign(s, L, e)
                         self.stats.misses += 1
+                        self.stats.sync_reads += 1
                         reads.append(s)
                     self.pins[s] += 1
                     self._touch(s)
@@ -431,6 +454,7 @@ class ExpertCache:
                 with self.cond:
                     while self.loading[pinned].any():
                         self.cond.wait()
+                    self.stats.wait_s += time.perf_counter() - t0
                     if any(self.owner[s] is None for s in pinned):
                         raise GuildError(f"{self.path}: an expert's read failed")
                 yield g0, g, L.addr_gu, L.addr_down

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -91,8 +92,33 @@ def peak_rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int) -> dict:
-    """N greedy tokens with `strategy`; the cache's counters over the decode (after the prompt's prefill)."""
+def _counters(cap: Path | None) -> dict:
+    """The process's clock, CPU time and page faults, and the cap's reclaim counters (v2 or v1 memory.stat)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out = {"wall_s": time.perf_counter(), "cpu_s": ru.ru_utime + ru.ru_stime, "sys_s": ru.ru_stime,
+           "major_faults": ru.ru_majflt, "minor_faults": ru.ru_minflt}
+    if cap is not None and (cap / "memory.stat").is_file():
+        stat = dict(line.split() for line in (cap / "memory.stat").read_text().splitlines())
+        for k in ("pgmajfault", "pgscan", "pgsteal", "workingset_refault_file", "total_pgmajfault",
+                  "total_pgpgin", "total_pgpgout"):
+            if k in stat:
+                out["cap_" + k] = int(stat[k])
+    return out
+
+
+def breakdown(d: dict, steps: int) -> dict:
+    """Milliseconds per token by cause over a decode (d: the differences of the cache's Stats and _counters)."""
+    ms = {k: 1e3 * d[k] / steps for k in ("wall_s", "cpu_s", "sys_s", "wait_s", "predict_s", "read_s", "drop_s")}
+    return {"ms_per_token": ms, "other_ms": ms["wall_s"] - ms["wait_s"] - ms["predict_s"],
+            "sync_reads_per_token": d["sync_reads"] / steps, "reads_per_token": d["reads"] / steps,
+            "mean_depth": d["depth_sum"] / d["reads"] if d["reads"] else None,
+            "ms_per_read": 1e3 * d["read_s"] / d["reads"] if d["reads"] else None,
+            **{k + "_per_token": d[k] / steps for k in d if "fault" in k or k.startswith("cap_")}}
+
+
+def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int, cap: Path | None = None) -> dict:
+    """N greedy tokens with `strategy`; the cache's counters and where the time went over the decode (after the
+    prompt's prefill)."""
     from dataclasses import replace
 
     from ..speculative.options import DraftOptions
@@ -104,11 +130,11 @@ def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int) -> dict:
 
     def on_token(_):
         if not marks:
-            marks.append(dict(cache.stats.__dict__))
+            marks.append({**cache.stats.__dict__, **_counters(cap)})
 
     s = lm.session(n_ctx)
     toks, st = s.generate(ids, n, on_token, drafter=drafter, max_draft=max_draft if drafter else 0)
-    end, start = cache.stats.__dict__, marks[0]
+    end, start = {**cache.stats.__dict__, **_counters(cap)}, marks[0]
     d = {k: end[k] - start[k] for k in start}
     steps = max(1, len(toks) - 1)
     lookups = d["hits"] + d["misses"]
@@ -116,7 +142,8 @@ def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int) -> dict:
             "hit_rate": d["hits"] / lookups if lookups else None, "bytes_read_per_token": d["bytes_read"] / steps,
             "misses_per_token": d["misses"] / steps, "prefetched_per_token": d["prefetched"] / steps,
             "prefetch_used": d["prefetch_used"], "evictions": d["evictions"],
-            "windows": len(st.windows), "drafted": st.summary()["drafted"], "accepted": st.summary()["accepted"]}
+            "windows": len(st.windows), "drafted": st.summary()["drafted"], "accepted": st.summary()["accepted"],
+            "breakdown": breakdown(d, steps)}
 
 
 # -- the memory cap: a cgroup of our own, under systemd or not -------------------------------------------
@@ -230,6 +257,15 @@ def report(rep: dict) -> str:
         lines.append(f"\nguild {g['strategy']} / llama.cpp: {g['decode_tok_s'] / ll['decode_tok_s']:.2f}×")
     else:
         lines.append("\nllama.cpp: not measured (`llama_cpp` is not importable here: `make setup-oracle`)")
+    for r in rep["guild"]:
+        b = r["breakdown"]
+        ms = b["ms_per_token"]
+        depth = "" if b["mean_depth"] is None else f", {b['mean_depth']:.1f} in flight, {b['ms_per_read']:.1f} ms each"
+        lines.append(f"\n{r['strategy']}: {ms['wall_s']:.0f} ms/token = waiting on reads {ms['wait_s']:.0f} "
+                     f"({b['sync_reads_per_token']:.1f} read by the window, of {b['reads_per_token']:.1f}/token"
+                     f"{depth}) + pre-gating {ms['predict_s']:.0f} + the rest {b['other_ms']:.0f}; CPU "
+                     f"{ms['cpu_s']:.0f} ms/token (system {ms['sys_s']:.0f}), I/O threads in preadv {ms['read_s']:.0f}"
+                     f" and fadvise {ms['drop_s']:.0f} ms/token; major faults {b['major_faults_per_token']:.1f}/token")
     toks = [r["tokens"] for r in rep["guild"]]
     lines.append(f"\nstrategies emit the same tokens: {all(t == toks[0] for t in toks)}")
     return "\n".join(lines)
@@ -302,7 +338,7 @@ def main(argv=None) -> int:
             speed = read_speed(cache)
             ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}]),
                                       add_special=True)
-            runs = [run_guild(lm, ids, a.n, s, a.max_draft) for s in a.strategies.split(",") if s]
+            runs = [run_guild(lm, ids, a.n, s, a.max_draft, cap) for s in a.strategies.split(",") if s]
             rep = {"model": path, "file_bytes": rpk.stat().st_size, "threads": a.threads, "n": a.n,
                    "read_gb_s": speed / 1e9,
                    "cap": None if cap is None else {"bytes": cap_bytes, "guild_peak": cap_peak(cap)},
