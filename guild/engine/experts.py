@@ -123,6 +123,17 @@ def wanted(setting: str | int, model_bytes: int) -> bool:
     return True
 
 
+def wait_passively() -> bool:
+    """Have the kernels' OpenMP threads sleep as soon as they wait (GOMP_SPINCOUNT=0) unless the environment
+    says otherwise; True when in effect. libgomp's default spin (milliseconds) burns, while a token waits on the
+    disk, the cores the I/O threads need. libgomp reads it once, when Numba starts its threads."""
+    from numba.np.ufunc import parallel
+
+    if not parallel._is_initialized:
+        os.environ.setdefault("GOMP_SPINCOUNT", "0")
+    return os.environ.get("GOMP_SPINCOUNT") == "0"
+
+
 # -- the model's experts -----------------------------------------------------------------------------------
 def _moe_parts(blk):
     """(the object holding experts_gu/experts_down/router, the FFN's input norm) of a block, or None."""
@@ -297,6 +308,7 @@ class ExpertCache:
         self.lam = 1.0 / n  # the score halves every n requests
         self.clock = 0
         self.prefetch_max = max(1, n // 4)
+        self.passive = wait_passively()  # False: the kernels' threads started spinning before the cache
         self.stats = Stats()
         self.in_flight = 0  # reads under way (the I/O threads')
         self.read_ms: float | None = None  # decayed mean ms a window waits per expert it reads

@@ -240,7 +240,8 @@ def report(rep: dict) -> str:
     lines = [f"**{Path(rep['model']).name}**: repack cache {rep['file_bytes'] / gb:.2f} GB, of which experts "
              f"{c['expert_bytes'] / gb:.2f} GB; expert cache {c['resident_bytes'] / gb:.2f} GB ({c['n_slots']} slots "
              f"of {c['slot_bytes'] / 1e6:.2f} MB); {rep['threads']} threads, {rep['n']} greedy tokens; disk "
-             f"{rep['read_gb_s']:.2f} GB/s in expert-sized random reads; peak RSS {rep['peak_rss'] / gb:.2f} GB", "",
+             f"{rep['read_gb_s']:.2f} GB/s in expert-sized random reads; peak RSS {rep['peak_rss'] / gb:.2f} GB; "
+             f"kernel threads {'sleep' if c.get('passive_wait') else 'spin'} while waiting", "",
              _cap_line(rep), "",
              "| engine | strategy | decode tok/s | disk bound tok/s | share of bound | hit rate | MB read/token "
              "| drafted/window |", "|---" * 8 + "|"]
@@ -300,7 +301,9 @@ def main(argv=None) -> int:
         print(json.dumps(probe_llama(a.model, a.n, a.threads)))
         return 0
     os.environ.setdefault("GUILD_CACHE_DIR", SCRATCH)
-    from ..engine.experts import expert_cache_mem
+    from ..engine.experts import expert_cache_mem, wait_passively
+
+    wait_passively()  # this process streams: before the repack cache's build starts the kernels' threads
     from ..formats.gguf import GGUFFile
     from ..formats.repack_cache import cache_path, load_cached
     from ..kernels.cpu import quant
@@ -343,6 +346,7 @@ def main(argv=None) -> int:
                    "read_gb_s": speed / 1e9,
                    "cap": None if cap is None else {"bytes": cap_bytes, "guild_peak": cap_peak(cap)},
                    "cache": {"bound": mem, "resident_bytes": cache.resident_bytes, "n_slots": cache.n_slots,
+                             "passive_wait": cache.passive,
                              "slot_bytes": cache.slot_bytes, "expert_bytes": cache.expert_bytes,
                              "totals": cache.stats.as_dict()},
                    "guild": runs, "peak_rss": peak_rss()}
