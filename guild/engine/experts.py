@@ -15,8 +15,9 @@ exceeds the free slots runs its experts in batches that fit (each group's result
 
 Prefetch: when a window's rows enter a MoE layer, the layer's own router is applied to the rows as they are
 before attention (its input norm, then the router: the "pre-gating" of Eliseev & Mazur, 2023, "Fast Inference of
-Mixture-of-Experts Language Models with Offloading"); the predicted experts, the first row's first, are read by
-background threads while attention runs (pread releases the GIL). A wrong guess costs a read, never a result.
+Mixture-of-Experts Language Models with Offloading"); the experts of each row's PREFETCH_RANKS first predicted
+ranks, the first row's first, are read by background threads while attention runs (pread releases the GIL). A
+wrong guess costs a read, never a result.
 """
 
 from __future__ import annotations

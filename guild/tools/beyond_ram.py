@@ -6,11 +6,11 @@ $GUILD_CACHE_DIR, on first use) or --model. Steps: load with an expert cache of 
 of the repack cache file); drop the GGUF's and the repack cache's pages from the page cache (POSIX_FADV_DONTNEED);
 measure the disk's read speed with expert-sized reads at random experts, IO_THREADS at a time (what a cache miss
 does); decode N greedy tokens per strategy; print decode tok/s beside the disk bound (read speed / bytes read per
-token), the hit rate, bytes read per token and the drafts per window. llama.cpp (llama-cpp-python, `make
-setup-oracle`) decodes the same prompt in a subprocess, from dropped pages too. Each engine runs in a memory cgroup
-of its own (a child of this process's, v2 or v1; no systemd needed) sized to the expert cache, the model's
-non-expert part and RUNTIME_HEADROOM, page cache included; where none can be made (or with --no-cap) the report
-says both ran uncapped.
+token), the hit rate, bytes read per token, the drafts per window and where each token's time went. llama.cpp
+(llama-cpp-python, `make setup-oracle`) decodes the same prompt in a subprocess, from dropped pages too. Each engine
+runs in a memory cgroup of its own (a child of this process's, v2 or v1; no systemd needed) sized to the expert
+cache, the model's non-expert part and RUNTIME_HEADROOM, page cache included; where none can be made (or with
+--no-cap) the report says both ran uncapped.
 """
 
 from __future__ import annotations
