@@ -1,16 +1,17 @@
 """A bounded expert cache: a MoE model's routed experts read from guild's repack cache file into a fixed set of
 memory slots as the router asks for them, for models larger than the memory they may use.
 
-The unit is one layer's expert: its fused gate|up matrix and its down matrix, two contiguous byte ranges of the
-file (a matrix's packed arrays are written one after the other, 64-byte aligned). A slot holds one expert, the
-arrays at the same relative offsets as in the file, so the kernels read it through an address table exactly as
-they read the mapped file (kernels/cpu/quant.experts_matmul's `addr`): the bytes are the file's, the experts that
-run are the router's, and the logits are bitwise those of the mapped model.
+The unit is one layer's expert: its fused gate|up matrix and its down matrix, two contiguous byte ranges of the file
+(a matrix's packed arrays are written one after the other, 64-byte aligned). A slot holds one expert, each range at
+its offset within a page in the file, the arrays at the same relative offsets, so the kernels read it through an
+address table exactly as they read the mapped file (kernels/cpu/quant.experts_matmul's `addr`): the bytes are the
+file's, the experts that run are the router's, and the logits are bitwise those of the mapped model.
 
-A miss reads the two ranges with `os.preadv` straight into the slot and then drops them from the page cache
-(POSIX_FADV_DONTNEED), so that memory holds one copy of an expert, inside the bound. Eviction is LRFU (Lee et
-al., 2001: each slot's score decays by half every `n_slots` requests and gains 1 per use), which keeps experts
-that many tokens use while letting a burst of one-off experts pass through. A window whose union of experts
+A miss reads the two ranges' pages with `os.preadv` on an O_DIRECT descriptor straight into the slot: no page cache
+copy, nothing for a memory cgroup to reclaim (where the file system refuses O_DIRECT, the reads go through the page
+cache and POSIX_FADV_DONTNEED drops them), so memory holds one copy of an expert, inside the bound. Eviction is LRFU
+(Lee et al., 2001: each slot's score decays by half every `n_slots` requests and gains 1 per use), which keeps
+experts that many tokens use while letting a burst of one-off experts pass through. A window whose union of experts
 exceeds the free slots runs its experts in batches that fit (each group's result does not depend on the others).
 
 Prefetch: when a window's rows enter a MoE layer, the layer's own router is applied to the rows as they are
@@ -161,6 +162,7 @@ class _Kind:
 
     file_off: np.ndarray  # int64 [E]
     span: int
+    region: int  # bytes of a slot this kind takes: the largest expert's span with its lead, in whole pages
     orig: np.ndarray  # int64 [E, 7] (ExpertTable.addr)
     rel: np.ndarray  # int64 [E, 6]
 
@@ -178,7 +180,8 @@ class _Kind:
         off = np.array(starts, np.int64)
         if off.min() < 0 or int(off.max()) + max(spans) > end:
             raise GuildError("expert cache: an expert lies outside the repack cache file's data")
-        return cls(off, max(spans), ExpertTable(ws).addr.copy(), np.array(rels, np.int64))
+        region = -(-int((off % PAGE + np.array(spans)).max()) // PAGE) * PAGE
+        return cls(off, max(spans), region, ExpertTable(ws).addr.copy(), np.array(rels, np.int64))
 
 
 class LayerExperts:
@@ -193,11 +196,11 @@ class LayerExperts:
         self.slot_of = np.full(gu.orig.shape[0], -1, np.int64)
         self.chosen = np.zeros(gu.orig.shape[0], np.float64)  # decayed count of rows that chose each expert
         self.rows = 0.0  # decayed count of rows routed
-        self.down_at = -(-gu.span // PAGE) * PAGE  # the down matrix's offset in a slot
+        self.down_at = gu.region  # the down matrix's offset in a slot
 
     @property
     def slot_bytes(self) -> int:
-        return self.down_at + self.down.span
+        return self.down_at + self.down.region
 
     def point(self, e: int, slot_addr: int | None) -> None:
         """Expert e's address rows: into the slot at slot_addr, or back to the mapped file (None)."""
@@ -206,7 +209,8 @@ class LayerExperts:
                 table[e] = kind.orig[e]
             else:
                 r = kind.rel[e]
-                table[e, 1:] = np.where(r >= 0, slot_addr + at + r, kind.orig[e, 1:])
+                lead = int(kind.file_off[e]) % PAGE  # a slot mirrors the file's pages: direct reads need that
+                table[e, 1:] = np.where(r >= 0, slot_addr + at + lead + r, kind.orig[e, 1:])
 
     def batches(self, eids: np.ndarray, counts: np.ndarray):
         """The cache's batches of eids (see ExpertCache.batches); counts[g]: rows (times ranks) that chose
@@ -297,6 +301,12 @@ class ExpertCache:
             raise BadFlagError(f"--expert-cache-mem: {max(self.bound, 0)} bytes hold no expert (one takes "
                                f"{self.slot_bytes} bytes)")
         self.n_slots = n
+        self.direct_fd = None  # O_DIRECT: misses bypass the page cache (no copy, no charge, nothing to drop)
+        if drop_pages and hasattr(os, "O_DIRECT"):
+            try:
+                self.direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:  # a file system without direct I/O (tmpfs): read through the page cache and drop
+                pass
         self.resident_bytes = n * self.slot_bytes
         self._mem = mmap.mmap(-1, self.resident_bytes)  # anonymous: pages are taken as slots fill
         self.mem = np.frombuffer(self._mem, np.uint8)
@@ -390,9 +400,10 @@ class ExpertCache:
         try:
             for kind, off in ((L.gu, 0), (L.down, L.down_at)):
                 t0 = time.perf_counter()
-                n += self._pread(self.mem[at + off : at + off + kind.span], int(kind.file_off[e]))
+                n += self.read_kind(kind, e, self.mem[at + off : at + off + kind.region], drop=False)
                 t1 = time.perf_counter()
-                self._drop(int(kind.file_off[e]), kind.span)
+                if self.direct_fd is None:
+                    self._drop(int(kind.file_off[e]), kind.span)
                 t_read, t_drop = t_read + t1 - t0, t_drop + time.perf_counter() - t1
         except BaseException:
             with self.cond:  # the slot goes back empty; whoever waits for it sees the error from its own read
@@ -412,10 +423,26 @@ class ExpertCache:
             self.loading[s] = False
             self.cond.notify_all()
 
-    def _pread(self, dst: np.ndarray, off: int) -> int:
+    def read_kind(self, kind: _Kind, e: int, dst: np.ndarray, drop: bool = True) -> int:
+        """Read expert e's span of `kind` into dst (a page-aligned slot region, kind.region bytes) at its offset
+        within its first page; returns the bytes read. Direct: the whole pages, from the page holding the span's
+        first byte. Else through the page cache, the pages dropped after when `drop`."""
+        f_off = int(kind.file_off[e])
+        lead = f_off % PAGE
+        if self.direct_fd is not None:
+            n_al = -(-(lead + kind.span) // PAGE) * PAGE
+            return self._pread(self.direct_fd, dst[:n_al], f_off - lead, lead + kind.span)
+        n = self._pread(self.fd, dst[lead : lead + kind.span], f_off, kind.span)
+        if drop:
+            self._drop(f_off, kind.span)
+        return n
+
+    def _pread(self, fd: int, dst: np.ndarray, off: int, need: int) -> int:
+        """Read into dst from file offset off until at least `need` bytes came (the end of the file may cut a
+        direct read's last page short); returns the bytes read."""
         view, done = memoryview(dst), 0
-        while done < dst.nbytes:
-            got = os.preadv(self.fd, [view[done:]], off + done)
+        while done < need:
+            got = os.preadv(fd, [view[done:]], off + done)
             if got <= 0:
                 raise GuildError(f"{self.path}: short read at offset {off + done} (the repack cache file shrank?)")
             done += got
@@ -519,6 +546,8 @@ class ExpertCache:
             self.closed = True
             self.pool.shutdown(wait=True)
             os.close(self.fd)
+            if self.direct_fd is not None:
+                os.close(self.direct_fd)
 
 
 def attach(model, path: str | os.PathLike, bound: int | str, **kw) -> ExpertCache:

@@ -102,6 +102,19 @@ def test_few_slots_give_the_mapped_models_logits_plain_and_speculative(plain, mo
 
 
 @pytest.mark.slow
+def test_direct_reads_give_the_mapped_models_logits(plain, moe_path):
+    cached = _cached(moe_path, 5, drop_pages=True)  # misses read with O_DIRECT: whole pages around each expert
+    c = cached.expert_cache
+    if c.direct_fd is None:
+        pytest.skip("the test cache's file system refuses O_DIRECT")
+    want, got = _recording(plain), _recording(cached)
+    truth, _ = _generate(plain)
+    toks, _ = _generate(cached)
+    assert toks == truth and c.stats.misses > 0 and c.stats.bytes_read % experts.PAGE == 0
+    _bitwise(want, got)
+
+
+@pytest.mark.slow
 def test_prefetch_reads_ahead_and_its_experts_are_used(plain, moe_path):
     cached = _cached(moe_path, 120)
     want, got = _recording(plain), _recording(cached)
