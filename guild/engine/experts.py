@@ -402,9 +402,10 @@ class ExpertCache:
                 t0 = time.perf_counter()
                 n += self.read_kind(kind, e, self.mem[at + off : at + off + kind.region], drop=False)
                 t1 = time.perf_counter()
+                t_read += t1 - t0
                 if self.direct_fd is None:
                     self._drop(int(kind.file_off[e]), kind.span)
-                t_read, t_drop = t_read + t1 - t0, t_drop + time.perf_counter() - t1
+                    t_drop += time.perf_counter() - t1
         except BaseException:
             with self.cond:  # the slot goes back empty; whoever waits for it sees the error from its own read
                 self.in_flight -= 1

@@ -110,7 +110,7 @@ def test_direct_reads_give_the_mapped_models_logits(plain, moe_path):
     want, got = _recording(plain), _recording(cached)
     truth, _ = _generate(plain)
     toks, _ = _generate(cached)
-    assert toks == truth and c.stats.misses > 0 and c.stats.bytes_read % experts.PAGE == 0
+    assert toks == truth and c.stats.reads > 0 and c.stats.drop_s == 0.0  # direct: no page cache to drop
     _bitwise(want, got)
 
 
