@@ -153,12 +153,14 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
         raise BadFlagError("--strict-plan needs --gexec PLAN")
     if (device or "").lower() == "cuda":
         resolve_device(device)  # a missing GPU fails before the model loads
-    set_threads(threads)
     t0 = time.perf_counter()
     path = str(resolve_model(model, progress=progress))
     g = GGUFFile(path)
     setting = experts.default() if expert_cache is None else expert_cache
     stream = g.get(f"{g.architecture}.expert_count", int, 0) > 0 and experts.wanted(setting, Path(path).stat().st_size)
+    if stream:  # before the kernels' threads start (set_threads starts them)
+        experts.wait_passively()
+    set_threads(threads)
     with quant.numerics(numerics):
         # repacked weights mapped from guild's cache
         model, how = load_cached(g, load_model, progress=progress, read_ahead=not stream)

@@ -1,22 +1,24 @@
 """A bounded expert cache: a MoE model's routed experts read from guild's repack cache file into a fixed set of
 memory slots as the router asks for them, for models larger than the memory they may use.
 
-The unit is one layer's expert: its fused gate|up matrix and its down matrix, two contiguous byte ranges of the
-file (a matrix's packed arrays are written one after the other, 64-byte aligned). A slot holds one expert, the
-arrays at the same relative offsets as in the file, so the kernels read it through an address table exactly as
-they read the mapped file (kernels/cpu/quant.experts_matmul's `addr`): the bytes are the file's, the experts that
-run are the router's, and the logits are bitwise those of the mapped model.
+The unit is one layer's expert: its fused gate|up matrix and its down matrix, two contiguous byte ranges of the file
+(a matrix's packed arrays are written one after the other, 64-byte aligned). A slot holds one expert, each range at
+its offset within a page in the file, the arrays at the same relative offsets, so the kernels read it through an
+address table exactly as they read the mapped file (kernels/cpu/quant.experts_matmul's `addr`): the bytes are the
+file's, the experts that run are the router's, and the logits are bitwise those of the mapped model.
 
-A miss reads the two ranges with `os.preadv` straight into the slot and then drops them from the page cache
-(POSIX_FADV_DONTNEED), so that memory holds one copy of an expert, inside the bound. Eviction is LRFU (Lee et
-al., 2001: each slot's score decays by half every `n_slots` requests and gains 1 per use), which keeps experts
-that many tokens use while letting a burst of one-off experts pass through. A window whose union of experts
+A miss reads the two ranges' pages with `os.preadv` on an O_DIRECT descriptor straight into the slot: no page cache
+copy, nothing for a memory cgroup to reclaim (where the file system refuses O_DIRECT, the reads go through the page
+cache and POSIX_FADV_DONTNEED drops them), so memory holds one copy of an expert, inside the bound. Eviction is LRFU
+(Lee et al., 2001: each slot's score decays by half every `n_slots` requests and gains 1 per use), which keeps
+experts that many tokens use while letting a burst of one-off experts pass through. A window whose union of experts
 exceeds the free slots runs its experts in batches that fit (each group's result does not depend on the others).
 
 Prefetch: when a window's rows enter a MoE layer, the layer's own router is applied to the rows as they are
 before attention (its input norm, then the router: the "pre-gating" of Eliseev & Mazur, 2023, "Fast Inference of
-Mixture-of-Experts Language Models with Offloading"); the predicted experts, the first row's first, are read by
-background threads while attention runs (pread releases the GIL). A wrong guess costs a read, never a result.
+Mixture-of-Experts Language Models with Offloading"); the experts of each row's PREFETCH_RANKS first predicted
+ranks, the first row's first, are read by background threads while attention runs (pread releases the GIL). A
+wrong guess costs a read, never a result.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from ..kernels.cpu.quant import ExpertTable, PackedMatrix, matmul
 PAGE = mmap.PAGESIZE
 IO_THREADS = 4  # reads in flight at once: an SSD serves several in parallel
 HISTORY_DECAY = 0.98  # per routed row: the router's history the cold-expert estimate reads spans ~50 rows
+# the router's ranks whose experts the pre-gating reads ahead: on the 128-expert upcycle, ranks 1-4 predicted
+# before attention were used 97-85% of the time, ranks 5-8 78-47%; a wrong guess costs the disk a whole expert
+PREFETCH_RANKS = 4
 AUTO_HEADROOM = 0.25  # share of the available memory `auto` leaves to the rest of the process and the system
 
 # the process default (the CLI's --expert-cache-mem, guild.cli.options): "auto", "off" or a size in bytes
@@ -123,6 +128,17 @@ def wanted(setting: str | int, model_bytes: int) -> bool:
     return True
 
 
+def wait_passively() -> bool:
+    """Have the kernels' OpenMP threads sleep as soon as they wait (GOMP_SPINCOUNT=0) unless the environment
+    says otherwise; True when in effect. libgomp's default spin (milliseconds) burns, while a token waits on the
+    disk, the cores the I/O threads need. libgomp reads it once, when Numba starts its threads."""
+    from numba.np.ufunc import parallel
+
+    if not parallel._is_initialized:
+        os.environ.setdefault("GOMP_SPINCOUNT", "0")
+    return os.environ.get("GOMP_SPINCOUNT") == "0"
+
+
 # -- the model's experts -----------------------------------------------------------------------------------
 def _moe_parts(blk):
     """(the object holding experts_gu/experts_down/router, the FFN's input norm) of a block, or None."""
@@ -146,6 +162,7 @@ class _Kind:
 
     file_off: np.ndarray  # int64 [E]
     span: int
+    region: int  # bytes of a slot this kind takes: the largest expert's span with its lead, in whole pages
     orig: np.ndarray  # int64 [E, 7] (ExpertTable.addr)
     rel: np.ndarray  # int64 [E, 6]
 
@@ -163,7 +180,8 @@ class _Kind:
         off = np.array(starts, np.int64)
         if off.min() < 0 or int(off.max()) + max(spans) > end:
             raise GuildError("expert cache: an expert lies outside the repack cache file's data")
-        return cls(off, max(spans), ExpertTable(ws).addr.copy(), np.array(rels, np.int64))
+        region = -(-int((off % PAGE + np.array(spans)).max()) // PAGE) * PAGE
+        return cls(off, max(spans), region, ExpertTable(ws).addr.copy(), np.array(rels, np.int64))
 
 
 class LayerExperts:
@@ -178,11 +196,11 @@ class LayerExperts:
         self.slot_of = np.full(gu.orig.shape[0], -1, np.int64)
         self.chosen = np.zeros(gu.orig.shape[0], np.float64)  # decayed count of rows that chose each expert
         self.rows = 0.0  # decayed count of rows routed
-        self.down_at = -(-gu.span // PAGE) * PAGE  # the down matrix's offset in a slot
+        self.down_at = gu.region  # the down matrix's offset in a slot
 
     @property
     def slot_bytes(self) -> int:
-        return self.down_at + self.down.span
+        return self.down_at + self.down.region
 
     def point(self, e: int, slot_addr: int | None) -> None:
         """Expert e's address rows: into the slot at slot_addr, or back to the mapped file (None)."""
@@ -191,7 +209,8 @@ class LayerExperts:
                 table[e] = kind.orig[e]
             else:
                 r = kind.rel[e]
-                table[e, 1:] = np.where(r >= 0, slot_addr + at + r, kind.orig[e, 1:])
+                lead = int(kind.file_off[e]) % PAGE  # a slot mirrors the file's pages: direct reads need that
+                table[e, 1:] = np.where(r >= 0, slot_addr + at + lead + r, kind.orig[e, 1:])
 
     def batches(self, eids: np.ndarray, counts: np.ndarray):
         """The cache's batches of eids (see ExpertCache.batches); counts[g]: rows (times ranks) that chose
@@ -207,12 +226,12 @@ class LayerExperts:
         c = self.cache
         if not c.prefetching:
             return
+        t0 = time.perf_counter()
         h = np.empty(x.shape, np.float32)
         ops.rmsnorm(x, self.norm, self.eps, h)
         logits = np.empty((x.shape[0], self.router.n_rows), np.float32)
         matmul(self.router, h, logits)
-        k = c.top_k
-        top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+        top = np.argsort(-logits, axis=1, kind="stable")[:, : min(c.top_k, PREFETCH_RANKS)]
         seen, order = set(), []
         for e in top.reshape(-1).tolist():  # row-major: the first row's experts first
             if e not in seen and self.slot_of[e] < 0:
@@ -220,6 +239,7 @@ class LayerExperts:
                 order.append(e)
         if order:
             c.prefetch(self, order[: c.prefetch_max])
+        c.stats.predict_s += time.perf_counter() - t0
 
 
 class CachedExperts(list):
@@ -239,6 +259,14 @@ class Stats:
     prefetched: int = 0  # experts read ahead by prediction
     prefetch_used: int = 0  # of those, requested before being evicted
     bytes_read: int = 0
+    # where a window's time goes (seconds; the read and drop times are summed over the I/O threads)
+    wait_s: float = 0.0  # windows blocked on expert reads, their own or a prefetch's
+    sync_reads: int = 0  # experts a window read itself (not predicted, or predicted too late to start)
+    reads: int = 0  # experts read from the file (sync or prefetch)
+    depth_sum: int = 0  # reads in flight when each began, summed: depth_sum / reads is the mean queue depth
+    read_s: float = 0.0  # inside preadv
+    drop_s: float = 0.0  # inside posix_fadvise(DONTNEED)
+    predict_s: float = 0.0  # pre-gating: the router applied to the rows before attention
 
     def as_dict(self) -> dict:
         n = self.hits + self.misses
@@ -273,6 +301,12 @@ class ExpertCache:
             raise BadFlagError(f"--expert-cache-mem: {max(self.bound, 0)} bytes hold no expert (one takes "
                                f"{self.slot_bytes} bytes)")
         self.n_slots = n
+        self.direct_fd = None  # O_DIRECT: misses bypass the page cache (no copy, no charge, nothing to drop)
+        if drop_pages and hasattr(os, "O_DIRECT"):
+            try:
+                self.direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:  # a file system without direct I/O (tmpfs): read through the page cache and drop
+                pass
         self.resident_bytes = n * self.slot_bytes
         self._mem = mmap.mmap(-1, self.resident_bytes)  # anonymous: pages are taken as slots fill
         self.mem = np.frombuffer(self._mem, np.uint8)
@@ -287,7 +321,9 @@ class ExpertCache:
         self.lam = 1.0 / n  # the score halves every n requests
         self.clock = 0
         self.prefetch_max = max(1, n // 4)
+        self.passive = wait_passively()  # False: the kernels' threads started spinning before the cache
         self.stats = Stats()
+        self.in_flight = 0  # reads under way (the I/O threads')
         self.read_ms: float | None = None  # decayed mean ms a window waits per expert it reads
         self.cond = threading.Condition()
         self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="guild-experts")
@@ -354,14 +390,25 @@ class ExpertCache:
     # -- reading (I/O threads) ---------------------------------------------------------------------------
     def _read(self, s: int) -> None:
         """Read slot s's expert from the file (its two ranges), then publish its addresses."""
-        L, e = self.owner[s]
+        with self.cond:
+            L, e = self.owner[s]
+            self.in_flight += 1
+            self.stats.reads += 1
+            self.stats.depth_sum += self.in_flight
         at = s * self.slot_bytes
-        n = 0
+        n, t_read, t_drop = 0, 0.0, 0.0
         try:
             for kind, off in ((L.gu, 0), (L.down, L.down_at)):
-                n += self._pread(self.mem[at + off : at + off + kind.span], int(kind.file_off[e]))
+                t0 = time.perf_counter()
+                n += self.read_kind(kind, e, self.mem[at + off : at + off + kind.region], drop=False)
+                t1 = time.perf_counter()
+                t_read += t1 - t0
+                if self.direct_fd is None:
+                    self._drop(int(kind.file_off[e]), kind.span)
+                    t_drop += time.perf_counter() - t1
         except BaseException:
             with self.cond:  # the slot goes back empty; whoever waits for it sees the error from its own read
+                self.in_flight -= 1
                 L.slot_of[e] = -1
                 self.owner[s] = None
                 self.loading[s] = False
@@ -370,18 +417,36 @@ class ExpertCache:
             raise
         with self.cond:
             L.point(e, self.base + at)
+            self.in_flight -= 1
             self.stats.bytes_read += n
+            self.stats.read_s += t_read
+            self.stats.drop_s += t_drop
             self.loading[s] = False
             self.cond.notify_all()
 
-    def _pread(self, dst: np.ndarray, off: int) -> int:
+    def read_kind(self, kind: _Kind, e: int, dst: np.ndarray, drop: bool = True) -> int:
+        """Read expert e's span of `kind` into dst (a page-aligned slot region, kind.region bytes) at its offset
+        within its first page; returns the bytes read. Direct: the whole pages, from the page holding the span's
+        first byte. Else through the page cache, the pages dropped after when `drop`."""
+        f_off = int(kind.file_off[e])
+        lead = f_off % PAGE
+        if self.direct_fd is not None:
+            n_al = -(-(lead + kind.span) // PAGE) * PAGE
+            return self._pread(self.direct_fd, dst[:n_al], f_off - lead, lead + kind.span)
+        n = self._pread(self.fd, dst[lead : lead + kind.span], f_off, kind.span)
+        if drop:
+            self._drop(f_off, kind.span)
+        return n
+
+    def _pread(self, fd: int, dst: np.ndarray, off: int, need: int) -> int:
+        """Read into dst from file offset off until at least `need` bytes came (the end of the file may cut a
+        direct read's last page short); returns the bytes read."""
         view, done = memoryview(dst), 0
-        while done < dst.nbytes:
-            got = os.preadv(self.fd, [view[done:]], off + done)
+        while done < need:
+            got = os.preadv(fd, [view[done:]], off + done)
             if got <= 0:
                 raise GuildError(f"{self.path}: short read at offset {off + done} (the repack cache file shrank?)")
             done += got
-        self._drop(off, dst.nbytes)
         return done
 
     def _drop(self, off: int, n: int) -> None:
@@ -413,6 +478,7 @@ class ExpertCache:
                             break
                         self._assign(s, L, e)
                         self.stats.misses += 1
+                        self.stats.sync_reads += 1
                         reads.append(s)
                     self.pins[s] += 1
                     self._touch(s)
@@ -431,6 +497,7 @@ class ExpertCache:
                 with self.cond:
                     while self.loading[pinned].any():
                         self.cond.wait()
+                    self.stats.wait_s += time.perf_counter() - t0
                     if any(self.owner[s] is None for s in pinned):
                         raise GuildError(f"{self.path}: an expert's read failed")
                 yield g0, g, L.addr_gu, L.addr_down
@@ -480,6 +547,8 @@ class ExpertCache:
             self.closed = True
             self.pool.shutdown(wait=True)
             os.close(self.fd)
+            if self.direct_fd is not None:
+                os.close(self.direct_fd)
 
 
 def attach(model, path: str | os.PathLike, bound: int | str, **kw) -> ExpertCache:

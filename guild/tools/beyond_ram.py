@@ -6,19 +6,21 @@ $GUILD_CACHE_DIR, on first use) or --model. Steps: load with an expert cache of 
 of the repack cache file); drop the GGUF's and the repack cache's pages from the page cache (POSIX_FADV_DONTNEED);
 measure the disk's read speed with expert-sized reads at random experts, IO_THREADS at a time (what a cache miss
 does); decode N greedy tokens per strategy; print decode tok/s beside the disk bound (read speed / bytes read per
-token), the hit rate, bytes read per token and the drafts per window. llama.cpp (llama-cpp-python, `make
-setup-oracle`) decodes the same prompt in a subprocess, from dropped pages too. Each engine runs in a memory cgroup
-of its own (a child of this process's, v2 or v1; no systemd needed) sized to the expert cache, the model's
-non-expert part and RUNTIME_HEADROOM, page cache included; where none can be made (or with --no-cap) the report
-says both ran uncapped.
+token), the hit rate, bytes read per token, the drafts per window and where each token's time went. llama.cpp
+(llama-cpp-python, `make setup-oracle`) decodes the same prompt in a subprocess, from dropped pages too. Each engine
+runs in a memory cgroup of its own (a child of this process's, v2 or v1; no systemd needed) sized to the expert
+cache, the model's non-expert part and RUNTIME_HEADROOM, page cache included; where none can be made (or with
+--no-cap) the report says both ran uncapped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -46,36 +48,31 @@ def drop_pages(path) -> None:
 
 
 def read_speed(cache) -> float:
-    """Bytes per second reading whole experts (gate|up and down spans) at random, IO_THREADS reads in flight, as
-    the expert cache's misses do; the pages read are dropped again."""
+    """Bytes per second reading whole experts at random, IO_THREADS reads in flight, as the expert cache's misses
+    do (its own read: O_DIRECT where it has it, else through the page cache, dropped after)."""
     from ..engine.experts import IO_THREADS
 
-    spans = [(int(off), kind.span) for L in cache.layers.values() for kind in (L.gu, L.down)
-             for off in kind.file_off]
-    random.Random(0).shuffle(spans)
+    kinds = [(kind, e) for L in cache.layers.values() for kind in (L.gu, L.down) for e in range(kind.file_off.size)]
+    random.Random(0).shuffle(kinds)
     todo, total = [], 0
-    for off, n in spans:
+    for kind, e in kinds:
         if total >= READ_PROBE_BYTES:
             break
-        todo.append((off, n))
-        total += n
+        todo.append((kind, e))
+        total += kind.span
     lock = threading.Lock()
+    got = [0]
 
     def worker():
-        buf = np.empty(max(n for _, n in todo), np.uint8)
-        fd = os.open(cache.path, os.O_RDONLY)
-        try:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    off, n = todo.pop()
-                view, done = memoryview(buf)[:n], 0
-                while done < n:
-                    done += os.preadv(fd, [view[done:]], off + done)
-                os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        buf = np.frombuffer(mmap.mmap(-1, cache.slot_bytes), np.uint8)  # page-aligned, as a slot is
+        while True:
+            with lock:
+                if not todo:
+                    return
+                kind, e = todo.pop()
+            n = cache.read_kind(kind, e, buf)
+            with lock:
+                got[0] += n
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(IO_THREADS)]
@@ -83,7 +80,7 @@ def read_speed(cache) -> float:
         t.start()
     for t in threads:
         t.join()
-    return total / (time.perf_counter() - t0)
+    return got[0] / (time.perf_counter() - t0)
 
 
 def peak_rss() -> int:
@@ -91,8 +88,33 @@ def peak_rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int) -> dict:
-    """N greedy tokens with `strategy`; the cache's counters over the decode (after the prompt's prefill)."""
+def _counters(cap: Path | None) -> dict:
+    """The process's clock, CPU time and page faults, and the cap's reclaim counters (v2 or v1 memory.stat)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out = {"wall_s": time.perf_counter(), "cpu_s": ru.ru_utime + ru.ru_stime, "sys_s": ru.ru_stime,
+           "major_faults": ru.ru_majflt, "minor_faults": ru.ru_minflt}
+    if cap is not None and (cap / "memory.stat").is_file():
+        stat = dict(line.split() for line in (cap / "memory.stat").read_text().splitlines())
+        for k in ("pgmajfault", "pgscan", "pgsteal", "workingset_refault_file", "total_pgmajfault",
+                  "total_pgpgin", "total_pgpgout"):
+            if k in stat:
+                out["cap_" + k] = int(stat[k])
+    return out
+
+
+def breakdown(d: dict, steps: int) -> dict:
+    """Milliseconds per token by cause over a decode (d: the differences of the cache's Stats and _counters)."""
+    ms = {k: 1e3 * d[k] / steps for k in ("wall_s", "cpu_s", "sys_s", "wait_s", "predict_s", "read_s", "drop_s")}
+    return {"ms_per_token": ms, "other_ms": ms["wall_s"] - ms["wait_s"] - ms["predict_s"],
+            "sync_reads_per_token": d["sync_reads"] / steps, "reads_per_token": d["reads"] / steps,
+            "mean_depth": d["depth_sum"] / d["reads"] if d["reads"] else None,
+            "ms_per_read": 1e3 * d["read_s"] / d["reads"] if d["reads"] else None,
+            **{k + "_per_token": d[k] / steps for k in d if "fault" in k or k.startswith("cap_")}}
+
+
+def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int, cap: Path | None = None) -> dict:
+    """N greedy tokens with `strategy`; the cache's counters and where the time went over the decode (after the
+    prompt's prefill)."""
     from dataclasses import replace
 
     from ..speculative.options import DraftOptions
@@ -104,11 +126,11 @@ def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int) -> dict:
 
     def on_token(_):
         if not marks:
-            marks.append(dict(cache.stats.__dict__))
+            marks.append({**cache.stats.__dict__, **_counters(cap)})
 
     s = lm.session(n_ctx)
     toks, st = s.generate(ids, n, on_token, drafter=drafter, max_draft=max_draft if drafter else 0)
-    end, start = cache.stats.__dict__, marks[0]
+    end, start = {**cache.stats.__dict__, **_counters(cap)}, marks[0]
     d = {k: end[k] - start[k] for k in start}
     steps = max(1, len(toks) - 1)
     lookups = d["hits"] + d["misses"]
@@ -116,7 +138,8 @@ def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int) -> dict:
             "hit_rate": d["hits"] / lookups if lookups else None, "bytes_read_per_token": d["bytes_read"] / steps,
             "misses_per_token": d["misses"] / steps, "prefetched_per_token": d["prefetched"] / steps,
             "prefetch_used": d["prefetch_used"], "evictions": d["evictions"],
-            "windows": len(st.windows), "drafted": st.summary()["drafted"], "accepted": st.summary()["accepted"]}
+            "windows": len(st.windows), "drafted": st.summary()["drafted"], "accepted": st.summary()["accepted"],
+            "breakdown": breakdown(d, steps)}
 
 
 # -- the memory cap: a cgroup of our own, under systemd or not -------------------------------------------
@@ -213,7 +236,8 @@ def report(rep: dict) -> str:
     lines = [f"**{Path(rep['model']).name}**: repack cache {rep['file_bytes'] / gb:.2f} GB, of which experts "
              f"{c['expert_bytes'] / gb:.2f} GB; expert cache {c['resident_bytes'] / gb:.2f} GB ({c['n_slots']} slots "
              f"of {c['slot_bytes'] / 1e6:.2f} MB); {rep['threads']} threads, {rep['n']} greedy tokens; disk "
-             f"{rep['read_gb_s']:.2f} GB/s in expert-sized random reads; peak RSS {rep['peak_rss'] / gb:.2f} GB", "",
+             f"{rep['read_gb_s']:.2f} GB/s in expert-sized random reads; peak RSS {rep['peak_rss'] / gb:.2f} GB; "
+             f"kernel threads {'sleep' if c.get('passive_wait') else 'spin'} while waiting", "",
              _cap_line(rep), "",
              "| engine | strategy | decode tok/s | disk bound tok/s | share of bound | hit rate | MB read/token "
              "| drafted/window |", "|---" * 8 + "|"]
@@ -230,6 +254,15 @@ def report(rep: dict) -> str:
         lines.append(f"\nguild {g['strategy']} / llama.cpp: {g['decode_tok_s'] / ll['decode_tok_s']:.2f}×")
     else:
         lines.append("\nllama.cpp: not measured (`llama_cpp` is not importable here: `make setup-oracle`)")
+    for r in rep["guild"]:
+        b = r["breakdown"]
+        ms = b["ms_per_token"]
+        depth = "" if b["mean_depth"] is None else f", {b['mean_depth']:.1f} in flight, {b['ms_per_read']:.1f} ms each"
+        lines.append(f"\n{r['strategy']}: {ms['wall_s']:.0f} ms/token = waiting on reads {ms['wait_s']:.0f} "
+                     f"({b['sync_reads_per_token']:.1f} read by the window, of {b['reads_per_token']:.1f}/token"
+                     f"{depth}) + pre-gating {ms['predict_s']:.0f} + the rest {b['other_ms']:.0f}; CPU "
+                     f"{ms['cpu_s']:.0f} ms/token (system {ms['sys_s']:.0f}), I/O threads in preadv {ms['read_s']:.0f}"
+                     f" and fadvise {ms['drop_s']:.0f} ms/token; major faults {b['major_faults_per_token']:.1f}/token")
     toks = [r["tokens"] for r in rep["guild"]]
     lines.append(f"\nstrategies emit the same tokens: {all(t == toks[0] for t in toks)}")
     return "\n".join(lines)
@@ -264,7 +297,9 @@ def main(argv=None) -> int:
         print(json.dumps(probe_llama(a.model, a.n, a.threads)))
         return 0
     os.environ.setdefault("GUILD_CACHE_DIR", SCRATCH)
-    from ..engine.experts import expert_cache_mem
+    from ..engine.experts import expert_cache_mem, wait_passively
+
+    wait_passively()  # this process streams: before the repack cache's build starts the kernels' threads
     from ..formats.gguf import GGUFFile
     from ..formats.repack_cache import cache_path, load_cached
     from ..kernels.cpu import quant
@@ -302,11 +337,12 @@ def main(argv=None) -> int:
             speed = read_speed(cache)
             ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}]),
                                       add_special=True)
-            runs = [run_guild(lm, ids, a.n, s, a.max_draft) for s in a.strategies.split(",") if s]
+            runs = [run_guild(lm, ids, a.n, s, a.max_draft, cap) for s in a.strategies.split(",") if s]
             rep = {"model": path, "file_bytes": rpk.stat().st_size, "threads": a.threads, "n": a.n,
                    "read_gb_s": speed / 1e9,
                    "cap": None if cap is None else {"bytes": cap_bytes, "guild_peak": cap_peak(cap)},
                    "cache": {"bound": mem, "resident_bytes": cache.resident_bytes, "n_slots": cache.n_slots,
+                             "passive_wait": cache.passive,
                              "slot_bytes": cache.slot_bytes, "expert_bytes": cache.expert_bytes,
                              "totals": cache.stats.as_dict()},
                    "guild": runs, "peak_rss": peak_rss()}

@@ -102,6 +102,19 @@ def test_few_slots_give_the_mapped_models_logits_plain_and_speculative(plain, mo
 
 
 @pytest.mark.slow
+def test_direct_reads_give_the_mapped_models_logits(plain, moe_path):
+    cached = _cached(moe_path, 5, drop_pages=True)  # misses read with O_DIRECT: whole pages around each expert
+    c = cached.expert_cache
+    if c.direct_fd is None:
+        pytest.skip("the test cache's file system refuses O_DIRECT")
+    want, got = _recording(plain), _recording(cached)
+    truth, _ = _generate(plain)
+    toks, _ = _generate(cached)
+    assert toks == truth and c.stats.reads > 0 and c.stats.drop_s == 0.0  # direct: no page cache to drop
+    _bitwise(want, got)
+
+
+@pytest.mark.slow
 def test_prefetch_reads_ahead_and_its_experts_are_used(plain, moe_path):
     cached = _cached(moe_path, 120)
     want, got = _recording(plain), _recording(cached)
@@ -171,3 +184,21 @@ def test_bad_flag_value_is_one_line():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "error: --expert-cache-mem must be auto, off or a size such as 3G or 512MiB, got '3X'"
+
+
+def _spin_after(code: str, env: dict) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"} | env
+    out = subprocess.run([sys.executable, "-c", "import os\nfrom guild.engine import experts\n" + code +
+                          "\nprint(experts.wait_passively(), os.environ.get('GOMP_SPINCOUNT'))"],
+                         capture_output=True, text=True, env=env, check=True)
+    return out.stdout.split()
+
+
+def test_streaming_makes_the_kernel_threads_sleep_unless_they_already_spin():
+    assert _spin_after("", {}) == ["True", "0"]  # before Numba's threads start: libgomp will read it
+    assert _spin_after("", {"GOMP_SPINCOUNT": "5000"}) == ["False", "5000"]  # the user's setting stands
+    assert _spin_after("import numba\nnumba.set_num_threads(1)", {}) == ["False", "None"]  # started: too late

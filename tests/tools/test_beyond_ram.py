@@ -23,8 +23,13 @@ def test_smoke_run_reports_the_cache_and_the_disk_bound(moe_path, capsys):
     normal, lookup = rep["guild"]
     assert normal["tokens"] == lookup["tokens"] and len(normal["tokens"]) == 4
     assert normal["bytes_read_per_token"] > 0 and 0 <= normal["hit_rate"] <= 1 and normal["decode_tok_s"] > 0
+    b = normal["breakdown"]  # the cache's counters: each read is one expert, by the window or ahead of it
+    assert 0 < normal["bytes_read_per_token"] / b["reads_per_token"] <= c["slot_bytes"]
+    assert 0 <= b["sync_reads_per_token"] <= b["reads_per_token"] and b["mean_depth"] >= 1
+    assert 0 <= b["ms_per_token"]["wait_s"] < b["ms_per_token"]["wall_s"]
     md = beyond_ram.report(rep)
     assert "| guild | normal |" in md and "strategies emit the same tokens: True" in md
+    assert "normal: " in md and "ms/token = waiting on reads" in md
 
 
 def test_a_bad_mem_value_is_one_line(moe_path, capsys):
