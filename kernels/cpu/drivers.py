@@ -3,8 +3,12 @@ T >= 3 consumer of a dequantised unit (`_use` / `_accum`), the tile store and th
 
 from __future__ import annotations
 
+import llvmlite.binding as ll
 import numpy as np
-from numba import carray, njit
+from llvmlite import ir
+from numba import carray, cfunc, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .intrinsics import _pf32, _pi64, fma32
 
@@ -156,3 +160,41 @@ def _accum(wb, xp, acc, T, kb, U):
                 s = fma32(wb[u + 2, n], a2, s)
                 s = fma32(wb[u + 3, n], a3, s)
                 acc[t, n] = s
+
+
+def _use_c(pwb, pxp, pacc, T, kb, U, pout, Kp, N, col):
+    """_use over addresses (the views _scratch makes, wb [U, NT] and acc [T, NT]): the C entry point that every
+    generated kernel calls by name instead of inlining _use, so that _use and _accum compile once."""
+    wb = carray(_pf32(pwb), (U, NT))
+    xp = carray(_pf32(pxp), (T, Kp))
+    perm = carray(_pi64(pxp), (Kp if T == 0 else 0,))
+    out = carray(_pf32(pout), (T if T > 0 else Kp, N))
+    acc = carray(_pf32(pacc), (T, NT))
+    _use(wb, xp, acc, T, kb, U, out, perm, col)
+
+
+# the symbol the kernels call, resolved by LLVM's JIT linker (cached kernels too) to the compiled _use_c; the
+# version names the argument list, which a cached kernel was compiled against
+_USE_SYMBOL = "guild_f32_use_v1"
+_USE_ARGS = 10
+_USE = cfunc(types.void(*([types.int64] * _USE_ARGS)), cache=True)(_use_c)
+ll.add_symbol(_USE_SYMBOL, _USE.address)
+
+
+@intrinsic
+def _use_at(typingctx, pwb, pxp, pacc, T, kb, U, pout, Kp, N, col):
+    """_use_c(...) through its symbol: a call, not a copy of _use in every kernel."""
+    argtys = (pwb, pxp, pacc, T, kb, U, pout, Kp, N, col)
+    if not all(isinstance(a, types.Integer) for a in argtys):
+        return None
+    sig = types.void(*([types.int64] * _USE_ARGS))
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i64] * _USE_ARGS),
+                                            _USE_SYMBOL)
+        builder.call(fn, [context.cast(builder, v, t, types.int64) for v, t in zip(args, signature.args,
+                                                                                     strict=True)])
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -28,7 +28,7 @@ from numba import carray, njit
 
 from ..blocks import GRID_IQ1S, IQ1S_DELTA, KSIGNS_IQ2XS
 from ..grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID
-from .drivers import NT, _scratch, _store, _use
+from .drivers import NT, _scratch, _store, _use_at
 from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, e8m0h, fma32, h2f, i2f, kvf, mxf, q5f, sgnf
 
 KSIGNS = KSIGNS_IQ2XS
@@ -78,10 +78,15 @@ def _fused(c: Codec, rows: int, group: int, ind: str) -> list[str]:
     return out
 
 
+def _use_at(units: str, U: int) -> str:
+    """The call of drivers._use on the dequantised units (an array [U, NT]), by address."""
+    return f"_use_at({units}.ctypes.data, pxp, acc.ctypes.data, T, kb, {U}, pout, Kp, N, (g - g0) * NT)"
+
+
 def _scratch_unit(c: Codec, ind: str) -> list[str]:
     """Dequantise the unit into wb [unit, NT] (canonical order), then accumulate or store it."""
     if c.direct:
-        return [f"{ind}_use({c.fields[0][0]}[g, b], xp, acc, T, kb, {c.unit}, out, perm, (g - g0) * NT)"]
+        return [f"{ind}{_use_at(f'{c.fields[0][0]}[g, b]', c.unit)}"]
     jv, count = c.steps
     E = len(c.elems)
     out = [f"{ind}for {jv} in range({count}):"]
@@ -93,7 +98,7 @@ def _scratch_unit(c: Codec, ind: str) -> list[str]:
     for e, w in enumerate(_fmt(c.elems, jv, "0")):
         row = jv if E == 1 else f"{E} * {jv}{f' + {e}' if e else ''}"
         out.append(f"{ind3}wb[{row}, n] = {w}")
-    out.append(f"{ind}_use(wb, xp, acc, T, kb, {c.unit}, out, perm, (g - g0) * NT)")
+    out.append(ind + _use_at("wb", c.unit))
     return out
 
 

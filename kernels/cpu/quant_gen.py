@@ -11,7 +11,7 @@ from numba import carray, njit
 
 from ..blocks import GRID_IQ1S, IQ1S_DELTA, KSIGNS_IQ2XS
 from ..grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID
-from .drivers import NT, _scratch, _store, _use
+from .drivers import NT, _scratch, _store, _use_at
 from .intrinsics import _pf32, _pi8, _pu8, _pu16, _pu32, bf2f, e8m0h, fma32, h2f, i2f, kvf, mxf, q5f, sgnf
 
 KSIGNS = KSIGNS_IQ2XS
@@ -26,7 +26,7 @@ def _k_f32(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         acc[:, :] = 0.0
         for b in range(nb):
             kb = b * 32
-            _use(w[g, b], xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+            _use_at(w[g, b].ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -54,7 +54,7 @@ def _k_f16(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
             for u in range(32):
                 for n in range(NT):
                     wb[u, n] = h2f(w[g, b, u, n])
-            _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+            _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -82,7 +82,7 @@ def _k_bf16(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
             for u in range(32):
                 for n in range(NT):
                     wb[u, n] = bf2f(w[g, b, u, n])
-            _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+            _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -163,7 +163,7 @@ def _k_q8_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                     for n in range(NT):
                         dd = h2f(d[g, b, n])
                         wb[u, n] = i2f(qs[g, b, u, n]) * dd
-                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -251,7 +251,7 @@ def _k_q4_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         q0 = qs[g, b, j, n]
                         wb[2 * j, n] = dd * i2f((q0 & 15) - 8)
                         wb[2 * j + 1, n] = dd * i2f((q0 >> 4) - 8)
-                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -345,7 +345,7 @@ def _k_q4_1(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         q0 = qs[g, b, j, n]
                         wb[2 * j, n] = fma32(i2f(q0 & 15), dd, mm)
                         wb[2 * j + 1, n] = fma32(i2f(q0 >> 4), dd, mm)
-                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -440,7 +440,7 @@ def _k_q5_0(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         q0 = qs[g, b, j, n]
                         wb[2 * j, n] = dd * q5f(q0, 0, h, j, 1, 16)
                         wb[2 * j + 1, n] = dd * q5f(q0, 4, h, j + 16, 1, 16)
-                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -538,7 +538,7 @@ def _k_q4_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             q0 = qs[g, b, i, j, n]
                             wb[2 * j, n] = fma32(i2f(q0 & 15), dl, ml)
                             wb[2 * j + 1, n] = fma32(i2f(q0 >> 4), dh, mh)
-                    _use(wb, xp, acc, T, kb, 64, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 64, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -650,7 +650,7 @@ def _k_q5_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             h0 = qh[g, b, j, n]
                             wb[2 * j, n] = fma32(q5f(q0, 0, h0, 2 * i, 1, 0), dl, ml)
                             wb[2 * j + 1, n] = fma32(q5f(q0, 4, h0, 2 * i + 1, 1, 0), dh, mh)
-                    _use(wb, xp, acc, T, kb, 64, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 64, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -752,7 +752,7 @@ def _k_q6_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[4 * ll + 1, n] = sd[s0 + 2, n] * q5f(r0, 0, h0, 2, 3, 32)
                             wb[4 * ll + 2, n] = sd[s0 + 4, n] * q5f(q0, 4, h0, 4, 3, 32)
                             wb[4 * ll + 3, n] = sd[s0 + 6, n] * q5f(r0, 4, h0, 6, 3, 32)
-                    _use(wb, xp, acc, T, kb, 128, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 128, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -850,7 +850,7 @@ def _k_iq4_nl(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         q0 = qs[g, b, j, n]
                         wb[2 * j, n] = dd * kvf(q0 & 15)
                         wb[2 * j + 1, n] = dd * kvf(q0 >> 4)
-                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -935,7 +935,7 @@ def _k_iq4_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             q0 = qs[g, b, s, j, n]
                             wb[2 * j, n] = dl * kvf(q0 & 15)
                             wb[2 * j + 1, n] = dl * kvf(q0 >> 4)
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1037,7 +1037,7 @@ def _k_q5_1(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         q0 = qs[g, b, j, n]
                         wb[2 * j, n] = fma32(q5f(q0, 0, h, j, 1, 0), dd, mm)
                         wb[2 * j + 1, n] = fma32(q5f(q0, 4, h, j + 16, 1, 0), dd, mm)
-                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1126,7 +1126,7 @@ def _k_q2_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[4 * ll + 1, n] = fma32(i2f((q0 >> 2) & 3), sd[s0 + 2, n], sm[s0 + 2, n])
                             wb[4 * ll + 2, n] = fma32(i2f((q0 >> 4) & 3), sd[s0 + 4, n], sm[s0 + 4, n])
                             wb[4 * ll + 3, n] = fma32(i2f((q0 >> 6) & 3), sd[s0 + 6, n], sm[s0 + 6, n])
-                    _use(wb, xp, acc, T, kb, 128, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 128, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1223,7 +1223,7 @@ def _k_q3_k(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[4 * ll + 1, n] = sd[s0 + 2, n] * i2f(((q0 >> 2) & 3) + 4 * ((h0 >> (4 * hf + 1)) & 1) - 4)
                             wb[4 * ll + 2, n] = sd[s0 + 4, n] * i2f(((q0 >> 4) & 3) + 4 * ((h0 >> (4 * hf + 2)) & 1) - 4)
                             wb[4 * ll + 3, n] = sd[s0 + 6, n] * i2f(((q0 >> 6) & 3) + 4 * ((h0 >> (4 * hf + 3)) & 1) - 4)
-                    _use(wb, xp, acc, T, kb, 128, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 128, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1320,7 +1320,7 @@ def _k_mxfp4(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                         q0 = qs[g, b, j, n]
                         wb[2 * j, n] = mxf(q0 & 15) * dd
                         wb[2 * j + 1, n] = mxf(q0 >> 4) * dd
-                _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1437,7 +1437,7 @@ def _k_iq2_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[8 * l + 5, n] = sd[s, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
                             wb[8 * l + 6, n] = sd[s, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
                             wb[8 * l + 7, n] = sd[s, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1567,7 +1567,7 @@ def _k_iq2_xs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
                             wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
                             wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1697,7 +1697,7 @@ def _k_iq2_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 40) & 255) * sgnf(k0, 5)
                             wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 48) & 255) * sgnf(k0, 6)
                             wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * i2f((ge0 >> 56) & 255) * sgnf(k0, 7)
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1827,7 +1827,7 @@ def _k_iq3_xxs(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[8 * l + 5, n] = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
                             wb[8 * l + 6, n] = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
                             wb[8 * l + 7, n] = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -1960,7 +1960,7 @@ def _k_iq3_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[8 * l + 5, n] = sd[s, n] * i2f((gr0 >> 8) & 255) * sgnf(k0, 5)
                             wb[8 * l + 6, n] = sd[s, n] * i2f((gr0 >> 16) & 255) * sgnf(k0, 6)
                             wb[8 * l + 7, n] = sd[s, n] * i2f((gr0 >> 24) & 255) * sgnf(k0, 7)
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -2086,7 +2086,7 @@ def _k_iq1_s(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[8 * l + 5, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 5]) + sm[s, n])
                             wb[8 * l + 6, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 6]) + sm[s, n])
                             wb[8 * l + 7, n] = sd[s, n] * (i2f(GRID_IQ1S[q0, 7]) + sm[s, n])
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
@@ -2214,7 +2214,7 @@ def _k_iq1_m(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
                             wb[8 * l + 5, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 5]) + (-DELTA if h0 & 8 else DELTA))
                             wb[8 * l + 6, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 6]) + (-DELTA if h0 & 8 else DELTA))
                             wb[8 * l + 7, n] = sd[2 * s + (l) // 2, n] * (i2f(GRID_IQ1S[q0, 7]) + (-DELTA if h0 & 8 else DELTA))
-                    _use(wb, xp, acc, T, kb, 32, out, perm, (g - g0) * NT)
+                    _use_at(wb.ctypes.data, pxp, acc.ctypes.data, T, kb, 32, pout, Kp, N, (g - g0) * NT)
         _store(acc, out, g, T)
 
 
