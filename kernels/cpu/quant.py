@@ -38,7 +38,8 @@ get_rows are generated from one template into kernels/cpu/quant_gen.py (kernels/
 
 Dispatch. Each type's kernel is a Numba cfunc (compiled lazily, cached on disk), called by address from a
 single parallel launcher: one small parallel region to compile, and no kernel is re-optimised inside another
-function (this halves the cold compile time of the test suite).
+function (this halves the cold compile time of the test suite). The f32 kernels share their accumulation step
+(`drivers._use`) as one compiled C entry point that each kernel calls, rather than a copy inlined into each.
 
 Prefill (T > 64): the same kernels, in "dequantise" mode (T = 0), expand chunks of tiles to float32 [K, cols]
 and BLAS (numpy matmul) multiplies; deterministic, not bitwise equal to the GEMV path. Windows of 9..64 rows
