@@ -1039,7 +1039,7 @@ def _entry(kind: int, name: str):
             scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
             pd = scratch.ctypes.data
             rows_t1 = t1 and T == 1
-            rs = np.empty(GL, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
+            rs = np.empty(GL if rows_t1 else 0, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
             prs = rs.ctypes.data
             for g in range(g0, g1):
                 for j in range(NJ):
