@@ -41,6 +41,7 @@ from ..kernels.cpu.quant import ExpertTable, PackedMatrix, matmul
 PAGE = mmap.PAGESIZE
 IO_THREADS = 4  # reads in flight at once: an SSD serves several in parallel
 HISTORY_DECAY = 0.98  # per routed row: the router's history the cold-expert estimate reads spans ~50 rows
+UNION_DECAY = 0.99  # per window: the measured growth of a window's union of experts with its rows
 # the router's ranks whose experts the pre-gating reads ahead: on the 128-expert upcycle, ranks 1-4 predicted
 # before attention were used 97-85% of the time, ranks 5-8 78-47%; a wrong guess costs the disk a whole expert
 PREFETCH_RANKS = 4
@@ -196,6 +197,7 @@ class LayerExperts:
         self.slot_of = np.full(gu.orig.shape[0], -1, np.int64)
         self.chosen = np.zeros(gu.orig.shape[0], np.float64)  # decayed count of rows that chose each expert
         self.rows = 0.0  # decayed count of rows routed
+        self.last: np.ndarray | None = None  # the experts of the last window when it was one row
         self.down_at = gu.region  # the down matrix's offset in a slot
 
     @property
@@ -215,10 +217,13 @@ class LayerExperts:
     def batches(self, eids: np.ndarray, counts: np.ndarray):
         """The cache's batches of eids (see ExpertCache.batches); counts[g]: rows (times ranks) that chose
         eids[g], the router's history the cold-expert estimate reads."""
-        g = HISTORY_DECAY ** (int(counts.sum()) / self.cache.top_k)
+        t = int(counts.sum()) // self.cache.top_k
+        g = HISTORY_DECAY ** t
         self.chosen *= g
         self.chosen[eids] += counts
-        self.rows = self.rows * g + int(counts.sum()) / self.cache.top_k
+        self.rows = self.rows * g + t
+        self.cache.observe_union(t, eids, self.last)
+        self.last = eids if t == 1 else None
         return self.cache.batches(self, eids)
 
     def predict(self, x: np.ndarray) -> None:
@@ -328,6 +333,7 @@ class ExpertCache:
         self.cond = threading.Condition()
         self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="guild-experts")
         self.closed = False
+        self._reset_history()
         for holder, ws_gu, L in holders:
             holder.experts_gu = CachedExperts(ws_gu, L)
             for kind in (L.gu, L.down):  # pages a first load or a build left in the page cache
@@ -520,19 +526,63 @@ class ExpertCache:
                 self.stats.prefetched += 1
                 self.pool.submit(self._read, s)
 
+    def _reset_history(self) -> None:
+        self.union_sum: dict[int, float] = {}  # per T: decayed sums of a T-row window's experts / top_k
+        self.union_n: dict[int, float] = {}
+        self.fresh_sum = self.fresh_n = 0.0  # decayed sums of the share of a row's experts its predecessor lacked
+
+    def observe_union(self, t: int, eids: np.ndarray, last: np.ndarray | None) -> None:
+        """A layer's window of t rows routed to `eids` (distinct); `last`: that layer's previous window's experts
+        when it was one row (so at t = 1, the row before this one)."""
+        d = UNION_DECAY
+        if t >= 2:
+            self.union_sum[t] = d * self.union_sum.get(t, 0.0) + eids.size / self.top_k
+            self.union_n[t] = d * self.union_n.get(t, 0.0) + 1.0
+        elif last is not None:
+            self.fresh_sum = d * self.fresh_sum + 1.0 - np.intersect1d(eids, last).size / self.top_k
+            self.fresh_n = d * self.fresh_n + 1.0
+
+    def growth(self, t: int) -> float:
+        """A window of t rows' union of experts in rows' worth (1 at t = 1): measured on windows of t rows,
+        shrunk towards 1 + (t - 1) f, f the share of a row's experts the row before it did not use (consecutive
+        tokens share experts; f = 1, rows with nothing in common, until measured)."""
+        if t <= 1:
+            return 1.0
+        f = self.fresh_sum / self.fresh_n if self.fresh_n > 0 else 1.0
+        w0 = 4.0  # the prior's weight, in windows
+        prior = 1.0 + (t - 1) * f
+        return (self.union_sum.get(t, 0.0) + w0 * prior) / (self.union_n.get(t, 0.0) + w0)
+
     def cold_experts(self, t_max: int) -> list[float]:
-        """Expected experts a window of T = 1..t_max rows would read from disk: over every layer, each expert
-        not resident times the chance that one of T rows picks it (rows drawn from the router's recent history,
-        independently: 1 - (1 - p_e)^T with p_e its share of recent rows)."""
-        out = np.zeros(t_max)
-        ts = np.arange(1, t_max + 1)[:, None]
+        """Expected experts a window of T = 1..t_max rows would read from disk: a row's (over every layer, each
+        expert not resident times its share p_e of the router's recent rows) times the window's union growth
+        (`growth`: consecutive rows share experts, which a model of independent rows would price T times)."""
         with self.cond:
+            one = 0.0
             for L in self.layers.values():
-                if L.rows <= 0:
-                    continue
-                p = np.minimum(L.chosen[L.slot_of < 0] / L.rows, 1.0)
-                out += (1.0 - (1.0 - p[None, :]) ** ts).sum(axis=1)
-        return out.tolist()
+                if L.rows > 0:
+                    one += float(np.minimum(L.chosen[L.slot_of < 0] / L.rows, 1.0).sum())
+            return [one * self.growth(t) for t in range(1, t_max + 1)]
+
+    def clear(self) -> None:
+        """Empty every slot and forget the router's history, as just after loading (a benchmark's cold start);
+        waits for the reads in flight. The slots' pages go back to the system."""
+        with self.cond:
+            while self.in_flight or self.pins.any() or self.loading.any():
+                self.cond.wait()
+            for own in self.owner:
+                if own is not None:
+                    own[0].slot_of[own[1]] = -1
+                    own[0].point(own[1], None)
+            self.owner = [None] * self.n_slots
+            self.free = list(range(self.n_slots - 1, -1, -1))
+            self.crf[:], self.t_last[:], self.from_prefetch[:] = 0.0, 0.0, False
+            self.clock, self.read_ms = 0, None
+            for L in self.layers.values():
+                L.chosen[:], L.rows, L.last = 0.0, 0.0, None
+            self._reset_history()
+            if hasattr(self._mem, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                self._mem.madvise(mmap.MADV_DONTNEED)
 
     def cold_ms(self, t_max: int) -> list[float] | None:
         """cold_experts priced at the measured wait per expert read (None until one was timed): the residency

@@ -5,12 +5,14 @@ The model: the 128-expert top-8 upcycle `smollm2-135m-moe128` (6.4 GB; built und
 $GUILD_CACHE_DIR, on first use) or --model. Steps: load with an expert cache of --expert-cache-mem (default: 45%
 of the repack cache file); drop the GGUF's and the repack cache's pages from the page cache (POSIX_FADV_DONTNEED);
 measure the disk's read speed with expert-sized reads at random experts, IO_THREADS at a time (what a cache miss
-does); decode N greedy tokens per strategy; print decode tok/s beside the disk bound (read speed / bytes read per
+does); per workload (default W7, creative prose: nothing to copy, and W3, an extraction that quotes its input),
+decode N greedy tokens per strategy, each from an emptied expert cache (so no run inherits another's experts),
+strategies alternated over --rounds; print decode tok/s beside the disk bound (read speed / bytes read per
 token), the hit rate, bytes read per token, the drafts per window and where each token's time went. llama.cpp
-(llama-cpp-python, `make setup-oracle`) decodes the same prompt in a subprocess, from dropped pages too. Each engine
-runs in a memory cgroup of its own (a child of this process's, v2 or v1; no systemd needed) sized to the expert
-cache, the model's non-expert part and RUNTIME_HEADROOM, page cache included; where none can be made (or with
---no-cap) the report says both ran uncapped.
+(llama-cpp-python, `make setup-oracle`) decodes the first workload's prompt in a subprocess, from dropped pages
+too. Each engine runs in a memory cgroup of its own (a child of this process's, v2 or v1; no systemd needed)
+sized to the expert cache, the model's non-expert part and RUNTIME_HEADROOM, page cache included; where none can
+be made (or with --no-cap) the report says both ran uncapped.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 
 from ..errors import GuildError
 
-PROMPT = "Write a short story about a robot who learns to paint."
+WORKLOADS = "W7,W3"  # nothing to copy; an input-grounded extraction
 SCRATCH = "/tmp/guild-beyond-ram"
 DEFAULT_SHARE = 0.45  # the default cache: this share of the repack cache file (3 GB of the 6.4 GB model)
 READ_PROBE_BYTES = 512 << 20  # bytes the read-speed probe reads (at most)
@@ -113,13 +115,15 @@ def breakdown(d: dict, steps: int) -> dict:
 
 
 def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int, cap: Path | None = None) -> dict:
-    """N greedy tokens with `strategy`; the cache's counters and where the time went over the decode (after the
-    prompt's prefill)."""
+    """N greedy tokens with `strategy` from an emptied expert cache; the cache's counters and where the time
+    went over the decode (after the prompt's prefill), and the draft lengths the scheduler chose."""
     from dataclasses import replace
 
     from ..speculative.options import DraftOptions
 
     cache = lm.model.expert_cache
+    cache.clear()  # a cold start: no run inherits the experts another one read
+    drop_pages(cache.path)
     n_ctx = len(ids) + n + 16
     drafter = None if strategy == "normal" else lm.drafter(replace(DraftOptions(), strategy=strategy), n_ctx)
     marks = []
@@ -139,7 +143,27 @@ def run_guild(lm, ids: list, n: int, strategy: str, max_draft: int, cap: Path | 
             "misses_per_token": d["misses"] / steps, "prefetched_per_token": d["prefetched"] / steps,
             "prefetch_used": d["prefetch_used"], "evictions": d["evictions"],
             "windows": len(st.windows), "drafted": st.summary()["drafted"], "accepted": st.summary()["accepted"],
-            "breakdown": breakdown(d, steps)}
+            "draft_lengths": _histogram(w.k for w in st.windows), "breakdown": breakdown(d, steps)}
+
+
+def _histogram(ks) -> dict:
+    out: dict = {}
+    for k in ks:
+        out[int(k)] = out.get(int(k), 0) + 1
+    return dict(sorted(out.items()))
+
+
+def medians(runs: list) -> list:
+    """Per (workload, strategy) in first-seen order, the run with the median decode tok/s (the lower of the
+    middle two), its rounds' speeds under `rounds_tok_s`."""
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault((r["workload"], r["strategy"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        by = sorted(rs, key=lambda r: r["decode_tok_s"])
+        out.append({**by[(len(by) - 1) // 2], "rounds_tok_s": [r["decode_tok_s"] for r in rs]})
+    return out
 
 
 # -- the memory cap: a cgroup of our own, under systemd or not -------------------------------------------
@@ -201,17 +225,17 @@ def leave_cap(cap: Path) -> None:
 
 
 # -- llama.cpp, in its own process ---------------------------------------------------------------------
-def probe_llama(path: str, n: int, threads: int) -> dict:
+def probe_llama(path: str, workload: str, n: int, threads: int) -> dict:
     from ..text.tokenizer import Tokenizer
+    from ..workloads import load_workloads
     from .perf import llama_cpp_decode
 
-    tok = Tokenizer.from_gguf(path)
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]), add_special=True)
+    ids = load_workloads([workload])[0].prompt_ids(Tokenizer.from_gguf(path))
     dec, pre, toks = llama_cpp_decode(path, ids, n, threads, 1)
     return {"decode_tok_s": dec, "prefill_tok_s": pre, "tokens": [int(t) for t in toks], "peak_rss": peak_rss()}
 
 
-def run_llama(path: str, n: int, threads: int, cap: Path | None) -> dict | None:
+def run_llama(path: str, workload: str, n: int, threads: int, cap: Path | None) -> dict | None:
     """llama.cpp's decode in a subprocess that joins `cap` before it loads anything (uncapped when None)."""
     try:
         import llama_cpp  # noqa: F401  (optional: the llama.cpp anchor)
@@ -219,7 +243,7 @@ def run_llama(path: str, n: int, threads: int, cap: Path | None) -> dict | None:
         return None
     drop_pages(path)
     cmd = [sys.executable, "-m", "guild.tools.beyond_ram", "--probe-llama", "--model", path, "-n", str(n),
-           "--threads", str(threads)]
+           "--threads", str(threads), "--workloads", workload]
     if cap is not None:
         cmd = ["sh", "-c", f'echo $$ > "{cap}/cgroup.procs" && exec "$@"', "sh", *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -235,36 +259,47 @@ def report(rep: dict) -> str:
     c = rep["cache"]
     lines = [f"**{Path(rep['model']).name}**: repack cache {rep['file_bytes'] / gb:.2f} GB, of which experts "
              f"{c['expert_bytes'] / gb:.2f} GB; expert cache {c['resident_bytes'] / gb:.2f} GB ({c['n_slots']} slots "
-             f"of {c['slot_bytes'] / 1e6:.2f} MB); {rep['threads']} threads, {rep['n']} greedy tokens; disk "
+             f"of {c['slot_bytes'] / 1e6:.2f} MB); {rep['threads']} threads, {rep['n']} greedy tokens per run, "
+             f"{rep['rounds']} round(s) from an emptied cache, median; disk "
              f"{rep['read_gb_s']:.2f} GB/s in expert-sized random reads; peak RSS {rep['peak_rss'] / gb:.2f} GB; "
              f"kernel threads {'sleep' if c.get('passive_wait') else 'spin'} while waiting", "",
              _cap_line(rep), "",
-             "| engine | strategy | decode tok/s | disk bound tok/s | share of bound | hit rate | MB read/token "
-             "| drafted/window |", "|---" * 8 + "|"]
-    for r in rep["guild"]:
+             "| workload | engine | strategy | decode tok/s | disk bound tok/s | share of bound | hit rate "
+             "| MB read/token | drafted/window | accepted/drafted | windows by draft length |", "|---" * 11 + "|"]
+    med = medians(rep["guild"])
+    for r in med:
         mb = r["bytes_read_per_token"] / 1e6
         bound = rep["read_gb_s"] * gb / r["bytes_read_per_token"] if r["bytes_read_per_token"] else float("inf")
         hr = "" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
-        lines.append(f"| guild | {r['strategy']} | {r['decode_tok_s']:.2f} | {bound:.2f} | "
-                     f"{r['decode_tok_s'] / bound:.0%} | {hr} | {mb:.1f} | {r['drafted'] / r['windows']:.2f} |")
+        acc = f"{r['accepted'] / r['drafted']:.0%}" if r["drafted"] else ""
+        ks = " ".join(f"{k}:{n}" for k, n in r["draft_lengths"].items())
+        lines.append(f"| {r['workload']} | guild | {r['strategy']} | {r['decode_tok_s']:.2f} | {bound:.2f} | "
+                     f"{r['decode_tok_s'] / bound:.0%} | {hr} | {mb:.1f} | {r['drafted'] / r['windows']:.2f} | "
+                     f"{acc} | {ks} |")
     ll = rep.get("llama")
     if ll is not None:
-        g = rep["guild"][0]
-        lines.append(f"| llama.cpp | normal | {ll['decode_tok_s']:.2f} | | | | | |")
-        lines.append(f"\nguild {g['strategy']} / llama.cpp: {g['decode_tok_s'] / ll['decode_tok_s']:.2f}×")
+        g = med[0]
+        lines.append(f"| {g['workload']} | llama.cpp | normal | {ll['decode_tok_s']:.2f} | | | | | | | |")
+        lines.append(f"\nguild {g['strategy']} / llama.cpp on {g['workload']}: "
+                     f"{g['decode_tok_s'] / ll['decode_tok_s']:.2f}×")
     else:
         lines.append("\nllama.cpp: not measured (`llama_cpp` is not importable here: `make setup-oracle`)")
-    for r in rep["guild"]:
+    if rep["rounds"] > 1:
+        lines.append("\nevery round's tok/s: " + "; ".join(
+            f"{r['workload']} {r['strategy']} {', '.join(f'{v:.2f}' for v in r['rounds_tok_s'])}" for r in med))
+    for r in med:
         b = r["breakdown"]
         ms = b["ms_per_token"]
         depth = "" if b["mean_depth"] is None else f", {b['mean_depth']:.1f} in flight, {b['ms_per_read']:.1f} ms each"
-        lines.append(f"\n{r['strategy']}: {ms['wall_s']:.0f} ms/token = waiting on reads {ms['wait_s']:.0f} "
+        lines.append(f"\n{r['workload']} {r['strategy']}: {ms['wall_s']:.0f} ms/token = waiting on reads "
+                     f"{ms['wait_s']:.0f} "
                      f"({b['sync_reads_per_token']:.1f} read by the window, of {b['reads_per_token']:.1f}/token"
                      f"{depth}) + pre-gating {ms['predict_s']:.0f} + the rest {b['other_ms']:.0f}; CPU "
                      f"{ms['cpu_s']:.0f} ms/token (system {ms['sys_s']:.0f}), I/O threads in preadv {ms['read_s']:.0f}"
                      f" and fadvise {ms['drop_s']:.0f} ms/token; major faults {b['major_faults_per_token']:.1f}/token")
-    toks = [r["tokens"] for r in rep["guild"]]
-    lines.append(f"\nstrategies emit the same tokens: {all(t == toks[0] for t in toks)}")
+    same = all(r["tokens"] == next(q for q in rep["guild"] if q["workload"] == r["workload"])["tokens"]
+               for r in rep["guild"])
+    lines.append(f"\nstrategies emit the same tokens: {same}")
     return "\n".join(lines)
 
 
@@ -286,6 +321,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--strategies", default="normal,adaptive")
     ap.add_argument("--max-draft", type=int, default=4)
+    ap.add_argument("--workloads", default=WORKLOADS,
+                    help=f"workloads whose first turn is the prompt (default {WORKLOADS}; llama.cpp runs the first)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs per strategy and workload, alternated (median)")
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
     ap.add_argument("--no-cap", action="store_true",
                     help="do not run the engines in a memory cgroup (default: both in one of the same size, "
@@ -294,8 +332,18 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-llama", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.probe_llama:
-        print(json.dumps(probe_llama(a.model, a.n, a.threads)))
+        print(json.dumps(probe_llama(a.model, a.workloads, a.n, a.threads)))
         return 0
+    from ..workloads import WorkloadError, load_workloads
+
+    strategies = [s for s in a.strategies.split(",") if s]
+    try:
+        if a.rounds < 1:
+            raise GuildError(f"--rounds must be at least 1, got {a.rounds}")
+        workloads = load_workloads([w for w in a.workloads.split(",") if w])
+    except (GuildError, WorkloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     os.environ.setdefault("GUILD_CACHE_DIR", SCRATCH)
     from ..engine.experts import expert_cache_mem, wait_passively
 
@@ -335,10 +383,14 @@ def main(argv=None) -> int:
                 for p in (path, rpk):
                     drop_pages(p)
             speed = read_speed(cache)
-            ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}]),
-                                      add_special=True)
-            runs = [run_guild(lm, ids, a.n, s, a.max_draft, cap) for s in a.strategies.split(",") if s]
+            runs = []
+            for w in workloads:
+                ids = w.prompt_ids(lm.tokenizer)
+                for r in range(a.rounds):  # alternated: the machine's drift falls on every strategy alike
+                    for s in strategies if r % 2 == 0 else strategies[::-1]:
+                        runs.append({**run_guild(lm, ids, a.n, s, a.max_draft, cap), "workload": w.id, "round": r})
             rep = {"model": path, "file_bytes": rpk.stat().st_size, "threads": a.threads, "n": a.n,
+                   "rounds": a.rounds,
                    "read_gb_s": speed / 1e9,
                    "cap": None if cap is None else {"bytes": cap_bytes, "guild_peak": cap_peak(cap)},
                    "cache": {"bound": mem, "resident_bytes": cache.resident_bytes, "n_slots": cache.n_slots,
@@ -354,7 +406,7 @@ def main(argv=None) -> int:
         if not a.no_llama:
             lcap = None if cap is None else make_cap(cap_bytes, "llama")  # capped only beside a capped guild
             try:
-                rep["llama"] = run_llama(path, a.n, a.threads, lcap)
+                rep["llama"] = run_llama(path, workloads[0].id, a.n, a.threads, lcap)
                 if lcap is not None:
                     rep["cap"]["llama_peak"] = cap_peak(lcap)
             finally:

@@ -127,6 +127,39 @@ def test_prefetch_reads_ahead_and_its_experts_are_used(plain, moe_path):
 
 
 @pytest.mark.slow
+def test_clear_empties_the_slots_and_the_next_run_reads_again(plain, moe_path):
+    cached = _cached(moe_path, 120)
+    c = cached.expert_cache
+    truth, _ = _generate(plain)
+    assert _generate(cached)[0] == truth
+    reads = c.stats.reads
+    c.clear()
+    assert all(o is None for o in c.owner) and len(c.free) == c.n_slots and c.read_ms is None
+    for L in c.layers.values():  # every expert back to the mapped file's addresses, no router history
+        assert (L.slot_of == -1).all() and (L.addr_gu == L.gu.orig).all() and (L.addr_down == L.down.orig).all()
+        assert L.rows == 0 and not L.chosen.any()
+    assert c.cold_experts(4) == [0.0] * 4
+    want, got = _recording(plain), _recording(cached)
+    _generate(plain)
+    assert _generate(cached)[0] == truth and c.stats.reads > reads  # read again, the same logits
+    _bitwise(want, got)
+
+
+@pytest.mark.slow
+def test_window_union_growth_follows_consecutive_rows_then_measured_windows(moe_path):
+    c = _cached(moe_path, 3).expert_cache
+    assert c.growth(1) == 1.0 and c.growth(4) == 4.0  # nothing measured: rows share no expert
+    k = c.top_k
+    assert k % 2 == 0
+    for _ in range(50):  # consecutive single rows share half their experts
+        c.observe_union(1, np.arange(k), np.arange(k // 2, k // 2 + k))
+    assert c.growth(1) == 1.0 and c.growth(3) == pytest.approx(2.0) and c.growth(5) == pytest.approx(3.0)
+    for _ in range(500):  # windows of 3 rows measured at 2.5 rows' worth of experts
+        c.observe_union(3, np.arange(5 * k // 2), None)
+    assert 2.45 < c.growth(3) < 2.5 and c.growth(5) == pytest.approx(3.0)
+
+
+@pytest.mark.slow
 def test_adaptive_decoding_prices_the_cold_experts(plain, moe_path):
     """The session tells the adaptive scheduler the cold experts' read time per window size (the cache's
     non-resident experts weighted by the router's recent history); a cache that holds every expert has none."""
