@@ -283,7 +283,7 @@ def report(rep: dict) -> str:
         lines.append(f"\nguild {g['strategy']} / llama.cpp on {g['workload']}: "
                      f"{g['decode_tok_s'] / ll['decode_tok_s']:.2f}×")
     else:
-        lines.append("\nllama.cpp: not measured (`llama_cpp` is not importable here: `make setup-oracle`)")
+        lines.append("\nllama.cpp: not run (--no-llama, or `llama_cpp` is not importable here: `make setup-oracle`)")
     if rep["rounds"] > 1:
         lines.append("\nevery round's tok/s: " + "; ".join(
             f"{r['workload']} {r['strategy']} {', '.join(f'{v:.2f}' for v in r['rounds_tok_s'])}" for r in med))
