@@ -139,7 +139,7 @@ def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
         _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, True)
         return
     for h in range(h0, h0 + group):
-        _scores_scalar(q, kt, g, t, h, hd, L, scale, scores[t * H + h, :L])
+        _scores_scalar(q, kt, g, t, h, hd, 0, L, scale, scores[t * H + h])
     _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, False)
 
 
@@ -179,13 +179,14 @@ def _softmax_rows(scores, t, H, h0, group, L, vec):
 
 
 @njit(cache=True, inline="always")
-def _scores_scalar(q, kt, g, t, h, hd, L, scale, sc):
-    for j in range(L):
+def _scores_scalar(q, kt, g, t, h, hd, j0, L, scale, sc):
+    """sc[j] for j0 <= j < L: one chain over i of (q[t, h, i] * scale) * k[g, i, j] (multiply, then add)."""
+    for j in range(j0, L):
         sc[j] = 0.0
     for i in range(hd):  # s[j] += q[i] * k[j, i], vectorised over j
         qi = q[t, h, i] * scale
         kr = kt[g, i]
-        for j in range(L):
+        for j in range(j0, L):
             sc[j] += qi * kr[j]
 
 
@@ -403,9 +404,10 @@ def softmax_topk(logits, k, renorm, ids, weights):
 # block_q8_0 split in two arrays, int8 quants and an f16 scale (uint16 bits) per 32 values along head_dim; keys
 # transposed as the f32 kernel wants them (quants [Hkv, hd, ctx], scales [Hkv, hd/32, ctx]), values per position
 # (quants [Hkv, ctx, hd], scales [Hkv, ctx, hd/32]). A window takes a pass of scores by the key type, then softmax
-# and values by the value type. The f16 and q8_0 passes read each K and V block once for all the rows of a window
-# (tasks split positions for the scores, features for the values, never a reduction), and every score and output
-# element is one chain in a fixed order whatever rows share the call: row invariance for every pair of types.
+# and values by the value type (float32 on both sides: windows of two rows or more; one row is `attention`). The
+# passes read each K and V block once for all the rows of a window (tasks split positions for the scores, features
+# for the values, never a reduction), and every score and output element is one chain in a fixed order whatever
+# rows share the call: row invariance for every pair of types. The float32 passes compute `attention`'s chains.
 # =========================================================================================================
 KV_TILE = 64  # positions per score tile: a K tile stays in L1 while every row and head of the window uses it
 KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verification window is one pass)
@@ -430,31 +432,179 @@ def kv_quantize_q8_0(x, qs, d):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def scores_f32(q, kt, pos0, scale, scores):
-    """The score pass over float32 keys [Hkv, hd, ctx]: scores[t * H + h, :pos0 + t + 1], as `attention` computes
-    them."""
+    """The score pass over float32 keys [Hkv, hd, ctx]: scores[t * H + h, :pos0 + t + 1], each score the chain
+    `attention` computes. One task per (KV head, tile of KV_TILE positions) serves every row of the window, as
+    scores_window does."""
+    T, H, hd = q.shape
+    Hkv = kt.shape[0]
+    vec = hd % 16 == 0 and kt.strides[2] == 4 and scores.strides[1] == 4 and q.strides[2] == 4
+    qs = (q * scale).reshape(T * H, hd)  # the products every chain starts its steps with
+    n_tiles = (pos0 + T + KV_TILE - 1) // KV_TILE
+    for u in prange(Hkv * n_tiles):
+        g = u // n_tiles
+        _scores_f32_tile(q, qs, kt, pos0, scale, scores, g, (u - g * n_tiles) * KV_TILE, vec)
+
+
+@njit(cache=True, error_model="numpy")
+def _scores_f32_tile(q, qs, kt, pos0, scale, scores, g, j0, vec):
+    """Positions j0 .. j0 + KV_TILE - 1 of KV head g for every row that reaches them (outside the parallel
+    region, like _attend). Vectorised: 16 positions at a time, six (row, head) pairs per K vector load (12 of
+    an AVX2 host's 16 registers), the rows that end inside the 16 lane by lane."""
     T, H, hd = q.shape
     group = H // kt.shape[0]
-    vec = hd % 16 == 0 and kt.strides[2] == 4 and scores.strides[1] == 4 and q.strides[2] == 4
-    for u in prange(kt.shape[0] * T):
-        g = u // T
-        t = u - g * T
-        if vec:
-            _scores_vec(q, kt, g, t, g * group, group, hd, pos0 + t + 1, scale, scores, t * H + g * group, 0)
-        else:
+    if not vec:
+        for t in range(max(0, j0 - pos0), T):
             for h in range(g * group, (g + 1) * group):
-                _scores_scalar(q, kt, g, t, h, hd, pos0 + t + 1, scale, scores[t * H + h, : pos0 + t + 1])
+                _scores_scalar(q, kt, g, t, h, hd, j0, min(j0 + KV_TILE, pos0 + t + 1), scale, scores[t * H + h])
+        return
+    pk = kt.ctypes.data + g * kt.strides[0]
+    sk = kt.strides[1]
+    for jc in range(j0, min(j0 + KV_TILE, pos0 + T), 16):
+        tf = max(0, jc + 15 - pos0)  # rows tf.. reach all 16 positions
+        n = max(0, T - tf) * group
+        for p in range(0, n, 6):
+            _scores_six(qs, pk, sk, jc, scores, tf, g, group, H, hd, p, min(6, n - p))
+        for t in range(max(0, jc - pos0), min(tf, T)):
+            for h in range(g * group, (g + 1) * group):
+                for j in range(jc, pos0 + t + 1):
+                    a = np.float32(0.0)
+                    for i in range(hd):
+                        a = fma32(qs[t * H + h, i], kt[g, i, j], a)
+                    scores[t * H + h, j] = a
+
+
+@njit(cache=True, inline="always")
+def _scores_six(qs, pk, sk, jc, scores, tf, g, group, H, hd, p, m):
+    """Positions jc .. jc + 15 of the pairs p .. p + m - 1 (m <= 6; pair p is row tf + p // group, head
+    g * group + p % group): one fma chain over i per score. Missing pairs repeat the last one, unstored."""
+    r0 = _pair_row(p, tf, g, group, H)
+    r1 = _pair_row(p + min(1, m - 1), tf, g, group, H)
+    r2 = _pair_row(p + min(2, m - 1), tf, g, group, H)
+    r3 = _pair_row(p + min(3, m - 1), tf, g, group, H)
+    r4 = _pair_row(p + min(4, m - 1), tf, g, group, H)
+    r5 = _pair_row(p + min(5, m - 1), tf, g, group, H)
+    a0 = a1 = a2 = a3 = a4 = a5 = zero_f()
+    pj = pk + 4 * jc
+    for i in range(hd):
+        a0, a1, a2, a3, a4, a5 = _fma_six(qs, i, r0, r1, r2, r3, r4, r5, m, ld_f32(pj + i * sk),
+                                          a0, a1, a2, a3, a4, a5)
+    _store_six(scores.ctypes.data + 4 * jc, scores.strides[0], m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
+
+
+@njit(cache=True, inline="always")
+def _fma_six(w, c, r0, r1, r2, r3, r4, r5, m, v, a0, a1, a2, a3, a4, a5):
+    """One chain step of six accumulators: a_k + w[r_k, c] * v, the last three only where m > 3 (a test the
+    caller's loop does not change: LLVM compiles a three-pair loop and a six-pair one)."""
+    a0 = fma_f(splat_f(w[r0, c]), v, a0)
+    a1 = fma_f(splat_f(w[r1, c]), v, a1)
+    a2 = fma_f(splat_f(w[r2, c]), v, a2)
+    if m > 3:
+        a3 = fma_f(splat_f(w[r3, c]), v, a3)
+        a4 = fma_f(splat_f(w[r4, c]), v, a4)
+        a5 = fma_f(splat_f(w[r5, c]), v, a5)
+    return a0, a1, a2, a3, a4, a5
+
+
+@njit(cache=True, inline="always")
+def _store_six(base, stride, m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5):
+    """The vector a_k at base + r_k * stride for k < m."""
+    st_f32(base + r0 * stride, a0)
+    if m > 1:
+        st_f32(base + r1 * stride, a1)
+    if m > 2:
+        st_f32(base + r2 * stride, a2)
+    if m > 3:
+        st_f32(base + r3 * stride, a3)
+    if m > 4:
+        st_f32(base + r4 * stride, a4)
+    if m > 5:
+        st_f32(base + r5 * stride, a5)
+
+
+@njit(cache=True, inline="always")
+def _pair_row(p, t0, g, group, H):
+    """Row t * H + h of the pair p of a task's (row, head) pairs: row t0 + p // group, head g * group + p % group."""
+    return (t0 + p // group) * H + g * group + p % group
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def values_f32(scores, vc, pos0, out):
-    """The softmax and value pass over float32 values [Hkv, ctx, hd], as `attention` computes them."""
+def values_f32(scores, inv, vc, pos0, out):
+    """The value pass over float32 values [Hkv, ctx, hd] after softmax_window: out[t, h, i] = the chain over
+    positions j <= pos0 + t of (p[t, h, j] * inv[t, h]) * v[j, i] that `attention` computes (an fma chain where
+    vectorised). One task per (KV head, KV_ROWS rows) walks the positions in tiles of KV_TILE, each V tile read
+    from memory once, whole rows in order (tasks of 32 features, each reading half of every row, were slower at
+    32K positions), then reused from L1 by every row and head of the task; the accumulators wait in a scratch
+    block between tiles, which leaves every chain as it is."""
     T, H, hd = out.shape
-    group = H // vc.shape[0]
+    Hkv = vc.shape[0]
     vec = hd % 16 == 0 and vc.strides[2] == 4 and scores.strides[1] == 4 and out.strides[2] == 4
-    for u in prange(vc.shape[0] * T):
-        g = u // T
-        t = u - g * T
-        _softmax_pv(vc, scores, out, g, t, g * group, group, hd, pos0 + t + 1, vec)
+    nb = (T + KV_ROWS - 1) // KV_ROWS
+    for u in prange(Hkv * nb):
+        g = u // nb
+        t0 = (u - g * nb) * KV_ROWS
+        _values_f32_task(scores, inv, vc, pos0, out, g, t0, min(t0 + KV_ROWS, T), vec)
+
+
+@njit(cache=True, error_model="numpy")
+def _values_f32_task(scores, inv, vc, pos0, out, g, t0, t1, vec):
+    """out[t0:t1, heads of g] (outside the parallel region, like _attend). Vectorised: per tile, the weights of
+    its pairs once, then 16 features at a time, six pairs per V vector load; the rows that end inside the tile
+    one pair at a time."""
+    H, w = out.shape[1], out.shape[2]
+    group = H // vc.shape[0]
+    n = (t1 - t0) * group
+    acc = np.zeros((n, w), np.float32)
+    pt = np.empty((n, KV_TILE), np.float32)
+    pv = vc.ctypes.data + g * vc.strides[0]
+    sj = vc.strides[1]
+    for j0 in range(0, pos0 + t1, KV_TILE):
+        j1 = min(j0 + KV_TILE, pos0 + t1)
+        ta = max(t0, j0 - pos0)  # rows ta.. reach this tile
+        tb = max(ta, j1 - 1 - pos0)  # rows tb.. reach all of it
+        for p in range((ta - t0) * group, n):
+            th = _pair_row(p, t0, g, group, H)
+            e = min(j1, pos0 + t0 + p // group + 1)
+            for j in range(j0, e):
+                pt[p, j - j0] = scores[th, j] * inv[th]
+            if not vec:
+                a = acc[p]
+                for j in range(j0, e):  # as _softmax_pv's scalar loop
+                    vr = vc[g, j]
+                    for i in range(w):
+                        a[i] += pt[p, j - j0] * vr[i]
+        if not vec:
+            continue
+        for c in range(0, w, 16):
+            for p in range((tb - t0) * group, n, 6):
+                _values_six(pt, acc, pv + 4 * c, sj, j0, j1, c, p, min(6, n - p))
+            for p in range((ta - t0) * group, (tb - t0) * group):
+                _values_six(pt, acc, pv + 4 * c, sj, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
+    for p in range(n):
+        out[t0 + p // group, g * group + p % group] = acc[p]
+
+
+@njit(cache=True, inline="always")
+def _values_six(pt, acc, pv, sj, j0, j1, c, p, m):
+    """acc[p + r, c : c + 16] continues its fma chain over positions j0 <= j < j1 with pt[p + r, j - j0] *
+    v[j] (pv: the 16 features' address at position 0) for r < m <= 6. Missing pairs repeat the last one,
+    unstored."""
+    p1 = p + min(1, m - 1)
+    p2 = p + min(2, m - 1)
+    p3 = p + min(3, m - 1)
+    p4 = p + min(4, m - 1)
+    p5 = p + min(5, m - 1)
+    pa = acc.ctypes.data + 4 * c
+    sa = acc.strides[0]
+    a0 = ld_f32(pa + p * sa)
+    a1 = ld_f32(pa + p1 * sa)
+    a2 = ld_f32(pa + p2 * sa)
+    a3 = ld_f32(pa + p3 * sa)
+    a4 = ld_f32(pa + p4 * sa)
+    a5 = ld_f32(pa + p5 * sa)
+    for j in range(j0, j1):
+        a0, a1, a2, a3, a4, a5 = _fma_six(pt, j - j0, p, p1, p2, p3, p4, p5, m, ld_f32(pv + j * sj),
+                                          a0, a1, a2, a3, a4, a5)
+    _store_six(pa, sa, m, p, p1, p2, p3, p4, p5, a0, a1, a2, a3, a4, a5)
 
 
 def stored_f32(x):
@@ -561,23 +711,25 @@ def values_window(scores, inv, vq, vs, q8, pos0, out):
 
 def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
     """Attention over a cache layer's stored keys and values, each a float32 array, f16 bits (uint16) or a q8_0
-    (quants, scale bits) pair; float32 on both sides is the one-pass `attention`."""
+    (quants, scale bits) pair. float32 on both sides: one row is the one-pass `attention`, a window the score,
+    softmax and value passes that read each K and V block once (bitwise the same rows); `attention` also takes
+    the rare layouts that are not stride-1, where the two would choose different code."""
+    T, H, _ = q.shape
     if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
-        attention(q, k, v, pos0, scale, out, scores)
-        return
+        if T == 1 or any(a.strides[-1] != 4 for a in (q, k, v, out, scores)):
+            attention(q, k, v, pos0, scale, out, scores)
+            return
     if isinstance(k, tuple):
         scores_window(q, k[0], k[1], True, pos0, scale, scores)
     elif k.dtype == np.uint16:
         scores_window(q, k, k, False, pos0, scale, scores)
     else:
         scores_f32(q, k, pos0, scale, scores)
-    if not isinstance(v, tuple) and v.dtype == np.float32:
-        values_f32(scores, v, pos0, out)
-        return
-    T, H, _ = q.shape
     inv = np.empty(T * H, np.float32)
     softmax_window(scores, T, H, pos0, inv)
     if isinstance(v, tuple):
         values_window(scores, inv, v[0], v[1], True, pos0, out)
-    else:
+    elif v.dtype == np.uint16:
         values_window(scores, inv, v, v, False, pos0, out)
+    else:
+        values_f32(scores, inv, v, pos0, out)

@@ -124,9 +124,12 @@ def test_expf_and_fixed_sum():
         assert ops.sum_fixed(y[:n]) == ops.sum_fixed(y[:n].copy())  # no dependence on where the data lives
 
 
-# (K type, V type, head_dim): 16 is not a whole q8_0 block (f16 takes any head size)
-KV_PAIRS = [("f16", "f16", 16), ("f16", "f16", 64), ("q8_0", "q8_0", 64), ("f32", "q8_0", 64), ("q8_0", "f16", 32),
-            ("f16", "f32", 64)]
+# (K type, V type, head_dim, query heads over 2 KV heads): 16 is not a whole q8_0 block (f16 takes any head size);
+# f32 windows: 16 and 80 (a 64-feature value task and a 16-feature one) vectorised, 24 the scalar loops; groups
+# of 2, 3 and 4 heads (the value kernel's three-head steps and their remainders)
+KV_PAIRS = [("f16", "f16", 16, 6), ("f16", "f16", 64, 6), ("q8_0", "q8_0", 64, 6), ("f32", "q8_0", 64, 6),
+            ("q8_0", "f16", 32, 6), ("f16", "f32", 64, 6), ("f32", "f32", 16, 8), ("f32", "f32", 80, 4),
+            ("f32", "f32", 24, 6)]
 
 
 def _kv_layer(kt, vt, k, v):
@@ -141,6 +144,28 @@ def _kv_layer(kt, vt, k, v):
     return c.kv_layer(0)
 
 
+def test_f32_windows_take_the_window_passes(monkeypatch):
+    """A float32 window of two rows or more reads the cache once (scores_f32, values_f32); one row, or operands
+    that are not stride-1, run the one-pass kernel."""
+    pos0, H, hd = 40, 4, 16
+    q, k, v, _, _ = _attn_inputs(4, pos0, H, 2, hd, 50)
+    kop, vop = _kv_layer("f32", "f32", k, v)
+    calls = []
+    for name in ("attention", "scores_f32", "values_f32"):
+        monkeypatch.setattr(ops, name, lambda *a, f=getattr(ops, name), n=name: calls.append((n, a[0].shape)) or f(*a))
+    scale = np.float32(hd**-0.5)
+    ops.attention_kv(q, kop, vop, pos0, scale, np.empty_like(q), np.empty((4 * H, 50), np.float32))
+    assert [c[0] for c in calls] == ["scores_f32", "values_f32"]
+    calls.clear()
+    ops.attention_kv(q[:1], kop, vop, pos0, scale, np.empty_like(q[:1]), np.empty((H, 50), np.float32))
+    assert [c[0] for c in calls] == ["attention"]
+    calls.clear()
+    qs = np.empty((4, H, 2 * hd), np.float32)[:, :, ::2]  # every other float: stride 8
+    qs[...] = q
+    ops.attention_kv(qs, kop, vop, pos0, scale, np.empty_like(q), np.empty((4 * H, 50), np.float32))
+    assert [c[0] for c in calls] == ["attention"]
+
+
 def test_kv_quantize_q8_0_matches_its_twin():
     x = rng.standard_normal((7, 64)).astype(np.float32) * rng.uniform(0.01, 30, (7, 1)).astype(np.float32)
     x[3, :32] = 0.0  # an all-zero block: scale 0, quants 0
@@ -151,12 +176,12 @@ def test_kv_quantize_q8_0_matches_its_twin():
     assert not qs[3, :32].any() and np.abs(qs).max() == 127
 
 
-@pytest.mark.parametrize("kt,vt,hd", KV_PAIRS)
-def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd):
+@pytest.mark.parametrize("kt,vt,hd,H", KV_PAIRS)
+def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd, H):
     """The window kernels read each K and V block once for all the rows of a call; every row still gets bitwise
     what it gets alone (any T, any neighbours, any thread count)."""
     # 90 positions: score tiles of 64 and a partial one
-    pos0, H, Hkv, ctx = 70, 6, 2, 90
+    pos0, Hkv, ctx = 70, 2, 90
     q, k, v, _, _ = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
     kop, vop = _kv_layer(kt, vt, k, v)
     assert (isinstance(kop, tuple), isinstance(vop, tuple)) == (kt == "q8_0", vt == "q8_0")
@@ -182,6 +207,12 @@ def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd):
     finally:
         numba.set_num_threads(before)
     np.testing.assert_allclose(full, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
+    if kt == vt == "f32":  # the window passes compute the one-pass kernel's chains
+        scores = np.empty((8 * H, ctx), np.float32)
+        out = np.empty_like(q)
+        ops.attention(q, kop, vop, pos0, np.float32(hd**-0.5), out, scores)
+        assert np.array_equal(full, out)
+        return
     # the stored types are what was read: close to float32 attention, not equal to it
     f32 = ref.attention(q, k, v, pos0, hd**-0.5)
     assert 0 < np.abs(full - f32).max() < (0.02 if "q8_0" in (kt, vt) else 2e-3)
