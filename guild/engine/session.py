@@ -35,6 +35,7 @@ class WindowRecord:
     emitted: int  # tokens emitted (accepted drafts + 1)
     distinct_experts: tuple[int, ...]  # per layer, union of experts over the window's rows (MoE models)
     decision: object | None = None  # the adaptive scheduler's Decision: candidates and choice (--trace)
+    forced: int = 0  # drafts the grammar forced (accepted whatever the logits)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class GenerationStats:
         w = self.windows
         drafted = sum(r.k for r in w)
         accepted = sum(r.emitted - 1 for r in w)
+        forced = sum(r.forced for r in w)
         by_strategy: dict[str, dict] = {}
         for r in w:
             s = by_strategy.setdefault(r.strategy, {"windows": 0, "tokens": 0, "drafted": 0, "accepted": 0})
@@ -77,6 +79,7 @@ class GenerationStats:
             "drafted": drafted,
             "accepted": accepted,
             "acceptance": round(accepted / drafted, 4) if drafted else None,
+            "forced": forced,
             "tokens_per_window": round(sum(r.emitted for r in w) / len(w), 3) if w else None,
             "t_histogram": dict(sorted(Counter(r.k + 1 for r in w).items())),
             "strategies": by_strategy,
@@ -198,6 +201,7 @@ class Generation:
         self.sampling = sampling
         self.constraint = constraint
         self.verifier = Verifier(sampling, session.eos_ids, constraint, logprobs)
+        self.drafter.observe_constraint(constraint)
         self.logprobs: list[TokenLogprob] = []
         self.st = GenerationStats(prompt_tokens=len(prompt))
         self.out: list[int] = []
@@ -245,12 +249,13 @@ class Generation:
             draft = draft[: self.constraint.valid_prefix(draft)]
         window = [s.tokens[-1], *(int(d) for d in draft)]
         decision = self.drafter.last_decision if room > 0 else None
-        self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3, decision)
+        forced = min(self.drafter.last_forced, len(draft)) if room > 0 else 0
+        self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3, decision, forced)
         return window
 
     def finish(self, out: ForwardResult, t_forward: float) -> None:
         """Verify the window's forward (logits [T, vocab]; started at perf_counter() == t_forward), commit."""
-        window, pos0, draft_ms, decision = self._pending
+        window, pos0, draft_ms, decision, forced = self._pending
         s, d = self.s, self.drafter
         res = self.verifier.verify(out.logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
         emitted, stopped = 0, False
@@ -274,7 +279,7 @@ class Generation:
         d.observe_logits(out.logits[res.keep - 1])
         self.st.windows.append(WindowRecord(
             strategy, k, draft_ms, verify_ms, emitted, emitted,
-            tuple(int(x) for x in out.distinct_experts), decision,
+            tuple(int(x) for x in out.distinct_experts), decision, forced,
         ))
         if stopped:
             self.st.stop_reason = "stop"

@@ -29,6 +29,19 @@ def agree(sig: dict, strategy: str, tokens, others) -> None:
         sig["agree"] = 1.0 if tokens[0] in firsts else -1.0
 
 
+def with_forced(p: Proposal, forced: tuple[int, ...], c, k: int) -> Proposal:
+    """Proposal p (at most k tokens) as the window would run it under grammar c: cut where the grammar refuses
+    it, the run `forced` from the root when p stops inside it, then the tokens forced after p's last one, each
+    of those marked certain. p's own tokens past the forced run keep their rates."""
+    toks = p.tokens[:k]
+    toks = toks[: c.valid_prefix(toks)]
+    if len(toks) <= len(forced):  # a valid token where the grammar forces one is the forced one
+        return Proposal(p.strategy, forced, p.signals, (True,) * len(forced))
+    after = c.forced(toks, k - len(toks))
+    return Proposal(p.strategy, toks + after, p.signals,
+                    (True,) * len(forced) + (False,) * (len(toks) - len(forced)) + (True,) * len(after))
+
+
 class AdaptiveDrafter(Drafter):
     """Drafter protocol over several drafters and one scheduler. `clock` times each drafter's propose (the
     scheduler itself reads no clock); the session reports each window through `observe`."""
@@ -44,6 +57,7 @@ class AdaptiveDrafter(Drafter):
         self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
         self.last_strategy = "normal"
         self.last_decision = None
+        self.constraint = None  # the grammar the generation follows (observe_constraint)
 
     def ingest(self, tokens) -> None:
         """Reference text for the drafters that keep a corpus (retrieval)."""
@@ -74,8 +88,13 @@ class AdaptiveDrafter(Drafter):
                 keep.append((p, pos))
         self.pending = keep[-MAX_PENDING:]
 
+    def observe_constraint(self, constraint) -> None:
+        self.constraint = constraint
+
     def propose(self, history: Sequence[int], k: int) -> np.ndarray:
         self._resolve(history)
+        c = self.constraint
+        forced = c.forced((), k) if c is not None and k > 0 else ()
         props = []
         for d in self.drafters:  # the lazy ones (MTP) last: asked only when they could beat what is on the table
             if d.lazy and not self.scheduler.ask(d.name, props, k):
@@ -95,12 +114,21 @@ class AdaptiveDrafter(Drafter):
             if p.tokens:
                 agree(p.signals, p.strategy, p.tokens, props)
                 self.pending.append((p, len(history)))
-        dec = self.scheduler.decide(props, k)
+        cands = props
+        if c is not None and k > 0:  # each proposal through the tokens the grammar forces before and after it
+            cands = [with_forced(p, forced, c, k) for p in props]
+            if forced and not any(q.tokens for q in cands):  # every drafter muted: the forced run alone
+                name = next((d.name for d in self.drafters if not d.lazy), None)
+                if name is not None:
+                    cands.append(Proposal(name, forced, {}, (True,) * len(forced)))
+        dec = self.scheduler.decide(cands, k)
         self.last_decision = dec
         self.last_strategy = dec.strategy
+        self.last_forced = 0
         if dec.k == 0:
             return np.empty(0, np.int32)
-        chosen = next(p for p in props if p.strategy == dec.strategy)
+        chosen = next(p for p in cands if p.strategy == dec.strategy)
+        self.last_forced = sum(chosen.certain[: dec.k])
         return np.asarray(chosen.tokens[: dec.k], np.int32)
 
     def observe_residency(self, cold_ms) -> None:

@@ -3,7 +3,8 @@
 The session calls `start` when a generation starts (history[prompt_start:] is the new prompt, earlier tokens are
 previous turns), `propose` before every window, `observe` after it with the measured times, and
 `observe_hidden` with the base model's final hidden rows of everything it commits when `follows_rows` is set,
-and `observe_logits` with the target's logits of the row that sampled the next window's root.
+and `observe_logits` with the target's logits of the row that sampled the next window's root;
+`observe_constraint` with the grammar a generation follows (or None) before its first proposal.
 `ingest` feeds reference text (a retrieval corpus); `signals()` is what the adaptive scheduler conditions its
 acceptance estimates on. Every hook does nothing by default.
 
@@ -74,6 +75,10 @@ class Drafter:
         """Before a proposal: the expected ms of expert reads a window of T = 1.. rows would wait for (a model
         whose experts an expert cache streams from disk; guild.engine.experts.ExpertCache.cold_ms)."""
 
+    def observe_constraint(self, constraint) -> None:
+        """At a generation's start: the grammar its tokens follow (guild.engine.constraint.Constraint), or None.
+        Its `forced` tokens are certain drafts; asking it reads and changes no committed state."""
+
     def observe_logits(self, row: np.ndarray) -> None:
         """The target's logits [vocab] that sampled the root of the next window (the prefill's last row, then
         each window's last kept row): the verifier computed them anyway. Read before the next forward."""
@@ -83,11 +88,12 @@ class Drafter:
         return {}
 
     # set by propose: the strategy whose tokens it returned (None: this drafter's own name; a drafter over
-    # drafters picks one), the adaptive scheduler's decision (candidates and choice), and the committed rows
-    # it caught up on first (not the steady cost of a proposal)
+    # drafters picks one), the adaptive scheduler's decision (candidates and choice), the committed rows it
+    # caught up on first (not the steady cost of a proposal), and how many of its tokens a grammar forces
     last_strategy: str | None = None
     last_decision = None
     catchup_rows = 0
+    last_forced = 0
 
 
 class NoDrafter(Drafter):

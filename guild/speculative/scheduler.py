@@ -250,6 +250,18 @@ class Proposal:
     strategy: str
     tokens: tuple[int, ...]
     signals: dict = field(default_factory=dict)
+    # per token, whether a grammar forces it (accepted with probability 1 once its predecessors are); () = none
+    certain: tuple[bool, ...] = ()
+
+    def acceptance(self, model: Sequence[float]) -> list[float]:
+        """a_1..a_k: the model's rate of each position (the first draft's, then the deeper ones'), 1 where the
+        grammar forces the token."""
+        c = self.certain
+        return [1.0 if i < len(c) and c[i] else a for i, a in enumerate(model)]
+
+    @property
+    def uncertain(self) -> int:
+        return len(self.tokens) - sum(self.certain)
 
 
 @dataclass(frozen=True)
@@ -319,7 +331,7 @@ class AdaptiveScheduler:
 
     def acceptance(self, p: Proposal, k: int) -> list[float]:
         """The predicted a_1..a_k of a proposal's drafts (each given its predecessors were accepted)."""
-        return self.acc.probs(p.strategy, p.signals, min(k, MAX_T - 1))
+        return p.acceptance(self.acc.probs(p.strategy, p.signals, min(k, MAX_T - 1)))
 
     def candidate_costs(self, p: Proposal, room: int) -> list[float]:
         """C(s, k) for k = 1..min(len(tokens), cap, room), in ms per committed token."""
@@ -327,7 +339,7 @@ class AdaptiveScheduler:
         if kmax <= 0:
             return []
         extra = self.costs.draft(p.strategy) + self.costs.catchup(p.strategy)
-        curve = self._curve(self.acc.probs(p.strategy, p.signals, kmax))
+        curve = self._curve(self.acceptance(p, kmax))
         return [self._blend(p.strategy, (extra + v) / e) for v, e in curve]
 
     # ---------------------------------------------------------------- decisions
@@ -404,7 +416,7 @@ class AdaptiveScheduler:
             cs = self.candidate_costs(p, room)
             if cs:
                 table[p.strategy] = cs
-                if p.strategy not in self.muted:
+                if p.strategy not in self.muted or not p.uncertain:  # grammar-forced tokens risk nothing
                     m = min(cs)
                     best[p.strategy] = (m, cs.index(m) + 1)
         # a draft must beat a plain step by the margin: acceptance estimates are noisy and we draft exactly when

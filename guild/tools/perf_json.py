@@ -148,6 +148,7 @@ class Tally:
     decode_s: float = 0.0
     drafted: int = 0
     accepted: int = 0
+    forced: int = 0  # drafts the grammar forced (accepted whatever the logits)
     tokens: list[list[int]] = field(default_factory=list)
 
     @property
@@ -219,6 +220,7 @@ def _add(t: Tally, turn) -> None:
     for r in st.windows:
         t.drafted += r.k
         t.accepted += r.emitted - 1
+        t.forced += r.forced
     t.tokens.append(turn.tokens)
 
 
@@ -326,7 +328,7 @@ def run(model: str | None = DEFAULT_MODEL, objects: int = MAX_OBJECTS, strategie
     mask = mask_cost(lm, grammars, [(c.index, toks) for c, toks in zip(cs, greedy_normal, strict=True) if toks])
     rows = [{"strategy": t.strategy, "sampling": t.sampling, "objects": t.objects, "valid": t.valid,
              "equal": t.equal, "tok_s": round(t.tok_s, 2), "drafted": t.drafted, "accepted": t.accepted,
-             "acceptance": round(t.accepted / t.drafted, 3) if t.drafted else None}
+             "acceptance": round(t.accepted / t.drafted, 3) if t.drafted else None, "forced": t.forced}
             for (s, sname, constrained), t in tallies.items() if constrained]
     cost = []
     for s in speed:
@@ -372,11 +374,12 @@ def markdown(r: dict) -> str:
     lines = [f"guild {i['guild']} · {i['model']} · {i['cpu']} · {i['threads']} threads · {i['objects']} objects over "
              f"{i['schemas']} schemas · max {i['max_tokens']} tokens · load average {i['load_start'][0]:.2f} at "
              f"start, {i['load_end'][0]:.2f} at end", "",
-             "| strategy | sampling | valid | equal to normal | tok/s | acceptance |", "|---|---|---|---|---|---|"]
+             "| strategy | sampling | valid | equal to normal | tok/s | acceptance | forced drafts |",
+             "|---|---|---|---|---|---|---|"]
     for x in r["rows"]:
         acc = f"{x['acceptance'] * 100:.0f}%" if x["acceptance"] is not None else "–"
         lines.append(f"| {x['strategy']} | {x['sampling']} | {x['valid']}/{x['objects']} | "
-                     f"{x['equal']}/{x['objects']} | {x['tok_s']:.1f} | {acc} |")
+                     f"{x['equal']}/{x['objects']} | {x['tok_s']:.1f} | {acc} | {x['forced']} |")
     if r["constraint_cost"]:
         lines += ["", "| strategy (greedy) | constrained tok/s | unconstrained tok/s | ratio |", "|---|---|---|---|"]
         for x in r["constraint_cost"]:

@@ -123,3 +123,58 @@ def test_json_whitespace_is_bounded_as_llama_cpp_bounds_it(tok):
     assert accepts('{\n  "name": "Ada",\n\n  "age": 36,\n  "colour": "red"\n}')
     assert not accepts('{\n  "name": "Ada",\n\n\n  "age": 36')
     assert not accepts('{\n' + ' ' * 21 + '"name"')
+
+
+# a schema whose keys the grammar forces after their opening quote, with repeated structure a copier predicts
+FORCED = {"type": "object", "properties": {
+    "customer_name": {"type": "string", "maxLength": 16},
+    "items": {"type": "array", "minItems": 3, "maxItems": 3, "items": {"type": "object", "properties": {
+        "product_name": {"type": "string", "maxLength": 12}, "unit_price": {"type": "integer", "minimum": 1,
+                                                                              "maximum": 99}},
+        "required": ["product_name", "unit_price"], "additionalProperties": False}}},
+    "required": ["customer_name", "items"], "additionalProperties": False}
+
+
+def test_forced_tokens_are_the_single_token_masks_and_keep_the_masks_exact(tok):
+    """`forced` lists exactly the tokens whose state's mask allows nothing else (never an end-of-generation
+    token), leaves the matcher where it was, and the masks it keeps are bitwise those of a fresh matcher."""
+    g = compile_grammar("json_schema", FORCED, tok, "schema")
+    c, fresh = constraint(g, tok), constraint(g, tok)
+    ids = tok.encode('{\n  "customer_name": "Ada",\n  "items": [\n    {"product_name": "Tea", "unit_price": 3}',
+                     add_special=False)
+    runs = 0
+    for t in ids:
+        f = c.forced((), 4)
+        runs += bool(f)
+        after = c.forced((t,), 4)
+        assert (c.allowed(tok.vocab_size) == fresh.allowed(tok.vocab_size)).all()
+        if f:
+            assert f[0] == t and np.flatnonzero(fresh.allowed(tok.vocab_size)).tolist() == [t]
+            assert after[: len(f) - 1] == f[1:]
+        else:
+            assert fresh.allowed(tok.vocab_size).sum() > 1
+        c.advance(t)
+        fresh.advance(t)
+    assert runs >= 4  # customer_name, items, product_name, unit_price
+    done = constraint(g, tok)
+    for t in tok.encode('{"customer_name": "A", "items": [{"product_name": "B", "unit_price": 1}, '
+                        '{"product_name": "C", "unit_price": 2}, {"product_name": "D", "unit_price": 3}]}',
+                        add_special=False):
+        done.advance(t)
+    assert done.accepting and done.forced((), 4) == ()  # only an end-of-generation token is left
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
+def test_adaptive_drafts_forced_tokens_and_emits_constrained_normal(moe_model, tok, sampling):
+    """The adaptive drafter under a grammar with forced keys: drafts proposed, accepted and rejected, grammar-forced
+    drafts among them (counted per window), and the tokens constrained normal emits, greedy and seeded."""
+    from guild.speculative.build import make_drafter
+
+    g = compile_grammar("json_schema", FORCED, tok, "schema")
+    truth, _, _ = _gen(moe_model, tok, sampling, grammar=g, n=96)
+    got, st, _ = _gen(moe_model, tok, sampling, make_drafter("adaptive", n_ctx=256), 4, g, n=96)
+    assert got == truth
+    s = st.summary()
+    assert s["drafted"] > s["accepted"] > 0 and s["forced"] > 0, s
+    assert all(w.forced <= w.k for w in st.windows)
+    assert any(w.forced and w.forced < w.k for w in st.windows)  # forced runs carried with the drafter's tokens

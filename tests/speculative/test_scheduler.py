@@ -355,3 +355,71 @@ def test_adaptive_drafter_marks_agreement_and_does_not_ask_muted_drafters():
     ad.propose([1, 2, 3, 4, 5], 4)
     assert c.asked == asked and a.asked == b.asked == asked + 1
     assert all("agree" not in p.signals for p, _ in ad.pending[-2:])  # no drafter of the other kind proposed
+
+
+# ------------------------------------------------------------------ grammar-forced drafts
+def test_grammar_forced_runs_are_drafted_at_full_length():
+    """Tokens a grammar forces are accepted with probability 1 once their predecessors are: on a text where the
+    drafter's own token after the forced run never verifies, every window still drafts the whole forced run and
+    learns to stop before the drafter's token; a muted drafter's forced-only proposal still runs whole."""
+    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    v = linear_v(10, 0.3)
+    sig = {"match_len": 6, "freq": 1}
+    ds = []
+    for _ in range(60):
+        d = s.decide([Proposal("lookup", (1, 2, 3, 4), sig, (True, True, True, False))], 4)
+        s.observe_window(d.strategy, d.k, 0.01 if d.k else 0.0, v(d.k + 1), min(d.k, 3) + 1)
+        s.observe_proposal(Proposal("lookup", (4,), sig), 0)  # the drafter's own token: rejected
+        ds.append(d)
+    assert ds[0].reason == "unseeded" and all(d.k >= 3 for d in ds[1:]), [d.k for d in ds]
+    assert all(d.k == 3 for d in ds[-30:]), [d.k for d in ds[-30:]]
+    p = Proposal("lookup", (1, 2), sig, (True, True))
+    assert p.acceptance([0.3, 0.2]) == [1.0, 1.0] and not p.uncertain
+    s.muted["lookup"] = 5
+    assert s.decide([p], 4).k == 2 and s.decide([Proposal("lookup", (1, 2), sig)], 4).k == 0
+
+
+def test_adaptive_drafter_carries_proposals_through_forced_tokens():
+    """Under a grammar each proposal runs as: the forced run from the root where it stops inside it (or proposes
+    nothing), its own tokens the grammar takes, then the tokens forced after them, marked certain; the raw
+    proposal is what shadow verification learns from."""
+    from guild.speculative.adaptive import AdaptiveDrafter, with_forced
+    from guild.speculative.base import Drafter
+
+    class Grammar:  # forces 7 8 from the root and 10 after 7 8 9; refuses 5
+        runs = {(): (7, 8), (7, 8, 9): (10,)}
+
+        def forced(self, path=(), limit=1):
+            return self.runs.get(tuple(path), ())[:limit]
+
+        def valid_prefix(self, draft):
+            return next((i for i, t in enumerate(draft) if t == 5), len(draft))
+
+    class Fixed(Drafter):
+        name = "lookup"
+
+        def __init__(self, toks):
+            self.toks = toks
+
+        def propose(self, history, k):
+            return np.asarray(self.toks[:k], np.int32)
+
+    g, sig = Grammar(), {"match_len": 6, "freq": 1}
+    p = with_forced(Proposal("lookup", (7, 8, 9, 11), sig), (7, 8), g, 4)
+    assert p.tokens == (7, 8, 9, 11) and p.certain == (True, True, False, False)
+    p = with_forced(Proposal("lookup", (7, 8, 9), sig), (7, 8), g, 4)
+    assert p.tokens == (7, 8, 9, 10) and p.certain == (True, True, False, True)
+    p = with_forced(Proposal("lookup", (7, 5, 9), sig), (7, 8), g, 4)
+    assert p.tokens == (7, 8) and p.certain == (True, True) and p.signals is sig
+    ad = AdaptiveDrafter([Fixed([])])
+    ad.observe_constraint(g)
+    ad.start([1, 2, 3], 0)
+    ad.propose([1, 2, 3], 4)  # unseeded: the first window is a plain step
+    ad.observe(0, 0.0, 10.0, 1)
+    assert ad.propose([1, 2, 3, 4], 4).tolist() == [7, 8] and ad.last_forced == 2
+    ad.drafters[0].toks = [7, 8, 9]
+    assert ad.propose([1, 2, 3, 4, 5], 4).tolist()[:2] == [7, 8]
+    assert ad.pending[-1][0].tokens == (7, 8, 9)  # learnt from as the drafter proposed it
+    ad.observe_constraint(None)
+    ad.drafters[0].toks = []
+    assert ad.propose([1, 2, 3, 4, 5, 6], 4).size == 0 and ad.last_forced == 0

@@ -42,7 +42,7 @@ def test_small_run_reports_validity_parity_and_costs(capsys, tmp_path, dense_pat
     assert all(r["accepted"] > 0 for r in lookup), lookup
     assert sum(r["drafted"] for r in lookup) > sum(r["accepted"] for r in lookup), lookup  # and some rejected
     assert all(rows[("normal", m)]["drafted"] == 0 and rows[("normal", m)]["acceptance"] is None
-               for m in ("greedy", "seeded"))
+               and rows[("normal", m)]["forced"] == 0 for m in ("greedy", "seeded"))
     (cost,) = rep["constraint_cost"]
     assert cost["strategy"] == "normal" and cost["unconstrained_tok_s"] > 0 and cost["ratio"] > 0
     m = rep["mask_us"]
@@ -57,7 +57,7 @@ def test_failures_are_listed():
     rep = {"info": {"guild": "x", "model": "m", "cpu": "c", "threads": 2, "objects": 1, "schemas": 1,
                     "max_tokens": 8, "load_start": [1.0], "load_end": [1.0]},
            "rows": [{"strategy": "lookup", "sampling": "greedy", "objects": 1, "valid": 0, "equal": 0, "tok_s": 1.0,
-                     "acceptance": None}],
+                     "acceptance": None, "forced": 0}],
            "constraint_cost": [], "mask_us": {"tokens": 0}, "workload": None,
            "failures": ["object 0 (person) lookup greedy: tokens differ from normal's at generated token 3"]}
     md = perf_json.markdown(rep)
