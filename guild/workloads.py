@@ -254,6 +254,14 @@ class Workload:
         """The texts the retrieval drafter ingests (for a scaled instance: the cut document)."""
         return [self.texts[n] for n in self.corpus]
 
+    def grammar(self, tokenizer):
+        """The grammar every reply follows (its `json_schema` compiled for `tokenizer`), or None."""
+        if self.json_schema is None:
+            return None
+        from .text.grammar import compile_grammar  # llguidance, only for a workload that constrains
+
+        return compile_grammar("json_schema", self.texts[self.json_schema], tokenizer, f"{self.id} json_schema")
+
     def document_names(self) -> list[str]:
         """Distinct texts the turns reference, in order of first use."""
         return list(dict.fromkeys(n for t in self.turns for n in TEXT_REF.findall(t)))

@@ -42,7 +42,6 @@ from ..load import load_for, slots
 from ..speculative import registry
 from ..speculative.options import MtpOptions
 from ..text.chat import run_turn
-from ..text.grammar import compile_grammar
 from ..workloads import load_workloads
 from .replay import captured, oracle, record_instance
 
@@ -89,8 +88,8 @@ def run_workload(lm, w, opts: DecodeOptions, repeat: int = 0) -> RunRecord:
     its corpus); with opts.sessions > 1, that many copies run concurrently (one batched forward per round) and
     must agree token for token."""
     ss = slots(lm, opts, opts.sessions, corpus_texts=w.corpus_texts())
-    if w.json_schema is not None:  # every reply follows the schema: constrained decoding, parity-checked alike
-        g = compile_grammar("json_schema", w.texts[w.json_schema], lm.tokenizer, f"{w.id} json_schema")
+    g = w.grammar(lm.tokenizer)
+    if g is not None:  # every reply follows the schema: constrained decoding, parity-checked alike
         for s in ss:
             s.grammar = g
     rec = RunRecord(w.key, opts.strategy, repeat, [], 0, 0.0, 0, 0)

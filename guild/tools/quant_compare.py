@@ -4,8 +4,11 @@ The embedded dense model (SmolLM2-135M-Instruct, Q4_1) is requantised with `llam
 into each of FTYPES (files that mix the types llama.cpp picks per tensor: Q3_K_M holds Q3_K, Q4_K, Q5_K, Q6_K...),
 then on each file both engines decode greedily from the same prompts and score the same token sequence
 (prompt + guild's greedy tokens, teacher-forced): same greedy tokens, top-1 agreement of the logits, their
-largest absolute difference and relative RMS difference. Needs `llama_cpp` (llama-cpp-python); without it the
-tool says so and exits 0. Results: results/quant_compare.md and .json.
+largest absolute difference and relative RMS difference. llama.cpp keeps its KV cache in float32 here, as guild
+does by default; beside each row, llama.cpp against itself with its default f16 KV cache: how far a rounding that
+small moves this model's logits (its top-1 margins are thin), the floor under any agreement figure. Needs
+`llama_cpp` (llama-cpp-python); without it the tool says so and exits 0. Results: results/quant_compare.md and
+.json.
 """
 
 from __future__ import annotations
@@ -75,13 +78,18 @@ def guild_side(path: str, prompts, n: int) -> list[dict]:
     return out
 
 
-def llama_side(path: str, runs: list[dict], n: int, threads: int) -> list[dict]:
-    """llama.cpp on the same prompt ids: its greedy tokens, and its logits over guild's teacher-forced sequence."""
+GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
+
+
+def llama_side(path: str, runs: list[dict], n: int, threads: int, kv_type: int = GGML_TYPE_F32) -> list[dict]:
+    """llama.cpp on the same prompt ids: its greedy tokens, and its logits over guild's teacher-forced sequence;
+    its KV cache in `kv_type` (a ggml type: float32 as guild's default, or llama.cpp's own default f16)."""
     from .perf import open_llama_cpp
 
     out = []
     for r in runs:
-        llm = open_llama_cpp(path, n_ctx=len(r["seq"]) + n + 8, n_threads=threads, logits_all=True)
+        llm = open_llama_cpp(path, n_ctx=len(r["seq"]) + n + 8, n_threads=threads, logits_all=True,
+                             type_k=kv_type, type_v=kv_type)
         toks = []
         for t in llm.generate(r["ids"], temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
             toks.append(int(t))
@@ -105,10 +113,13 @@ def compare(guild_runs: list[dict], llama_runs: list[dict]) -> dict:
 
 
 def table(rows: dict) -> str:
-    lines = ["| file | same greedy tokens | top-1 agreement | max abs logit diff | rel. RMS diff |", "|---" * 5 + "|"]
+    lines = ["| file | same greedy tokens | top-1 agreement | max abs logit diff | rel. RMS diff | llama.cpp f16 KV "
+             "vs f32 KV: top-1, rel. RMS |", "|---" * 6 + "|"]
     for name, r in rows.items():
+        f = r.get("llama_f16_kv")
+        floor = "" if f is None else f"{f['top1_agree'] * 100:.1f}%, {f['rel_rms']:.3g}"
         lines.append(f"| {name} | {r['same_tokens']}/{r['tokens']} | {r['top1_agree'] * 100:.1f}% | "
-                     f"{r['max_abs']:.3g} | {r['rel_rms']:.3g} |")
+                     f"{r['max_abs']:.3g} | {r['rel_rms']:.3g} | {floor} |")
     return "\n".join(lines)
 
 
@@ -132,7 +143,10 @@ def main(argv=None) -> int:
     for ftype in a.types.split(","):
         path = quantize(llama_cpp, src, cache_root() / "quants" / f"{src.stem}.{ftype}.gguf", ftype, a.threads)
         g = guild_side(str(path), PROMPTS, a.tokens)
-        rows[ftype] = compare(g, llama_side(str(path), g, a.tokens, a.threads))
+        ll = llama_side(str(path), g, a.tokens, a.threads)
+        rows[ftype] = compare(g, ll)
+        f16 = compare(llama_side(str(path), g, a.tokens, a.threads, GGML_TYPE_F16), ll)
+        rows[ftype]["llama_f16_kv"] = {k: f16[k] for k in ("top1_agree", "max_abs", "rel_rms")}
         print(json.dumps({ftype: rows[ftype]}), file=sys.stderr)
     write_results(a.out, "quant_compare", rows, table(rows))
     return 0

@@ -100,6 +100,8 @@ def record_instance(lm, inst, o: DecodeOptions) -> dict:
     if not isinstance(ad, AdaptiveDrafter):
         raise TypeError("replay records the adaptive strategy's drafters")
     rec = ss[0] = replace(ss[0], drafter=Recorder(ad.drafters))
+    if inst.json_schema is not None:  # a constrained workload is recorded as it runs
+        rec.grammar = inst.grammar(lm.tokenizer)
     turns = []
     for text in inst.render_turns():
         t = run_turn(ss, text, chat=inst.chat, max_tokens=o.max_tokens, max_draft=o.max_draft)[0][0]

@@ -71,6 +71,8 @@ def test_guild_side_and_compare(tiny):
     c = quant_compare.compare(runs, [{"tokens": r["tokens"], "logits": r["logits"]} for r in runs])
     assert c["same_tokens"] == c["tokens"] == 10 and c["top1_agree"] == 1.0 and c["max_abs"] == 0.0
     assert "| Q2_K | 10/10 | 100.0% |" in quant_compare.table({"Q2_K": c})
+    floor = {"top1_agree": 0.9, "max_abs": 1.0, "rel_rms": 0.03}  # llama.cpp's f16 KV against its f32 KV
+    assert quant_compare.table({"Q2_K": {**c, "llama_f16_kv": floor}}).endswith("| 90.0%, 0.03 |")
 
 
 def test_one_window_timing_routine_times_the_host_kernels(tiny, tmp_path):

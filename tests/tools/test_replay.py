@@ -92,3 +92,22 @@ def test_record_is_plain_decoding_on_the_embedded_model(tmp_path, moe_path):
     assert len(wl["rho"]) == 5 and wl["rho"][0] == 1.0
     (tmp_path / "t.json").write_text(json.dumps(tr))
     R.main(["run", str(tmp_path / "t.json")])
+
+
+def test_a_constrained_workload_is_recorded_constrained(moe_path):
+    """W11's replies follow its JSON schema: the recording (the bench's oracle) decodes under the same grammar,
+    so its tokens are constrained normal's, not the unconstrained model's."""
+    import dataclasses
+
+    from guild.engine.options import DecodeOptions
+    from guild.load import load_for
+    from guild.tools.bench import run_workload
+    from guild.workloads import load_workloads
+
+    lm = load_for(moe_path, DecodeOptions())
+    w = load_workloads(["W11"])[0]
+    o = DecodeOptions(strategy="adaptive", max_tokens=6, sampling=w.sampling_params())
+    turn = R.record_instance(lm, w, o)["turns"][0]
+    plain = run_workload(lm, w, dataclasses.replace(o, strategy="normal"))
+    free = run_workload(lm, dataclasses.replace(w, json_schema=None), dataclasses.replace(o, strategy="normal"))
+    assert turn["tokens"][turn["n0"] - 1 :] == plain.tokens[0] != free.tokens[0]
