@@ -35,7 +35,7 @@ def test_bench_prints_adaptives_share_of_the_oracles_gain(dense_path):
         assert a["captured"] * (a["oracle"] - 1) == pytest.approx(a["speedup"] - 1, abs=0.01)
     assert "oracle" not in rows["normal"]
     assert a["captured"] is None if a["oracle"] <= 1.0 else f"% of {a['oracle']:.2f}×" in rep["markdown"]
-    off = bench("smollm2-135m", ["W3"], ["adaptive"], max_tokens=8, out=None, progress=False, noise_check=False,
+    off = bench("smollm2-135m", ["W9"], ["adaptive"], max_tokens=4, out=None, progress=False, noise_check=False,
                 oracle=False)
     assert all("oracle" not in r for r in off["rows"])
 
