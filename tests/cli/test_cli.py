@@ -75,18 +75,20 @@ def test_chunked_prefill_equals_one_chunk(dense_model, dense_path, monkeypatch):
     assert np.abs(one - rows[64]).max() < 1e-3 * np.abs(one).max()
 
 
-def test_run_sampling_flags_are_reproducible(dense_path):
-    def once(seed):
-        r = subprocess.run(
-            [sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "Once upon a time", "-n", "12", "-t", "2",
-             "--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--repeat-penalty", "1.1",
-             "--seed", str(seed), "--json"],
-            capture_output=True, text=True, timeout=600,
-        )
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+def test_run_sampling_flags_are_reproducible(dense_path, threads):
+    """The same seed, the same tokens: in a process of its own and again in this one (whose earlier tests have
+    sampled before), so no state the process carries changes them."""
+    from typer.testing import CliRunner
 
-    a, b = once(7), once(7)
+    from guild.cli import app
+
+    args = ["run", "smollm2-135m", "-p", "Once upon a time", "-n", "12", "-t", "2", "--temperature", "0.8",
+            "--top-k", "40", "--top-p", "0.9", "--repeat-penalty", "1.1", "--seed", "7", "--json"]
+    r = subprocess.run([sys.executable, "-m", "guild", *args], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, (again.output, again.exception)
+    a, b = json.loads(r.stdout), json.loads(again.stdout)
     assert a["tokens"] == b["tokens"] and a["seed"] == 7
 
 
