@@ -12,7 +12,7 @@ ALL = [w.id for w in load_workloads()]
 SEEDED = SamplingParams(temperature=0.3, top_k=40, top_p=0.9, min_p=0.05, seed=7)
 
 
-def _workload_runs(lm, strategy, sampling, crop=64, n=12):
+def _workload_runs(lm, strategy, sampling, clock, crop=64, n=12):
     """Each workload's turns, cropped to their last `crop` tokens, decoded in turn on one session per workload
     (so later turns continue the session, as W5's conversation does); with the windows that drafted, accepted a
     draft and rejected one."""
@@ -24,6 +24,8 @@ def _workload_runs(lm, strategy, sampling, crop=64, n=12):
         inst = w.instances(lm.tokenizer, 8192)[0]  # W10: its 512-token instance
         s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
         d = make_drafter(strategy, mtp_head=lm.mtp_head(strategy), n_ctx=1024)
+        if strategy == "adaptive":  # its choices then rest on acceptance alone, the same under any load
+            d.clock = clock
         for text in inst.corpus_texts():
             if hasattr(d, "ingest"):
                 d.ingest(lm.tokenizer.encode(text))
@@ -42,15 +44,15 @@ def _workload_runs(lm, strategy, sampling, crop=64, n=12):
 @pytest.mark.parametrize("model,sampling,strategies", [
     ("moe", SamplingParams(), ("adaptive", "mtp")), ("moe", SEEDED, ("mtp",)), ("dense", SEEDED, ("adaptive",))],
     ids=["moe-greedy", "moe-seeded", "dense-seeded"])
-def test_parity_on_every_workload(model, sampling, strategies, moe_path, dense_path):
+def test_parity_on_every_workload(model, sampling, strategies, moe_path, dense_path, fixed_clock):
     """adaptive (with the shipped MTP head on the MoE) and mtp emit exactly plain decoding's tokens."""
     from guild.load import load
 
     lm = load(moe_path if model == "moe" else dense_path)
     assert (lm.mtp_head("adaptive") is not None) == (model == "moe")  # the MoE's head ships with guild
-    plain = _workload_runs(lm, "normal", sampling)
+    plain = _workload_runs(lm, "normal", sampling, fixed_clock)
     for strategy in strategies:
-        got = _workload_runs(lm, strategy, sampling)
+        got = _workload_runs(lm, strategy, sampling, fixed_clock)
         assert list(got) == ALL
         for wid in ALL:
             assert got[wid][0] == plain[wid][0], (strategy, wid)
