@@ -75,18 +75,20 @@ def test_chunked_prefill_equals_one_chunk(dense_model, dense_path, monkeypatch):
     assert np.abs(one - rows[64]).max() < 1e-3 * np.abs(one).max()
 
 
-def test_run_sampling_flags_are_reproducible(dense_path):
-    def once(seed):
-        r = subprocess.run(
-            [sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "Once upon a time", "-n", "12", "-t", "2",
-             "--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--repeat-penalty", "1.1",
-             "--seed", str(seed), "--json"],
-            capture_output=True, text=True, timeout=600,
-        )
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+def test_run_sampling_flags_are_reproducible(dense_path, threads):
+    """The same seed, the same tokens: in a process of its own and again in this one (whose earlier tests have
+    sampled before), so no state the process carries changes them."""
+    from typer.testing import CliRunner
 
-    a, b = once(7), once(7)
+    from guild.cli import app
+
+    args = ["run", "smollm2-135m", "-p", "Once upon a time", "-n", "12", "-t", "2", "--temperature", "0.8",
+            "--top-k", "40", "--top-p", "0.9", "--repeat-penalty", "1.1", "--seed", "7", "--json"]
+    r = subprocess.run([sys.executable, "-m", "guild", *args], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, (again.output, again.exception)
+    a, b = json.loads(r.stdout), json.loads(again.stdout)
     assert a["tokens"] == b["tokens"] and a["seed"] == 7
 
 
@@ -104,9 +106,14 @@ def test_bad_sampling_flag_is_one_line():
     assert r.stderr.strip().startswith("error:") and "--top-p" in r.stderr
 
 
-def test_run_json_schema_and_grammar_files(tmp_path):
+def test_run_json_schema_and_grammar_files(tmp_path, threads):
     """`--json-schema FILE`: the reply is an object of that schema, every strategy alike; a file that is not a schema
-    or a grammar that does not compile is one line, exit 1."""
+    or a grammar that does not compile is one line, exit 1. In-process (the flags' output is under test; the
+    other tests here run the whole program)."""
+    from typer.testing import CliRunner
+
+    from guild.cli import app
+
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
                                                "population": {"type": "integer", "minimum": 0}},
               "required": ["city", "population"], "additionalProperties": False}
@@ -115,19 +122,20 @@ def test_run_json_schema_and_grammar_files(tmp_path):
     (tmp_path / "bad.lark").write_text("start: ((")
 
     def once(*flags):
-        return subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "--chat", "-p",
-                               "A big city and its population, as JSON.", "-n", "40", "--device", "cpu",
-                               "--context", "256", *flags], capture_output=True, text=True, timeout=600)
+        prompt = "A big city and its population, as JSON."
+        return CliRunner().invoke(app, ["run", "smollm2-135m", "--chat", "-p", prompt,
+                                        "-n", "40", "--device", "cpu", "--context", "256", *flags])
 
     outs = [once("--json-schema", str(tmp_path / "s.json"), "--json", "--decode-strategy", s) for s in
             ("normal", "lookup")]
     for r in outs:
-        assert r.returncode == 0, r.stderr
+        assert r.exit_code == 0, (r.output, r.exception)
     a, b = (json.loads(r.stdout) for r in outs)
     assert a["stop_reason"] == "eos" and a["tokens"] == b["tokens"]
     obj = json.loads(a["text"])
     assert set(obj) == {"city", "population"} and isinstance(obj["population"], int)
     for flag, f, why in (("--json-schema", "bad.json", "Expecting value"), ("--grammar", "bad.lark", "")):
         r = once(flag, str(tmp_path / f))
-        assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        # exit 1 through SystemExit: any other exception would have been a traceback
+        assert r.exit_code == 1 and type(r.exception) is SystemExit and len(r.stderr.strip().splitlines()) == 1
         assert r.stderr.startswith(f"error: {flag} {tmp_path / f}: {why}"), r.stderr

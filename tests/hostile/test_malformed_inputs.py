@@ -279,13 +279,19 @@ def _guild(*args, env=None):
 
 
 def test_output_paths_are_checked_before_the_work(tmp_path):
+    """In-process (the commands' own checks are under test; test_usage_errors runs the whole program)."""
+    from typer.testing import CliRunner
+
+    from guild.cli import app
+
     for args, needle in ((["run", "smollm2-135m", "-p", "hi", "--trace", str(tmp_path)], "--trace"),
                          (["bench", "smollm2-135m", "--out", "/proc/guild-no/x"], "--out"),
                          (["optimize", "smollm2-135m", "-o", "/proc/x.gexec"], "-o/--out")):
         t0 = time.monotonic()
-        r = _guild(*args)
+        r = CliRunner().invoke(app, args)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert r.returncode == 1 and len(lines) == 1 and needle in lines[0], r.stderr
+        assert r.exit_code == 1 and type(r.exception) is SystemExit, (r.output, r.exception)  # no traceback
+        assert len(lines) == 1 and needle in lines[0], r.stderr
         assert time.monotonic() - t0 < 30  # refused before loading the model or running anything
 
 

@@ -7,7 +7,8 @@ import numpy as np
 from guild.kernels.cpu import quant
 from guild.models import load_model
 
-TOKENS = (np.arange(200, dtype=np.int64) * 37 + 11) % 4000
+# 100 rows: past every row threshold of the kernels (8, 16, 64 rows a call) and across two 64-position KV tiles
+TOKENS = (np.arange(100, dtype=np.int64) * 37 + 11) % 4000
 
 
 def _prefill(model, chunk):
@@ -19,12 +20,11 @@ def _prefill(model, chunk):
     return np.concatenate(parts), st
 
 
-def test_prefill_rows_do_not_depend_on_the_chunking(moe_path):
-    model = load_model(moe_path)
-    assert model.prefill_row_invariant()
-    whole, st = _prefill(model, len(TOKENS))
+def test_prefill_rows_do_not_depend_on_the_chunking(moe_model):
+    assert moe_model.prefill_row_invariant()
+    whole, st = _prefill(moe_model, len(TOKENS))
     for chunk in (1, 7, 64, 72):
-        logits, st_c = _prefill(model, chunk)
+        logits, st_c = _prefill(moe_model, chunk)
         assert np.array_equal(logits, whole), chunk
         assert np.array_equal(st_c.k, st.k) and np.array_equal(st_c.v, st.v), chunk
 

@@ -12,9 +12,10 @@ ALL = [w.id for w in load_workloads()]
 SEEDED = SamplingParams(temperature=0.3, top_k=40, top_p=0.9, min_p=0.05, seed=7)
 
 
-def _workload_runs(lm, strategy, sampling, crop=96, n=16):
+def _workload_runs(lm, strategy, sampling, clock, crop=64, n=12):
     """Each workload's turns, cropped to their last `crop` tokens, decoded in turn on one session per workload
-    (so later turns continue the session, as W5's conversation does)."""
+    (so later turns continue the session, as W5's conversation does); with the windows that drafted, accepted a
+    draft and rejected one."""
     from guild.engine.session import GuildSession
     from guild.speculative.build import make_drafter
 
@@ -23,16 +24,19 @@ def _workload_runs(lm, strategy, sampling, crop=96, n=16):
         inst = w.instances(lm.tokenizer, 8192)[0]  # W10: its 512-token instance
         s = GuildSession(lm.model, n_ctx=1024, eos_ids=lm.tokenizer.eos_ids)
         d = make_drafter(strategy, mtp_head=lm.mtp_head(strategy), n_ctx=1024)
+        if strategy == "adaptive":  # its choices then rest on acceptance alone, the same under any load
+            d.clock = clock
         for text in inst.corpus_texts():
             if hasattr(d, "ingest"):
                 d.ingest(lm.tokenizer.encode(text))
-        toks, windows = [], 0
+        toks, windows = [], [0, 0, 0]
         for turn in inst.render_turns():
             ids = lm.tokenizer.encode(turn, add_special=False)[-crop:]
             got, st = s.generate(ids, n, sampling=inst.sampling_params() if sampling is None else sampling,
                                  drafter=d, max_draft=4)
             toks.append(got)
-            windows += sum(1 for r in st.windows if r.k)
+            for i, kind in enumerate((lambda r: r.k, lambda r: r.emitted > 1, lambda r: r.emitted <= r.k)):
+                windows[i] += sum(1 for r in st.windows if r.k and kind(r))
         out[w.id] = (toks, windows)
     return out
 
@@ -40,19 +44,20 @@ def _workload_runs(lm, strategy, sampling, crop=96, n=16):
 @pytest.mark.parametrize("model,sampling,strategies", [
     ("moe", SamplingParams(), ("adaptive", "mtp")), ("moe", SEEDED, ("mtp",)), ("dense", SEEDED, ("adaptive",))],
     ids=["moe-greedy", "moe-seeded", "dense-seeded"])
-def test_parity_on_every_workload(model, sampling, strategies, moe_path, dense_path):
+def test_parity_on_every_workload(model, sampling, strategies, moe_path, dense_path, fixed_clock):
     """adaptive (with the shipped MTP head on the MoE) and mtp emit exactly plain decoding's tokens."""
     from guild.load import load
 
     lm = load(moe_path if model == "moe" else dense_path)
     assert (lm.mtp_head("adaptive") is not None) == (model == "moe")  # the MoE's head ships with guild
-    plain = _workload_runs(lm, "normal", sampling)
+    plain = _workload_runs(lm, "normal", sampling, fixed_clock)
     for strategy in strategies:
-        got = _workload_runs(lm, strategy, sampling)
+        got = _workload_runs(lm, strategy, sampling, fixed_clock)
         assert list(got) == ALL
         for wid in ALL:
             assert got[wid][0] == plain[wid][0], (strategy, wid)
-        assert sum(w for _, w in got.values()) > 0  # some windows drafted
+        drafted, accepted, rejected = (sum(w[i] for _, w in got.values()) for i in range(3))
+        assert drafted and accepted and rejected, (strategy, drafted, accepted, rejected)
 
 
 def test_cli_trace_and_default_strategy(tmp_path, moe_path):

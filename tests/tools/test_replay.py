@@ -79,14 +79,14 @@ def test_record_is_plain_decoding_on_the_embedded_model(tmp_path, moe_path):
     from guild.tools.bench import run_workload
     from guild.workloads import load_workloads
 
-    tr = R.record(["W3"], moe_path, max_tokens=8)
+    tr = R.record(["W9"], moe_path, max_tokens=8)
     wl = tr["workloads"][0]
     turn = wl["turns"][0]
     # every window but the last (max_tokens leaves it no room to draft)
     assert sorted(int(n) for n in turn["windows"]) == list(range(turn["n0"], len(turn["tokens"]) - 1))
     assert set(next(iter(turn["windows"].values()))["proposals"]) == {"lookup", "retrieval", "mtp"}
     lm = load_for(moe_path, DecodeOptions())
-    w = load_workloads(["W3"])[0].instances(lm.tokenizer, 8192)[0]
+    w = load_workloads(["W9"])[0].instances(lm.tokenizer, 8192)[0]
     plain = run_workload(lm, w, DecodeOptions(strategy="normal", max_tokens=8, sampling=w.sampling_params()))
     assert turn["tokens"][turn["n0"] - 1 :] == plain.tokens[0]
     assert len(wl["rho"]) == 5 and wl["rho"][0] == 1.0
