@@ -15,7 +15,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .intrinsics import floorf, fma32, h2f, pow2f
-from .simd import fma_f, lane, ld_f32, max_f, splat_f, st_f32, zero_f
+from .simd import fma_f, lane, ld_f32, ld_h2f, max_f, splat_f, st_f32, zero_f
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -187,7 +187,7 @@ def _scores_scalar(q, kt, g, t, h, hd, j0, L, scale, sc):
         qi = q[t, h, i] * scale
         kr = kt[g, i]
         for j in range(j0, L):
-            sc[j] += qi * kr[j]
+            sc[j] += qi * stored_f32(kr[j])
 
 
 @njit(cache=True, inline="always")
@@ -407,7 +407,8 @@ def softmax_topk(logits, k, renorm, ids, weights):
 # and values by the value type (float32 on both sides: windows of two rows or more; one row is `attention`). The
 # passes read each K and V block once for all the rows of a window (tasks split positions for the scores, features
 # for the values, never a reduction), and every score and output element is one chain in a fixed order whatever
-# rows share the call: row invariance for every pair of types. The float32 passes compute `attention`'s chains.
+# rows share the call: row invariance for every pair of types. The float32 passes compute `attention`'s chains;
+# f16 takes the same passes, 16 halves converted per load (vcvtph2ps), at every T.
 # =========================================================================================================
 KV_TILE = 64  # positions per score tile: a K tile stays in L1 while every row and head of the window uses it
 KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verification window is one pass)
@@ -432,12 +433,12 @@ def kv_quantize_q8_0(x, qs, d):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def scores_f32(q, kt, pos0, scale, scores):
-    """The score pass over float32 keys [Hkv, hd, ctx]: scores[t * H + h, :pos0 + t + 1], each score the chain
-    `attention` computes. One task per (KV head, tile of KV_TILE positions) serves every row of the window, as
-    scores_window does."""
+    """The score pass over float32 or f16 keys (uint16 bits) [Hkv, hd, ctx]: scores[t * H + h, :pos0 + t + 1],
+    each score the chain `attention` computes over the keys as float32. One task per (KV head, tile of KV_TILE
+    positions) serves every row of the window, as scores_q8_0 does."""
     T, H, hd = q.shape
     Hkv = kt.shape[0]
-    vec = hd % 16 == 0 and kt.strides[2] == 4 and scores.strides[1] == 4 and q.strides[2] == 4
+    vec = hd % 16 == 0 and kt.strides[2] == kt.itemsize and scores.strides[1] == 4 and q.strides[2] == 4
     qs = (q * scale).reshape(T * H, hd)  # the products every chain starts its steps with
     n_tiles = (pos0 + T + KV_TILE - 1) // KV_TILE
     for u in prange(Hkv * n_tiles):
@@ -463,20 +464,21 @@ def _scores_f32_tile(q, qs, kt, pos0, scale, scores, g, j0, vec):
         tf = max(0, jc + 15 - pos0)  # rows tf.. reach all 16 positions
         n = max(0, T - tf) * group
         for p in range(0, n, 6):
-            _scores_six(qs, pk, sk, jc, scores, tf, g, group, H, hd, p, min(6, n - p))
+            _scores_six(qs, kt, pk, sk, jc, scores, tf, g, group, H, hd, p, min(6, n - p))
         for t in range(max(0, jc - pos0), min(tf, T)):
             for h in range(g * group, (g + 1) * group):
                 for j in range(jc, pos0 + t + 1):
                     a = np.float32(0.0)
                     for i in range(hd):
-                        a = fma32(qs[t * H + h, i], kt[g, i, j], a)
+                        a = fma32(qs[t * H + h, i], stored_f32(kt[g, i, j]), a)
                     scores[t * H + h, j] = a
 
 
 @njit(cache=True, inline="always")
-def _scores_six(qs, pk, sk, jc, scores, tf, g, group, H, hd, p, m):
+def _scores_six(qs, kt, pk, sk, jc, scores, tf, g, group, H, hd, p, m):
     """Positions jc .. jc + 15 of the pairs p .. p + m - 1 (m <= 6; pair p is row tf + p // group, head
-    g * group + p % group): one fma chain over i per score. Missing pairs repeat the last one, unstored."""
+    g * group + p % group): one fma chain over i per score (kt: the keys' array, for their type; pk its head's
+    address). Missing pairs repeat the last one, unstored."""
     r0 = _pair_row(p, tf, g, group, H)
     r1 = _pair_row(p + min(1, m - 1), tf, g, group, H)
     r2 = _pair_row(p + min(2, m - 1), tf, g, group, H)
@@ -484,9 +486,9 @@ def _scores_six(qs, pk, sk, jc, scores, tf, g, group, H, hd, p, m):
     r4 = _pair_row(p + min(4, m - 1), tf, g, group, H)
     r5 = _pair_row(p + min(5, m - 1), tf, g, group, H)
     a0 = a1 = a2 = a3 = a4 = a5 = zero_f()
-    pj = pk + 4 * jc
+    pj = pk + kt.itemsize * jc
     for i in range(hd):
-        a0, a1, a2, a3, a4, a5 = _fma_six(qs, i, r0, r1, r2, r3, r4, r5, m, ld_f32(pj + i * sk),
+        a0, a1, a2, a3, a4, a5 = _fma_six(qs, i, r0, r1, r2, r3, r4, r5, m, ld_kv(pj + i * sk, kt),
                                           a0, a1, a2, a3, a4, a5)
     _store_six(scores.ctypes.data + 4 * jc, scores.strides[0], m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
 
@@ -529,15 +531,15 @@ def _pair_row(p, t0, g, group, H):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def values_f32(scores, inv, vc, pos0, out):
-    """The value pass over float32 values [Hkv, ctx, hd] after softmax_window: out[t, h, i] = the chain over
-    positions j <= pos0 + t of (p[t, h, j] * inv[t, h]) * v[j, i] that `attention` computes (an fma chain where
-    vectorised). One task per (KV head, KV_ROWS rows) walks the positions in tiles of KV_TILE, each V tile read
-    from memory once, whole rows in order (tasks of 32 features, each reading half of every row, were slower at
-    32K positions), then reused from L1 by every row and head of the task; the accumulators wait in a scratch
-    block between tiles, which leaves every chain as it is."""
+    """The value pass over float32 or f16 values (uint16 bits) [Hkv, ctx, hd] after softmax_window: out[t, h, i]
+    = the chain over positions j <= pos0 + t of (p[t, h, j] * inv[t, h]) * v[j, i] that `attention` computes (an
+    fma chain where vectorised). One task per (KV head, KV_ROWS rows) walks the positions in tiles of KV_TILE,
+    each V tile read from memory once, whole rows in order (tasks of 32 features, each reading half of every row,
+    were slower at 32K positions), then reused from L1 by every row and head of the task; the accumulators wait
+    in a scratch block between tiles, which leaves every chain as it is."""
     T, H, hd = out.shape
     Hkv = vc.shape[0]
-    vec = hd % 16 == 0 and vc.strides[2] == 4 and scores.strides[1] == 4 and out.strides[2] == 4
+    vec = hd % 16 == 0 and vc.strides[2] == vc.itemsize and scores.strides[1] == 4 and out.strides[2] == 4
     nb = (T + KV_ROWS - 1) // KV_ROWS
     for u in prange(Hkv * nb):
         g = u // nb
@@ -571,23 +573,23 @@ def _values_f32_task(scores, inv, vc, pos0, out, g, t0, t1, vec):
                 for j in range(j0, e):  # as _softmax_pv's scalar loop
                     vr = vc[g, j]
                     for i in range(w):
-                        a[i] += pt[p, j - j0] * vr[i]
+                        a[i] += pt[p, j - j0] * stored_f32(vr[i])
         if not vec:
             continue
         for c in range(0, w, 16):
             for p in range((tb - t0) * group, n, 6):
-                _values_six(pt, acc, pv + 4 * c, sj, j0, j1, c, p, min(6, n - p))
+                _values_six(pt, acc, vc, pv + vc.itemsize * c, sj, j0, j1, c, p, min(6, n - p))
             for p in range((ta - t0) * group, (tb - t0) * group):
-                _values_six(pt, acc, pv + 4 * c, sj, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
+                _values_six(pt, acc, vc, pv + vc.itemsize * c, sj, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
     for p in range(n):
         out[t0 + p // group, g * group + p % group] = acc[p]
 
 
 @njit(cache=True, inline="always")
-def _values_six(pt, acc, pv, sj, j0, j1, c, p, m):
+def _values_six(pt, acc, vc, pv, sj, j0, j1, c, p, m):
     """acc[p + r, c : c + 16] continues its fma chain over positions j0 <= j < j1 with pt[p + r, j - j0] *
-    v[j] (pv: the 16 features' address at position 0) for r < m <= 6. Missing pairs repeat the last one,
-    unstored."""
+    v[j] for r < m <= 6 (vc: the values' array, for their type; pv: the 16 features' address at position 0).
+    Missing pairs repeat the last one, unstored."""
     p1 = p + min(1, m - 1)
     p2 = p + min(2, m - 1)
     p3 = p + min(3, m - 1)
@@ -602,7 +604,7 @@ def _values_six(pt, acc, pv, sj, j0, j1, c, p, m):
     a4 = ld_f32(pa + p4 * sa)
     a5 = ld_f32(pa + p5 * sa)
     for j in range(j0, j1):
-        a0, a1, a2, a3, a4, a5 = _fma_six(pt, j - j0, p, p1, p2, p3, p4, p5, m, ld_f32(pv + j * sj),
+        a0, a1, a2, a3, a4, a5 = _fma_six(pt, j - j0, p, p1, p2, p3, p4, p5, m, ld_kv(pv + j * sj, vc),
                                           a0, a1, a2, a3, a4, a5)
     _store_six(pa, sa, m, p, p1, p2, p3, p4, p5, a0, a1, a2, a3, a4, a5)
 
@@ -610,6 +612,18 @@ def _values_six(pt, acc, pv, sj, j0, j1, c, p, m):
 def stored_f32(x):
     """A stored KV value as float32: f16 bits (uint16) or an int8 quant (Numba only)."""
     raise NotImplementedError
+
+
+def ld_kv(addr, like):
+    """16 stored KV values at addr as float32 lanes, for an array `like` of float32 or f16 bits (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(ld_kv, inline="always")
+def _ld_kv(addr, like):
+    if like.dtype == types.uint16:
+        return lambda addr, like: ld_h2f(addr)
+    return lambda addr, like: ld_f32(addr)
 
 
 @overload(stored_f32, inline="always")
@@ -620,12 +634,12 @@ def _stored_f32(x):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def scores_window(q, kq, ks, q8, pos0, scale, scores):
-    """The score pass over f16 keys (uint16 bits [Hkv, hd, ctx]; q8 False, ks unused) or q8_0 keys (quants
-    [Hkv, hd, ctx], scale bits [Hkv, hd/32, ctx]; q8 True): scores[t * H + h, :pos0 + t + 1]. One task per (KV
-    head, tile of KV_TILE positions) serves every row of the window, so each K tile is read from memory once per
-    window and reused from L1 by the rows and the heads sharing it. A score is one chain over i (q8_0: over the
-    32 dimensions of each block, then block by block times the position's scale), whatever rows share the call."""
+def scores_q8_0(q, kq, ks, pos0, scale, scores):
+    """The score pass over q8_0 keys (quants [Hkv, hd, ctx], scale bits [Hkv, hd/32, ctx]): scores[t * H + h,
+    :pos0 + t + 1]. One task per (KV head, tile of KV_TILE positions) serves every row of the window, so each K
+    tile is read from memory once per window and reused from L1 by the rows and the heads sharing it. A score is
+    one chain over the 32 dimensions of each block, then block by block times the position's scale, whatever rows
+    share the call."""
     T, H, hd = q.shape
     Hkv = kq.shape[0]
     group = H // Hkv
@@ -640,24 +654,17 @@ def scores_window(q, kq, ks, q8, pos0, scale, scores):
                 s = scores[t * H + h]
                 for j in range(j0, j1):
                     s[j] = 0.0
-                if q8:
-                    for b in range(hd // 32):
-                        for j in range(j1 - j0):
-                            acc[j] = 0.0
-                        for i in range(32 * b, 32 * b + 32):
-                            qi = q[t, h, i] * scale
-                            kr = kq[g, i]
-                            for j in range(j0, j1):
-                                acc[j - j0] += qi * stored_f32(kr[j])
-                        dr = ks[g, b]
-                        for j in range(j0, j1):
-                            s[j] += acc[j - j0] * h2f(dr[j])
-                else:
-                    for i in range(hd):
+                for b in range(hd // 32):
+                    for j in range(j1 - j0):
+                        acc[j] = 0.0
+                    for i in range(32 * b, 32 * b + 32):
                         qi = q[t, h, i] * scale
                         kr = kq[g, i]
                         for j in range(j0, j1):
-                            s[j] += qi * stored_f32(kr[j])
+                            acc[j - j0] += qi * stored_f32(kr[j])
+                    dr = ks[g, b]
+                    for j in range(j0, j1):
+                        s[j] += acc[j - j0] * h2f(dr[j])
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -673,40 +680,36 @@ def softmax_window(scores, T, H, pos0, inv):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def values_window(scores, inv, vq, vs, q8, pos0, out):
-    """The value pass over f16 values (uint16 bits [Hkv, ctx, hd]; q8 False, vs unused) or q8_0 values (quants
-    [Hkv, ctx, hd], scale bits [Hkv, ctx, hd/32]; q8 True), after softmax_window: out[t, h, i] = one chain over
-    positions j <= pos0 + t of (p[t, h, j] * inv[t, h] (q8_0: times the position's block scale)) * v[j, i]. One task
-    per (KV head, 32 features; all of them where head_dim is not a multiple of 32) walks the positions once for a
+def values_q8_0(scores, inv, vq, vs, pos0, out):
+    """The value pass over q8_0 values (quants [Hkv, ctx, hd], scale bits [Hkv, ctx, hd/32]) after
+    softmax_window: out[t, h, i] = one chain over positions j <= pos0 + t of (p[t, h, j] * inv[t, h] times the
+    position's block scale) * v[j, i]. One task per (KV head, 32-feature block) walks the positions once for a
     block of KV_ROWS rows, their accumulators in L1, so a window reads each V block once; each output element's
     chain is the same whatever rows share the call."""
     T, H, hd = out.shape
     Hkv = vq.shape[0]
     group = H // Hkv
-    cw = 32 if hd % 32 == 0 else hd  # features per task (q8_0: one block)
-    nc = hd // cw
+    nc = hd // 32
     for u in prange(Hkv * nc):
         g = u // nc
-        c0 = (u - g * nc) * cw
-        acc = np.empty((KV_ROWS * group, cw), np.float32)
+        c0 = (u - g * nc) * 32
+        acc = np.empty((KV_ROWS * group, 32), np.float32)
         for t0 in range(0, T, KV_ROWS):
             t1 = min(t0 + KV_ROWS, T)
             acc[...] = 0.0
             for j in range(pos0 + t1):
                 vr = vq[g, j]
-                d = h2f(vs[g, j, c0 // 32]) if q8 else np.float32(1.0)
+                d = h2f(vs[g, j, c0 // 32])
                 for t in range(max(t0, j - pos0), t1):
                     for r in range(group):
                         th = t * H + g * group + r
-                        p = scores[th, j] * inv[th]
-                        if q8:
-                            p = p * d
+                        p = scores[th, j] * inv[th] * d
                         a = acc[(t - t0) * group + r]
-                        for i in range(cw):
+                        for i in range(32):
                             a[i] += p * stored_f32(vr[c0 + i])
             for t in range(t0, t1):
                 for r in range(group):
-                    out[t, g * group + r, c0 : c0 + cw] = acc[(t - t0) * group + r]
+                    out[t, g * group + r, c0 : c0 + 32] = acc[(t - t0) * group + r]
 
 
 def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
@@ -720,16 +723,12 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
             attention(q, k, v, pos0, scale, out, scores)
             return
     if isinstance(k, tuple):
-        scores_window(q, k[0], k[1], True, pos0, scale, scores)
-    elif k.dtype == np.uint16:
-        scores_window(q, k, k, False, pos0, scale, scores)
-    else:
+        scores_q8_0(q, k[0], k[1], pos0, scale, scores)
+    else:  # float32 or f16 keys
         scores_f32(q, k, pos0, scale, scores)
     inv = np.empty(T * H, np.float32)
     softmax_window(scores, T, H, pos0, inv)
     if isinstance(v, tuple):
-        values_window(scores, inv, v[0], v[1], True, pos0, out)
-    elif v.dtype == np.uint16:
-        values_window(scores, inv, v, v, False, pos0, out)
-    else:
+        values_q8_0(scores, inv, v[0], v[1], pos0, out)
+    else:  # float32 or f16 values
         values_f32(scores, inv, v, pos0, out)
