@@ -126,6 +126,17 @@ def attention_run(contexts, kv_names, threads, rows, seconds: float) -> list[dic
     return results
 
 
+def _positive(ap, flag: str, text: str) -> list[int]:
+    """A comma-separated list of positive integers, or argparse's one-line usage error naming the flag."""
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        vals = []
+    if not vals or min(vals) < 1:
+        ap.error(f"{flag}: expected comma-separated positive integers, got {text!r}")
+    return vals
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m guild.tools.kbench", description=__doc__.splitlines()[0])
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated quant types")
@@ -140,8 +151,11 @@ def main(argv=None) -> None:
         kvs = [t.strip() for t in a.cache_types.split(",")]
         if bad := [t for t in kvs if t not in KV_TYPES]:
             ap.error(f"--cache-types: {bad[0]} is not one of {', '.join(KV_TYPES)}")
-        attention_run([int(n) for n in a.attention.split(",")], kvs,
-                      [int(t) for t in a.threads.split(",")], [int(t) for t in a.rows.split(",")], a.seconds)
+        contexts, threads, rows = (_positive(ap, flag, text) for flag, text in
+                                   (("--attention", a.attention), ("--threads", a.threads), ("--rows", a.rows)))
+        if max(rows) > min(contexts):
+            ap.error(f"--rows: a window of {max(rows)} rows does not fit a context of {min(contexts)}")
+        attention_run(contexts, kvs, threads, rows, a.seconds)
         return
     kq.set_default_numerics(a.numerics)
     run(

@@ -78,7 +78,7 @@ def _fused(c: Codec, rows: int, group: int, ind: str) -> list[str]:
     return out
 
 
-def _use_at(units: str, U: int) -> str:
+def _use_call(units: str, U: int) -> str:
     """The call of drivers._use on the dequantised units (an array [U, NT]), by address."""
     return f"_use_at({units}.ctypes.data, pxp, acc.ctypes.data, T, kb, {U}, pout, Kp, N, (g - g0) * NT)"
 
@@ -86,7 +86,7 @@ def _use_at(units: str, U: int) -> str:
 def _scratch_unit(c: Codec, ind: str) -> list[str]:
     """Dequantise the unit into wb [unit, NT] (canonical order), then accumulate or store it."""
     if c.direct:
-        return [f"{ind}{_use_at(f'{c.fields[0][0]}[g, b]', c.unit)}"]
+        return [f"{ind}{_use_call(f'{c.fields[0][0]}[g, b]', c.unit)}"]
     jv, count = c.steps
     E = len(c.elems)
     out = [f"{ind}for {jv} in range({count}):"]
@@ -98,7 +98,7 @@ def _scratch_unit(c: Codec, ind: str) -> list[str]:
     for e, w in enumerate(_fmt(c.elems, jv, "0")):
         row = jv if E == 1 else f"{E} * {jv}{f' + {e}' if e else ''}"
         out.append(f"{ind3}wb[{row}, n] = {w}")
-    out.append(ind + _use_at("wb", c.unit))
+    out.append(ind + _use_call("wb", c.unit))
     return out
 
 
