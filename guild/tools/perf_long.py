@@ -5,7 +5,9 @@ rope stretched by YaRN (`--rope-scale`, default 4: the embedded models' 8,192 tr
 KV cache type on both sides. Runners: guild `normal` and `adaptive` (their tokens must be equal) and llama.cpp
 through llama-cpp-python, each in a fresh child process so that its peak resident memory is its own; the
 runners alternate within each size. Per runner: prefill tok/s of the whole prompt, decode tok/s of `--tokens`
-greedy tokens, peak RSS, and for guild normal V(T)/V(1) at the populated context (`--vt`, T = 1..4).
+greedy tokens, the peak resident memory the run added to its process (over the interpreter and guild's modules:
+the model, its KV cache and buffers, for guild its compiled kernels), and for guild normal V(T)/V(1) at the
+populated context (`--vt`, T = 1..4).
 
     python -m guild.tools.perf_long --sizes 4096,16384,32768 [--model smollm2-135m] [--cache-type f16]
 """
@@ -37,10 +39,21 @@ YARN = 2  # llama.cpp's rope_scaling_type
 
 
 def _rss_mb() -> float:
+    """The process's peak resident memory so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _now_rss_mb() -> float:
+    """Its resident memory now (Linux), else the peak."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return _rss_mb()
+
+
 def _guild(a, n: int, strategy: str) -> dict:
+    base = _now_rss_mb()  # the interpreter and guild's modules: what the run adds is the model's, its cache's
     opts = DecodeOptions(strategy=strategy, context=n + a.tokens + 16, max_tokens=a.tokens,
                          rope=RopeOptions(scaling="yarn", scale=a.rope_scale), kv=KVTypes(a.cache_type, a.cache_type))
     lm = load_for(a.model, opts, threads=a.threads)
@@ -50,7 +63,8 @@ def _guild(a, n: int, strategy: str) -> dict:
     st = t.stats
     out = {"prompt": st.prompt_tokens, "prefill": st.prefill_tok_s, "decode": st.decode_tok_s,
            "tokens": [int(x) for x in t.tokens], "windows": len(st.windows),
-           "accepted": sum(r.emitted - 1 for r in st.windows), "drafted": sum(r.k for r in st.windows)}
+           "accepted": sum(r.emitted - 1 for r in st.windows), "drafted": sum(r.k for r in st.windows),
+           "rss_mb": _rss_mb() - base}
     if a.vt and strategy == "normal":  # windows of the reply's own tokens at the populated context
         state, reply = ss[0].conversation.session.state, out["tokens"]
         wt = time_windows(lm.model, state, lambda r, T: np.asarray((reply * 8)[r: r + T], np.int64),
@@ -65,6 +79,7 @@ def _llama(a, n: int) -> dict:
     from ..load import load
     lm = load(a.model, threads=1, progress=False, context=64)  # the file and the prompt ids guild uses
     ids = load_workloads(["W10"])[0].scaled(lm.tokenizer, n).prompt_ids(lm.tokenizer)
+    base = _now_rss_mb()  # the interpreter, guild's modules and the model guild read the ids with
     llm = open_llama_cpp(lm.path, n_ctx=len(ids) + a.tokens + 16, n_threads=a.threads, n_threads_batch=a.threads,
                          n_batch=512, rope_scaling_type=YARN, rope_freq_scale=1 / a.rope_scale,
                          type_k=GGML_TYPE[a.cache_type], type_v=GGML_TYPE[a.cache_type],
@@ -77,12 +92,11 @@ def _llama(a, n: int) -> dict:
             break
     t2 = time.perf_counter()
     return {"prompt": len(ids), "prefill": len(ids) / (t1 - t0),
-            "decode": (len(toks) - 1) / (t2 - t1) if len(toks) > 1 else 0.0, "tokens": toks}
+            "decode": (len(toks) - 1) / (t2 - t1) if len(toks) > 1 else 0.0, "tokens": toks, "rss_mb": _rss_mb() - base}
 
 
 def child(a) -> None:
     out = _llama(a, a.size) if a.child == "llama.cpp" else _guild(a, a.size, a.child)
-    out["rss_mb"] = _rss_mb()
     print(json.dumps(out))
 
 
@@ -106,6 +120,9 @@ def measure(a, progress=print) -> dict:
             progress(f"perf_long: {r} at {n} tokens")
             res[n][r] = _run_child(a, r, n)
         g = res[n]
+        if len({o["prompt"] for o in g.values()}) > 1:
+            raise GuildError(f"perf_long: the runners' prompts differ at {n} tokens: "
+                             + ", ".join(f"{r} {o['prompt']}" for r, o in g.items()))
         if "normal" in g and "adaptive" in g and g["normal"]["tokens"] != g["adaptive"]["tokens"]:
             raise GuildError(f"perf_long: parity failure at {n} tokens: adaptive's tokens differ from normal's")
     return res
@@ -113,7 +130,7 @@ def measure(a, progress=print) -> dict:
 
 def markdown(res: dict, a) -> str:
     lines = [f"KV {a.cache_type}, YaRN x{a.rope_scale:g}, {a.threads} threads, {a.tokens} tokens decoded", "",
-             "| size | runner | prefill tok/s | decode tok/s | RSS MB | acceptance | decode, prefill vs llama.cpp |",
+             "| size | runner | prefill tok/s | decode tok/s | RSS added, MB | acceptance | vs llama.cpp |",
              "|---|---|---|---|---|---|---|"]
     for n, g in res.items():
         ll = g.get("llama.cpp")

@@ -27,7 +27,7 @@ def test_guild_runners_measure_w10_and_agree(capsys):
 
 def test_parity_failure_stops_the_run(monkeypatch):
     got = {"normal": [1, 2, 3], "adaptive": [1, 2, 4]}
-    monkeypatch.setattr(perf_long, "_run_child", lambda a, r, n: {"tokens": got[r]})
+    monkeypatch.setattr(perf_long, "_run_child", lambda a, r, n: {"tokens": got[r], "prompt": 512})
     a = perf_long.argparse.Namespace(sizes="512", runners="normal,adaptive")
     with pytest.raises(GuildError, match="parity failure at 512 tokens"):
         perf_long.measure(a, progress=lambda s: None)
