@@ -15,7 +15,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .intrinsics import floorf, fma32, h2f, pow2f
-from .simd import fma_f, lane, ld_f32, ld_h2f, max_f, splat_f, st_f32, zero_f
+from .simd import bc_h2f, cvt, fma_f, lane, ld_f32, ld_h2f, ld_s8, max_f, mul_f, splat_f, st_f32, zero_f
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -139,7 +139,7 @@ def _attend(q, kt, vc, pos0, scale, out, scores, g, t, group, hd, vec):
         _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, True)
         return
     for h in range(h0, h0 + group):
-        _scores_scalar(q, kt, g, t, h, hd, 0, L, scale, scores[t * H + h])
+        _scores_scalar(q, kt, kt, g, t, h, hd, 0, L, scale, scores[t * H + h])
     _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, False)
 
 
@@ -179,15 +179,15 @@ def _softmax_rows(scores, t, H, h0, group, L, vec):
 
 
 @njit(cache=True, inline="always")
-def _scores_scalar(q, kt, g, t, h, hd, j0, L, scale, sc):
-    """sc[j] for j0 <= j < L: one chain over i of (q[t, h, i] * scale) * k[g, i, j] (multiply, then add)."""
+def _scores_scalar(q, kt, ks, g, t, h, hd, j0, L, scale, sc):
+    """sc[j] for j0 <= j < L: one chain over i of (q[t, h, i] * scale) * k[g, i, j] (multiply, then add; kt, ks:
+    kv_parts of the stored keys)."""
     for j in range(j0, L):
         sc[j] = 0.0
     for i in range(hd):  # s[j] += q[i] * k[j, i], vectorised over j
         qi = q[t, h, i] * scale
-        kr = kt[g, i]
         for j in range(j0, L):
-            sc[j] += qi * stored_f32(kr[j])
+            sc[j] += qi * key_at(kt, ks, g, i, j)
 
 
 @njit(cache=True, inline="always")
@@ -432,22 +432,23 @@ def kv_quantize_q8_0(x, qs, d):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def scores_f32(q, kt, pos0, scale, scores):
-    """The score pass over float32 or f16 keys (uint16 bits) [Hkv, hd, ctx]: scores[t * H + h, :pos0 + t + 1],
-    each score the chain `attention` computes over the keys as float32. One task per (KV head, tile of KV_TILE
-    positions) serves every row of the window, as scores_q8_0 does."""
+def scores_kv(q, kt, pos0, scale, scores):
+    """The score pass over stored keys [Hkv, hd, ctx] (float32, f16 bits (uint16) or a q8_0 pair: quants, scale
+    bits [Hkv, hd/32, ctx]): scores[t * H + h, :pos0 + t + 1], each score the chain `attention` computes over the
+    keys as float32 (a q8_0 key q * d is exact in float32). One task per (KV head, tile of KV_TILE positions) serves
+    every row of the window, so each K tile is read from memory once per window and reused from L1."""
     T, H, hd = q.shape
-    Hkv = kt.shape[0]
-    vec = hd % 16 == 0 and kt.strides[2] == kt.itemsize and scores.strides[1] == 4 and q.strides[2] == 4
-    qs = (q * scale).reshape(T * H, hd)  # the products every chain starts its steps with
+    kq, ks = kv_parts(kt)
     n_tiles = (pos0 + T + KV_TILE - 1) // KV_TILE
-    for u in prange(Hkv * n_tiles):
+    vec = hd % 16 == 0 and kv_stride1(kq, ks) and scores.strides[1] == 4 and q.strides[2] == 4
+    qs = (q * scale).reshape(T * H, hd)  # the products every chain starts its steps with
+    for u in prange(kq.shape[0] * n_tiles):
         g = u // n_tiles
-        _scores_f32_tile(q, qs, kt, pos0, scale, scores, g, (u - g * n_tiles) * KV_TILE, vec)
+        _scores_tile(q, qs, kq, ks, pos0, scale, scores, g, (u - g * n_tiles) * KV_TILE, vec)
 
 
 @njit(cache=True, error_model="numpy")
-def _scores_f32_tile(q, qs, kt, pos0, scale, scores, g, j0, vec):
+def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
     """Positions j0 .. j0 + KV_TILE - 1 of KV head g for every row that reaches them (outside the parallel
     region, like _attend). Vectorised: 16 positions at a time, six (row, head) pairs per K vector load (12 of
     an AVX2 host's 16 registers), the rows that end inside the 16 lane by lane."""
@@ -456,29 +457,27 @@ def _scores_f32_tile(q, qs, kt, pos0, scale, scores, g, j0, vec):
     if not vec:
         for t in range(max(0, j0 - pos0), T):
             for h in range(g * group, (g + 1) * group):
-                _scores_scalar(q, kt, g, t, h, hd, j0, min(j0 + KV_TILE, pos0 + t + 1), scale, scores[t * H + h])
+                _scores_scalar(q, kt, ks, g, t, h, hd, j0, min(j0 + KV_TILE, pos0 + t + 1), scale, scores[t * H + h])
         return
-    pk = kt.ctypes.data + g * kt.strides[0]
-    sk = kt.strides[1]
     for jc in range(j0, min(j0 + KV_TILE, pos0 + T), 16):
         tf = max(0, jc + 15 - pos0)  # rows tf.. reach all 16 positions
         n = max(0, T - tf) * group
         for p in range(0, n, 6):
-            _scores_six(qs, kt, pk, sk, jc, scores, tf, g, group, H, hd, p, min(6, n - p))
+            _scores_six(qs, kt, ks, jc, scores, tf, g, group, H, hd, p, min(6, n - p))
         for t in range(max(0, jc - pos0), min(tf, T)):
             for h in range(g * group, (g + 1) * group):
                 for j in range(jc, pos0 + t + 1):
                     a = np.float32(0.0)
                     for i in range(hd):
-                        a = fma32(qs[t * H + h, i], stored_f32(kt[g, i, j]), a)
+                        a = fma32(qs[t * H + h, i], key_at(kt, ks, g, i, j), a)
                     scores[t * H + h, j] = a
 
 
 @njit(cache=True, inline="always")
-def _scores_six(qs, kt, pk, sk, jc, scores, tf, g, group, H, hd, p, m):
+def _scores_six(qs, kt, ks, jc, scores, tf, g, group, H, hd, p, m):
     """Positions jc .. jc + 15 of the pairs p .. p + m - 1 (m <= 6; pair p is row tf + p // group, head
-    g * group + p % group): one fma chain over i per score (kt: the keys' array, for their type; pk its head's
-    address). Missing pairs repeat the last one, unstored."""
+    g * group + p % group): one fma chain over i per score (kt, ks: kv_parts of the stored keys). Missing pairs
+    repeat the last one, unstored. q8_0: the 16 positions' scales are converted once per 32 dimensions."""
     r0 = _pair_row(p, tf, g, group, H)
     r1 = _pair_row(p + min(1, m - 1), tf, g, group, H)
     r2 = _pair_row(p + min(2, m - 1), tf, g, group, H)
@@ -486,10 +485,15 @@ def _scores_six(qs, kt, pk, sk, jc, scores, tf, g, group, H, hd, p, m):
     r4 = _pair_row(p + min(4, m - 1), tf, g, group, H)
     r5 = _pair_row(p + min(5, m - 1), tf, g, group, H)
     a0 = a1 = a2 = a3 = a4 = a5 = zero_f()
-    pj = pk + kt.itemsize * jc
-    for i in range(hd):
-        a0, a1, a2, a3, a4, a5 = _fma_six(qs, i, r0, r1, r2, r3, r4, r5, m, ld_kv(pj + i * sk, kt),
-                                          a0, a1, a2, a3, a4, a5)
+    sk = kt.strides[1]
+    pj = kt.ctypes.data + g * kt.strides[0] + kt.itemsize * jc
+    pd = ks.ctypes.data + g * ks.strides[0] + ks.itemsize * jc
+    nb = kv_block(kt, hd)
+    for i0 in range(0, hd, nb):
+        d = k_scales(kt, pd + i0 // 32 * ks.strides[1])
+        for i in range(i0, i0 + nb):
+            a0, a1, a2, a3, a4, a5 = _fma_six(qs, i, r0, r1, r2, r3, r4, r5, m, ld_kv(pj + i * sk, kt, d),
+                                              a0, a1, a2, a3, a4, a5)
     _store_six(scores.ctypes.data + 4 * jc, scores.strides[0], m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
 
 
@@ -530,25 +534,38 @@ def _pair_row(p, t0, g, group, H):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def values_f32(scores, inv, vc, pos0, out):
-    """The value pass over float32 or f16 values (uint16 bits) [Hkv, ctx, hd] after softmax_window: out[t, h, i]
-    = the chain over positions j <= pos0 + t of (p[t, h, j] * inv[t, h]) * v[j, i] that `attention` computes (an
-    fma chain where vectorised). One task per (KV head, KV_ROWS rows) walks the positions in tiles of KV_TILE,
+def softmax_window(scores, T, H, pos0, inv):
+    """scores[t * H + h, :L] (L = pos0 + t + 1) → exp(s - max) in place, inv[t * H + h] = 1 / their sum."""
+    for u in prange(T * H):
+        L = pos0 + u // H + 1
+        s = scores[u]
+        m = np.max(s[:L])
+        for j in range(L):
+            s[j] = expf(s[j] - m)
+        inv[u] = np.float32(1.0) / sum_fixed(s[:L])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def values_kv(scores, inv, vc, pos0, out):
+    """The value pass over stored values [Hkv, ctx, hd] (float32, f16 bits (uint16) or a q8_0 pair: quants, scale
+    bits [Hkv, ctx, hd/32]) after softmax_window: out[t, h, i] = the chain over positions j <= pos0 + t of
+    (p[t, h, j] * inv[t, h]) * v[j, i] that `attention` computes (an fma chain where vectorised; a q8_0 value
+    q * d is exact in float32). One task per (KV head, KV_ROWS rows) walks the positions in tiles of KV_TILE,
     each V tile read from memory once, whole rows in order (tasks of 32 features, each reading half of every row,
     were slower at 32K positions), then reused from L1 by every row and head of the task; the accumulators wait
     in a scratch block between tiles, which leaves every chain as it is."""
     T, H, hd = out.shape
-    Hkv = vc.shape[0]
-    vec = hd % 16 == 0 and vc.strides[2] == vc.itemsize and scores.strides[1] == 4 and out.strides[2] == 4
+    vq, vs = kv_parts(vc)
+    vec = hd % 16 == 0 and vq.strides[2] == vq.itemsize and scores.strides[1] == 4 and out.strides[2] == 4
     nb = (T + KV_ROWS - 1) // KV_ROWS
-    for u in prange(Hkv * nb):
+    for u in prange(vq.shape[0] * nb):
         g = u // nb
         t0 = (u - g * nb) * KV_ROWS
-        _values_f32_task(scores, inv, vc, pos0, out, g, t0, min(t0 + KV_ROWS, T), vec)
+        _values_task(scores, inv, vq, vs, pos0, out, g, t0, min(t0 + KV_ROWS, T), vec)
 
 
 @njit(cache=True, error_model="numpy")
-def _values_f32_task(scores, inv, vc, pos0, out, g, t0, t1, vec):
+def _values_task(scores, inv, vc, vs, pos0, out, g, t0, t1, vec):
     """out[t0:t1, heads of g] (outside the parallel region, like _attend). Vectorised: per tile, the weights of
     its pairs once, then 16 features at a time, six pairs per V vector load; the rows that end inside the tile
     one pair at a time."""
@@ -557,8 +574,6 @@ def _values_f32_task(scores, inv, vc, pos0, out, g, t0, t1, vec):
     n = (t1 - t0) * group
     acc = np.zeros((n, w), np.float32)
     pt = np.empty((n, KV_TILE), np.float32)
-    pv = vc.ctypes.data + g * vc.strides[0]
-    sj = vc.strides[1]
     for j0 in range(0, pos0 + t1, KV_TILE):
         j1 = min(j0 + KV_TILE, pos0 + t1)
         ta = max(t0, j0 - pos0)  # rows ta.. reach this tile
@@ -571,25 +586,24 @@ def _values_f32_task(scores, inv, vc, pos0, out, g, t0, t1, vec):
             if not vec:
                 a = acc[p]
                 for j in range(j0, e):  # as _softmax_pv's scalar loop
-                    vr = vc[g, j]
                     for i in range(w):
-                        a[i] += pt[p, j - j0] * stored_f32(vr[i])
+                        a[i] += pt[p, j - j0] * value_at(vc, vs, g, j, i)
         if not vec:
             continue
         for c in range(0, w, 16):
             for p in range((tb - t0) * group, n, 6):
-                _values_six(pt, acc, vc, pv + vc.itemsize * c, sj, j0, j1, c, p, min(6, n - p))
+                _values_six(pt, acc, vc, vs, g, j0, j1, c, p, min(6, n - p))
             for p in range((ta - t0) * group, (tb - t0) * group):
-                _values_six(pt, acc, vc, pv + vc.itemsize * c, sj, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
+                _values_six(pt, acc, vc, vs, g, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
     for p in range(n):
         out[t0 + p // group, g * group + p % group] = acc[p]
 
 
 @njit(cache=True, inline="always")
-def _values_six(pt, acc, vc, pv, sj, j0, j1, c, p, m):
+def _values_six(pt, acc, vc, vs, g, j0, j1, c, p, m):
     """acc[p + r, c : c + 16] continues its fma chain over positions j0 <= j < j1 with pt[p + r, j - j0] *
-    v[j] for r < m <= 6 (vc: the values' array, for their type; pv: the 16 features' address at position 0).
-    Missing pairs repeat the last one, unstored."""
+    v[j, c : c + 16] for r < m <= 6 (vc, vs: kv_parts of the stored values; g: their head). Missing pairs repeat
+    the last one, unstored."""
     p1 = p + min(1, m - 1)
     p2 = p + min(2, m - 1)
     p3 = p + min(3, m - 1)
@@ -603,27 +617,73 @@ def _values_six(pt, acc, vc, pv, sj, j0, j1, c, p, m):
     a3 = ld_f32(pa + p3 * sa)
     a4 = ld_f32(pa + p4 * sa)
     a5 = ld_f32(pa + p5 * sa)
+    pv = vc.ctypes.data + g * vc.strides[0] + vc.itemsize * c
+    sj = vc.strides[1]
+    pd = vs.ctypes.data + g * vs.strides[0] + c // 32 * vs.itemsize  # q8_0: the block's scale at position 0
+    sd = vs.strides[1]
     for j in range(j0, j1):
-        a0, a1, a2, a3, a4, a5 = _fma_six(pt, j - j0, p, p1, p2, p3, p4, p5, m, ld_kv(pv + j * sj, vc),
-                                          a0, a1, a2, a3, a4, a5)
+        v = ld_kv(pv + j * sj, vc, v_scale(vc, pd + j * sd))
+        a0, a1, a2, a3, a4, a5 = _fma_six(pt, j - j0, p, p1, p2, p3, p4, p5, m, v, a0, a1, a2, a3, a4, a5)
     _store_six(pa, sa, m, p, p1, p2, p3, p4, p5, a0, a1, a2, a3, a4, a5)
 
 
+# Stored KV values by type, for the passes above: an array of float32 or f16 bits (uint16), or a q8_0 pair
+# (int8 quants, f16 scale bits). The passes take a pair's arrays apart once (kv_parts: a float array stands for
+# its own scales, unused), so their loops index plain arrays, with no reference counting. A q8_0 value q * d is
+# exact in float32 (8 bits of q times 11 of d): every type's chains are float32 attention's over the stored values.
+def kv_parts(k):
+    """(values or quants, scale bits or the array itself) of a stored K or V operand."""
+    raise NotImplementedError
+
+
 def stored_f32(x):
-    """A stored KV value as float32: f16 bits (uint16) or an int8 quant (Numba only)."""
+    """A stored float32 or f16 value (uint16 bits) as float32 (Numba only)."""
     raise NotImplementedError
 
 
-def ld_kv(addr, like):
-    """16 stored KV values at addr as float32 lanes, for an array `like` of float32 or f16 bits (Numba only)."""
+def kv_stride1(k, ks):
+    """Whether the vectors of kv_parts (k, ks) are stride-1 along their last axis (q8_0: both arrays)."""
     raise NotImplementedError
 
 
-@overload(ld_kv, inline="always")
-def _ld_kv(addr, like):
-    if like.dtype == types.uint16:
-        return lambda addr, like: ld_h2f(addr)
-    return lambda addr, like: ld_f32(addr)
+def kv_block(k, hd):
+    """Dimensions per key scale: 32 for q8_0, hd (one loop) for the float types."""
+    raise NotImplementedError
+
+
+def key_at(kt, ks, g, i, j):
+    """Key dimension i of position j of KV head g as float32, from kv_parts (kt, ks) of any stored type."""
+    raise NotImplementedError
+
+
+def value_at(vc, vs, g, j, i):
+    """Value feature i of position j of KV head g as float32, from kv_parts (vc, vs) of any stored type."""
+    raise NotImplementedError
+
+
+def k_scales(kt, addr):
+    """q8_0 keys: 16 positions' scales (f16 bits at addr) as f32 lanes; the float types: unused zeros."""
+    raise NotImplementedError
+
+
+def v_scale(vc, addr):
+    """q8_0 values: one scale (f16 bits at addr) in every lane; the float types: unused zeros."""
+    raise NotImplementedError
+
+
+def ld_kv(addr, like, d):
+    """16 stored KV values at addr as float32 lanes, for an array `like` of float32, f16 bits or q8_0 quants
+    (times the scales d: exact)."""
+    raise NotImplementedError
+
+
+def _q8(a):
+    return isinstance(a, types.Array) and a.dtype == types.int8
+
+
+@overload(kv_parts, inline="always")
+def _kv_parts(k):
+    return (lambda k: (k[0], k[1])) if isinstance(k, types.BaseTuple) else (lambda k: (k, k))
 
 
 @overload(stored_f32, inline="always")
@@ -633,83 +693,49 @@ def _stored_f32(x):
     return lambda x: np.float32(x)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def scores_q8_0(q, kq, ks, pos0, scale, scores):
-    """The score pass over q8_0 keys (quants [Hkv, hd, ctx], scale bits [Hkv, hd/32, ctx]): scores[t * H + h,
-    :pos0 + t + 1]. One task per (KV head, tile of KV_TILE positions) serves every row of the window, so each K
-    tile is read from memory once per window and reused from L1 by the rows and the heads sharing it. A score is
-    one chain over the 32 dimensions of each block, then block by block times the position's scale, whatever rows
-    share the call."""
-    T, H, hd = q.shape
-    Hkv = kq.shape[0]
-    group = H // Hkv
-    n_tiles = (pos0 + T + KV_TILE - 1) // KV_TILE
-    for u in prange(Hkv * n_tiles):
-        g = u // n_tiles
-        j0 = (u - g * n_tiles) * KV_TILE
-        acc = np.empty(KV_TILE, np.float32)
-        for t in range(max(0, j0 - pos0), T):  # the rows that reach this tile
-            j1 = min(j0 + KV_TILE, pos0 + t + 1)
-            for h in range(g * group, (g + 1) * group):
-                s = scores[t * H + h]
-                for j in range(j0, j1):
-                    s[j] = 0.0
-                for b in range(hd // 32):
-                    for j in range(j1 - j0):
-                        acc[j] = 0.0
-                    for i in range(32 * b, 32 * b + 32):
-                        qi = q[t, h, i] * scale
-                        kr = kq[g, i]
-                        for j in range(j0, j1):
-                            acc[j - j0] += qi * stored_f32(kr[j])
-                    dr = ks[g, b]
-                    for j in range(j0, j1):
-                        s[j] += acc[j - j0] * h2f(dr[j])
+@overload(kv_stride1, inline="always")
+def _kv_stride1(k, ks):
+    if _q8(k):
+        return lambda k, ks: k.strides[2] == 1 and ks.strides[2] == 2
+    return lambda k, ks: k.strides[2] == k.itemsize
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def softmax_window(scores, T, H, pos0, inv):
-    """scores[t * H + h, :L] (L = pos0 + t + 1) → exp(s - max) in place, inv[t * H + h] = 1 / their sum."""
-    for u in prange(T * H):
-        L = pos0 + u // H + 1
-        s = scores[u]
-        m = np.max(s[:L])
-        for j in range(L):
-            s[j] = expf(s[j] - m)
-        inv[u] = np.float32(1.0) / sum_fixed(s[:L])
+@overload(kv_block, inline="always")
+def _kv_block(k, hd):
+    return (lambda k, hd: 32) if _q8(k) else (lambda k, hd: hd)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def values_q8_0(scores, inv, vq, vs, pos0, out):
-    """The value pass over q8_0 values (quants [Hkv, ctx, hd], scale bits [Hkv, ctx, hd/32]) after
-    softmax_window: out[t, h, i] = one chain over positions j <= pos0 + t of (p[t, h, j] * inv[t, h] times the
-    position's block scale) * v[j, i]. One task per (KV head, 32-feature block) walks the positions once for a
-    block of KV_ROWS rows, their accumulators in L1, so a window reads each V block once; each output element's
-    chain is the same whatever rows share the call."""
-    T, H, hd = out.shape
-    Hkv = vq.shape[0]
-    group = H // Hkv
-    nc = hd // 32
-    for u in prange(Hkv * nc):
-        g = u // nc
-        c0 = (u - g * nc) * 32
-        acc = np.empty((KV_ROWS * group, 32), np.float32)
-        for t0 in range(0, T, KV_ROWS):
-            t1 = min(t0 + KV_ROWS, T)
-            acc[...] = 0.0
-            for j in range(pos0 + t1):
-                vr = vq[g, j]
-                d = h2f(vs[g, j, c0 // 32])
-                for t in range(max(t0, j - pos0), t1):
-                    for r in range(group):
-                        th = t * H + g * group + r
-                        p = scores[th, j] * inv[th] * d
-                        a = acc[(t - t0) * group + r]
-                        for i in range(32):
-                            a[i] += p * stored_f32(vr[c0 + i])
-            for t in range(t0, t1):
-                for r in range(group):
-                    out[t, g * group + r, c0 : c0 + 32] = acc[(t - t0) * group + r]
+@overload(key_at, inline="always")
+def _key_at(kt, ks, g, i, j):
+    if _q8(kt):
+        return lambda kt, ks, g, i, j: np.float32(kt[g, i, j]) * h2f(ks[g, i // 32, j])
+    return lambda kt, ks, g, i, j: stored_f32(kt[g, i, j])
+
+
+@overload(value_at, inline="always")
+def _value_at(vc, vs, g, j, i):
+    if _q8(vc):
+        return lambda vc, vs, g, j, i: np.float32(vc[g, j, i]) * h2f(vs[g, j, i // 32])
+    return lambda vc, vs, g, j, i: stored_f32(vc[g, j, i])
+
+
+@overload(k_scales, inline="always")
+def _k_scales(kt, addr):
+    return (lambda kt, addr: ld_h2f(addr)) if _q8(kt) else (lambda kt, addr: zero_f())
+
+
+@overload(v_scale, inline="always")
+def _v_scale(vc, addr):
+    return (lambda vc, addr: bc_h2f(addr)) if _q8(vc) else (lambda vc, addr: zero_f())
+
+
+@overload(ld_kv, inline="always")
+def _ld_kv(addr, like, d):
+    if _q8(like):
+        return lambda addr, like, d: mul_f(cvt(ld_s8(addr)), d)  # vpmovsxbd, vcvtdq2ps, vmulps
+    if like.dtype == types.uint16:
+        return lambda addr, like, d: ld_h2f(addr)  # vcvtph2ps
+    return lambda addr, like, d: ld_f32(addr)
 
 
 def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
@@ -722,13 +748,7 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
         if T == 1 or any(a.strides[-1] != 4 for a in (q, k, v, out, scores)):
             attention(q, k, v, pos0, scale, out, scores)
             return
-    if isinstance(k, tuple):
-        scores_q8_0(q, k[0], k[1], pos0, scale, scores)
-    else:  # float32 or f16 keys
-        scores_f32(q, k, pos0, scale, scores)
+    scores_kv(q, k, pos0, scale, scores)
     inv = np.empty(T * H, np.float32)
     softmax_window(scores, T, H, pos0, inv)
-    if isinstance(v, tuple):
-        values_q8_0(scores, inv, v[0], v[1], pos0, out)
-    else:  # float32 or f16 values
-        values_f32(scores, inv, v, pos0, out)
+    values_kv(scores, inv, v, pos0, out)

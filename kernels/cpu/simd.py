@@ -88,6 +88,14 @@ def ld_h2f(typingctx, addr):
 
 
 @intrinsic
+def bc_h2f(typingctx, addr):
+    """The IEEE half at addr, converted to f32, in every lane (vcvtph2ps + vbroadcastss)."""
+    hp = ir.HalfType().as_pointer()
+    return _simple(F32(types.int64), lambda b, a: _splat(b, b.fpext(b.load(b.inttoptr(a[0], hp), align=2),
+                                                                          ir.FloatType()), _VF))(typingctx, addr)
+
+
+@intrinsic
 def ld_f32(typingctx, addr):
     return _simple(F32(types.int64), lambda b, a: b.load(_at(b, a[0], _VF), align=4))(typingctx, addr)
 

@@ -128,8 +128,9 @@ def test_expf_and_fixed_sum():
 # f32 windows: 16 and 80 (a 64-feature value task and a 16-feature one) vectorised, 24 the scalar loops; groups
 # of 2, 3 and 4 heads (the value kernel's three-head steps and their remainders)
 KV_PAIRS = [("f16", "f16", 16, 6), ("f16", "f16", 64, 6), ("q8_0", "q8_0", 64, 6), ("f32", "q8_0", 64, 6),
-            ("q8_0", "f16", 32, 6), ("f16", "f32", 64, 6), ("f32", "f32", 16, 8), ("f32", "f32", 80, 4),
-            ("f32", "f32", 24, 6)]
+            ("q8_0", "f16", 32, 6), ("q8_0", "f32", 128, 8), ("f16", "q8_0", 64, 4), ("f16", "f32", 64, 6),
+            ("f32", "f32", 16, 8), ("f32", "f32", 80, 4), ("f32", "f32", 24, 6)]
+Q8_PAIRS = [(a, b) for a in ("f32", "f16", "q8_0") for b in ("f32", "f16", "q8_0") if "q8_0" in (a, b)]
 
 
 def _kv_layer(kt, vt, k, v):
@@ -145,17 +146,17 @@ def _kv_layer(kt, vt, k, v):
 
 
 def test_f32_windows_take_the_window_passes(monkeypatch):
-    """A float32 window of two rows or more reads the cache once (scores_f32, values_f32); one row, or operands
+    """A float32 window of two rows or more reads the cache once (scores_kv, values_kv); one row, or operands
     that are not stride-1, run the one-pass kernel."""
     pos0, H, hd = 40, 4, 16
     q, k, v, _, _ = _attn_inputs(4, pos0, H, 2, hd, 50)
     kop, vop = _kv_layer("f32", "f32", k, v)
     calls = []
-    for name in ("attention", "scores_f32", "values_f32"):
+    for name in ("attention", "scores_kv", "values_kv"):
         monkeypatch.setattr(ops, name, lambda *a, f=getattr(ops, name), n=name: calls.append((n, a[0].shape)) or f(*a))
     scale = np.float32(hd**-0.5)
     ops.attention_kv(q, kop, vop, pos0, scale, np.empty_like(q), np.empty((4 * H, 50), np.float32))
-    assert [c[0] for c in calls] == ["scores_f32", "values_f32"]
+    assert [c[0] for c in calls] == ["scores_kv", "values_kv"]
     calls.clear()
     ops.attention_kv(q[:1], kop, vop, pos0, scale, np.empty_like(q[:1]), np.empty((H, 50), np.float32))
     assert [c[0] for c in calls] == ["attention"]
@@ -174,6 +175,87 @@ def test_kv_quantize_q8_0_matches_its_twin():
     rq, rd = ref.kv_quantize_q8_0(x)
     assert np.array_equal(qs, rq) and np.array_equal(d.astype(np.float16), rd)
     assert not qs[3, :32].any() and np.abs(qs).max() == 127
+
+
+def _f32_layer(kop, vop):
+    """The float32 operands holding exactly the values a stored layer holds (q * d and halves are exact)."""
+    k = ref.kv_values(kop, True).astype(np.float32)  # [ctx, Hkv, hd]
+    v = ref.kv_values(vop, False).astype(np.float32)
+    return np.ascontiguousarray(k.transpose(1, 2, 0)), np.ascontiguousarray(v.transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("kt,vt", Q8_PAIRS)
+def test_q8_0_attention_is_f32_attention_over_the_stored_values(kt, vt):
+    """The vectorised q8_0 passes dequantise 16 quants per load (q * d, exact in float32) and then run the f32
+    passes' chains: every row is bitwise float32 attention over the dequantised cache, and bitwise the same
+    whatever the window (T = 1 .. 8, a 20-row chunk) and the thread count. Groups of 3 heads (one row: three
+    pairs per K/V load) and 4 (windows: six-pair steps and their remainders)."""
+    ctx, Hkv, hd = 150, 2, 64
+    for H in (6, 8):
+        q, k, v, _, _ = _attn_inputs(20, ctx - 20, H, Hkv, hd, ctx)
+        kop, vop = _kv_layer(kt, vt, k, v)
+        kf, vf = _f32_layer(kop, vop)
+        before = numba.get_num_threads()
+
+        def run(kk, vv, qq, p0):
+            out = np.empty_like(qq)
+            scores = np.empty((qq.shape[0] * qq.shape[1], ctx), np.float32)
+            ops.attention_kv(qq, kk, vv, p0, np.float32(hd**-0.5), out, scores)
+            return out
+
+        try:
+            for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+                numba.set_num_threads(threads)
+                chunk = run(kop, vop, q, ctx - 20)
+                assert np.array_equal(chunk, run(kf, vf, q, ctx - 20)), threads
+                alone = [run(kop, vop, q[t : t + 1], ctx - 20 + t) for t in range(20)]
+                for T in range(1, 9):
+                    t0 = 12 - T // 2  # windows in the middle of the chunk
+                    win = run(kop, vop, np.ascontiguousarray(q[t0 : t0 + T]), ctx - 20 + t0)
+                    assert np.array_equal(win, run(kf, vf, np.ascontiguousarray(q[t0 : t0 + T]), ctx - 20 + t0))
+                    for t in range(T):
+                        assert np.array_equal(win[t], alone[t0 + t][0]), (threads, H, T, t)
+                        assert np.array_equal(chunk[t0 + t], alone[t0 + t][0]), (threads, H, T, t)
+        finally:
+            numba.set_num_threads(before)
+        np.testing.assert_allclose(chunk, ref.attention_kv(q, kop, vop, ctx - 20, hd**-0.5), rtol=1e-4, atol=1e-5)
+
+
+def _strided(a):
+    """a copied into every other element of its last axis: the same values, no longer stride-1."""
+    s = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)[..., ::2]
+    s[...] = a
+    return s
+
+
+@pytest.mark.parametrize("kt,vt", [("q8_0", "q8_0"), ("q8_0", "f16"), ("f32", "q8_0")])
+def test_q8_0_operands_that_are_not_stride_1_take_the_scalar_loops(kt, vt):
+    """Stored K/V that are not stride-1 along their last axis cannot be loaded 16 lanes at a time: the scalar
+    loops give rows close to the twin and still row invariant (other bits than the vector chains: they multiply
+    then add, as `attention`'s scalar path)."""
+    ctx, Hkv, hd, H, pos0 = 90, 2, 32, 6, 82
+    q, k, v, _, _ = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
+    kop, vop = _kv_layer(kt, vt, k, v)
+    ks = tuple(_strided(a) for a in kop) if kt == "q8_0" else _strided(kop)
+    vs = tuple(_strided(a) for a in vop) if vt == "q8_0" else _strided(vop)
+
+    def run(kk, vv, qq, p0):
+        out = np.empty_like(qq)
+        ops.attention_kv(qq, kk, vv, p0, np.float32(hd**-0.5), out, np.empty((qq.shape[0] * H, ctx), np.float32))
+        return out
+
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            full = run(ks, vs, q, pos0)
+            for t in (0, 3, 7):
+                assert np.array_equal(run(ks, vs, q[t : t + 1], pos0 + t)[0], full[t]), (threads, t)
+            assert np.array_equal(run(ks, vs, q[2:6], pos0 + 2), full[2:6]), threads
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_allclose(full, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
+    assert not np.array_equal(full, run(kop, vop, q, pos0))  # the scalar chains ran, not the vector ones
 
 
 @pytest.mark.parametrize("kt,vt,hd,H", KV_PAIRS)
