@@ -451,7 +451,8 @@ def scores_kv(q, kt, pos0, scale, scores):
 def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
     """Positions j0 .. j0 + KV_TILE - 1 of KV head g for every row that reaches them (outside the parallel
     region, like _attend). Vectorised: 16 positions at a time, six (row, head) pairs per K vector load (12 of
-    an AVX2 host's 16 registers), the rows that end inside the 16 lane by lane."""
+    an AVX2 host's 16 registers), the rows that end inside the 16 lane by lane. q8_0 keys that more than six
+    pairs read are dequantised once into a float32 block in L1 (the same values: the same bits)."""
     T, H, hd = q.shape
     group = H // kt.shape[0]
     if not vec:
@@ -459,11 +460,22 @@ def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
             for h in range(g * group, (g + 1) * group):
                 _scores_scalar(q, kt, ks, g, t, h, hd, j0, min(j0 + KV_TILE, pos0 + t + 1), scale, scores[t * H + h])
         return
+    pk = kt.ctypes.data + g * kt.strides[0]
+    pd = ks.ctypes.data + g * ks.strides[0]
+    # the staged block: dimension i of 16 positions at 64 i bytes (qs stands in where nothing is staged: no
+    # allocation per tile)
+    kf = np.empty((hd, 16), np.float32) if is_q8(kt) and T * group > 6 else qs
     for jc in range(j0, min(j0 + KV_TILE, pos0 + T), 16):
         tf = max(0, jc + 15 - pos0)  # rows tf.. reach all 16 positions
         n = max(0, T - tf) * group
-        for p in range(0, n, 6):
-            _scores_six(qs, kt, ks, jc, scores, tf, g, group, H, hd, p, min(6, n - p))
+        if is_q8(kt) and n > 6:
+            _stage_keys(kt, pk + jc, kt.strides[1], pd + 2 * jc, ks.strides[1], hd, kf)  # q8_0: 1 and 2 bytes
+            for p in range(0, n, 6):
+                _scores_six(qs, kf, kf.ctypes.data, 64, 0, 0, scores, jc, tf, g, group, H, hd, p, min(6, n - p))
+        else:
+            for p in range(0, n, 6):
+                _scores_six(qs, kt, pk + kt.itemsize * jc, kt.strides[1], pd + ks.itemsize * jc, ks.strides[1],
+                            scores, jc, tf, g, group, H, hd, p, min(6, n - p))
         for t in range(max(0, jc - pos0), min(tf, T)):
             for h in range(g * group, (g + 1) * group):
                 for j in range(jc, pos0 + t + 1):
@@ -474,10 +486,11 @@ def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
 
 
 @njit(cache=True, inline="always")
-def _scores_six(qs, kt, ks, jc, scores, tf, g, group, H, hd, p, m):
+def _scores_six(qs, kt, pj, sk, pd, sd, scores, jc, tf, g, group, H, hd, p, m):
     """Positions jc .. jc + 15 of the pairs p .. p + m - 1 (m <= 6; pair p is row tf + p // group, head
-    g * group + p % group): one fma chain over i per score (kt, ks: kv_parts of the stored keys). Missing pairs
-    repeat the last one, unstored. q8_0: the 16 positions' scales are converted once per 32 dimensions."""
+    g * group + p % group): one fma chain over i per score. kt: an array of the keys' type; their dimension i at
+    pj + i * sk, q8_0 their scales' block b at pd + b * sd (converted once per 32 dimensions). Missing pairs
+    repeat the last one, unstored."""
     r0 = _pair_row(p, tf, g, group, H)
     r1 = _pair_row(p + min(1, m - 1), tf, g, group, H)
     r2 = _pair_row(p + min(2, m - 1), tf, g, group, H)
@@ -485,16 +498,23 @@ def _scores_six(qs, kt, ks, jc, scores, tf, g, group, H, hd, p, m):
     r4 = _pair_row(p + min(4, m - 1), tf, g, group, H)
     r5 = _pair_row(p + min(5, m - 1), tf, g, group, H)
     a0 = a1 = a2 = a3 = a4 = a5 = zero_f()
-    sk = kt.strides[1]
-    pj = kt.ctypes.data + g * kt.strides[0] + kt.itemsize * jc
-    pd = ks.ctypes.data + g * ks.strides[0] + ks.itemsize * jc
     nb = kv_block(kt, hd)
     for i0 in range(0, hd, nb):
-        d = k_scales(kt, pd + i0 // 32 * ks.strides[1])
+        d = k_scales(kt, pd + i0 // 32 * sd)
         for i in range(i0, i0 + nb):
             a0, a1, a2, a3, a4, a5 = _fma_six(qs, i, r0, r1, r2, r3, r4, r5, m, ld_kv(pj + i * sk, kt, d),
                                               a0, a1, a2, a3, a4, a5)
     _store_six(scores.ctypes.data + 4 * jc, scores.strides[0], m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
+
+
+@njit(cache=True, inline="always")
+def _stage_keys(kt, pj, sk, pd, sd, hd, kf):
+    """kf[i] = the 16 keys of dimension i at pj + i * sk as float32 (q8_0: times their scales, block b's at
+    pd + b * sd)."""
+    for i0 in range(0, hd, 32):
+        d = k_scales(kt, pd + i0 // 32 * sd)
+        for i in range(i0, i0 + 32):
+            st_f32(kf.ctypes.data + 64 * i, ld_kv(pj + i * sk, kt, d))
 
 
 @njit(cache=True, inline="always")
@@ -568,12 +588,16 @@ def values_kv(scores, inv, vc, pos0, out):
 def _values_task(scores, inv, vc, vs, pos0, out, g, t0, t1, vec):
     """out[t0:t1, heads of g] (outside the parallel region, like _attend). Vectorised: per tile, the weights of
     its pairs once, then 16 features at a time, six pairs per V vector load; the rows that end inside the tile
-    one pair at a time."""
+    one pair at a time. A q8_0 tile that more than six pairs read is dequantised once into a float32 tile in L1
+    (the same values: the same bits)."""
     H, w = out.shape[1], out.shape[2]
     group = H // vc.shape[0]
     n = (t1 - t0) * group
     acc = np.zeros((n, w), np.float32)
     pt = np.empty((n, KV_TILE), np.float32)
+    vf = np.empty((KV_TILE, w), np.float32) if is_q8(vc) and n > 6 else acc  # the staged tile
+    pv = vc.ctypes.data + g * vc.strides[0]
+    pd = vs.ctypes.data + g * vs.strides[0]
     for j0 in range(0, pos0 + t1, KV_TILE):
         j1 = min(j0 + KV_TILE, pos0 + t1)
         ta = max(t0, j0 - pos0)  # rows ta.. reach this tile
@@ -590,20 +614,38 @@ def _values_task(scores, inv, vc, vs, pos0, out, g, t0, t1, vec):
                         a[i] += pt[p, j - j0] * value_at(vc, vs, g, j, i)
         if not vec:
             continue
-        for c in range(0, w, 16):
-            for p in range((tb - t0) * group, n, 6):
-                _values_six(pt, acc, vc, vs, g, j0, j1, c, p, min(6, n - p))
-            for p in range((ta - t0) * group, (tb - t0) * group):
-                _values_six(pt, acc, vc, vs, g, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
+        if is_q8(vc) and n - (ta - t0) * group > 6:
+            for j in range(j0, j1):
+                for c in range(0, w, 16):
+                    st_f32(vf.ctypes.data + vf.strides[0] * (j - j0) + 4 * c,
+                           ld_kv(pv + j * vc.strides[1] + c, vc, v_scale(vc, pd + j * vs.strides[1] + c // 32 * 2)))
+            for c in range(0, w, 16):
+                _values_tile(pt, acc, vf, vf.ctypes.data + 4 * c, vf.strides[0], 0, 0, j0, j1, c, n, ta, tb, t0, pos0,
+                             group)
+        else:
+            for c in range(0, w, 16):
+                _values_tile(pt, acc, vc, pv + j0 * vc.strides[1] + vc.itemsize * c, vc.strides[1],
+                             pd + j0 * vs.strides[1] + c // 32 * vs.itemsize, vs.strides[1], j0, j1, c, n, ta, tb, t0,
+                             pos0, group)
     for p in range(n):
         out[t0 + p // group, g * group + p % group] = acc[p]
 
 
 @njit(cache=True, inline="always")
-def _values_six(pt, acc, vc, vs, g, j0, j1, c, p, m):
+def _values_tile(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, n, ta, tb, t0, pos0, group):
+    """Features c .. c + 15 of the tile's positions j0 .. j1 - 1 for the task's pairs that reach it: six pairs
+    at a time for the rows that reach all of it, then one at a time (see _values_six)."""
+    for p in range((tb - t0) * group, n, 6):
+        _values_six(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, p, min(6, n - p))
+    for p in range((ta - t0) * group, (tb - t0) * group):
+        _values_six(pt, acc, vc, pv, sj, pd, sd, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
+
+
+@njit(cache=True, inline="always")
+def _values_six(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, p, m):
     """acc[p + r, c : c + 16] continues its fma chain over positions j0 <= j < j1 with pt[p + r, j - j0] *
-    v[j, c : c + 16] for r < m <= 6 (vc, vs: kv_parts of the stored values; g: their head). Missing pairs repeat
-    the last one, unstored."""
+    v[j, c : c + 16] for r < m <= 6. vc: an array of the values' type; position j0 + k's 16 values at pv + k * sj,
+    q8_0 their scale at pd + k * sd. Missing pairs repeat the last one, unstored."""
     p1 = p + min(1, m - 1)
     p2 = p + min(2, m - 1)
     p3 = p + min(3, m - 1)
@@ -617,12 +659,8 @@ def _values_six(pt, acc, vc, vs, g, j0, j1, c, p, m):
     a3 = ld_f32(pa + p3 * sa)
     a4 = ld_f32(pa + p4 * sa)
     a5 = ld_f32(pa + p5 * sa)
-    pv = vc.ctypes.data + g * vc.strides[0] + vc.itemsize * c
-    sj = vc.strides[1]
-    pd = vs.ctypes.data + g * vs.strides[0] + c // 32 * vs.itemsize  # q8_0: the block's scale at position 0
-    sd = vs.strides[1]
     for j in range(j0, j1):
-        v = ld_kv(pv + j * sj, vc, v_scale(vc, pd + j * sd))
+        v = ld_kv(pv + (j - j0) * sj, vc, v_scale(vc, pd + (j - j0) * sd))
         a0, a1, a2, a3, a4, a5 = _fma_six(pt, j - j0, p, p1, p2, p3, p4, p5, m, v, a0, a1, a2, a3, a4, a5)
     _store_six(pa, sa, m, p, p1, p2, p3, p4, p5, a0, a1, a2, a3, a4, a5)
 
@@ -671,6 +709,11 @@ def v_scale(vc, addr):
     raise NotImplementedError
 
 
+def is_q8(k):
+    """Whether kv_parts' first array holds q8_0 quants (a constant for the compiler)."""
+    raise NotImplementedError
+
+
 def ld_kv(addr, like, d):
     """16 stored KV values at addr as float32 lanes, for an array `like` of float32, f16 bits or q8_0 quants
     (times the scales d: exact)."""
@@ -679,6 +722,11 @@ def ld_kv(addr, like, d):
 
 def _q8(a):
     return isinstance(a, types.Array) and a.dtype == types.int8
+
+
+@overload(is_q8, inline="always")
+def _is_q8(k):
+    return (lambda k: True) if _q8(k) else (lambda k: False)
 
 
 @overload(kv_parts, inline="always")
