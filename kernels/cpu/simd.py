@@ -88,11 +88,11 @@ def ld_h2f(typingctx, addr):
 
 
 @intrinsic
-def bc_h2f(typingctx, addr):
-    """The IEEE half at addr, converted to f32, in every lane (vcvtph2ps + vbroadcastss)."""
-    hp = ir.HalfType().as_pointer()
-    return _simple(F32(types.int64), lambda b, a: _splat(b, b.fpext(b.load(b.inttoptr(a[0], hp), align=2),
-                                                                          ir.FloatType()), _VF))(typingctx, addr)
+def bc_f32(typingctx, addr):
+    """The float32 at addr in every lane (vbroadcastss from memory)."""
+    fp = ir.FloatType().as_pointer()
+    return _simple(F32(types.int64), lambda b, a: _splat(b, b.load(b.inttoptr(a[0], fp), align=4), _VF))(typingctx,
+                                                                                                           addr)
 
 
 @intrinsic
