@@ -411,9 +411,9 @@ def softmax_topk(logits, k, renorm, ids, weights):
 # stores, in the same register-tiled code: f16 converts 16 halves per load (vcvtph2ps), q8_0 16 quants (vpmovsxbd,
 # vcvtdq2ps) times their scales (vmulps; q * d is exact in float32), so a q8_0 row is bitwise float32 attention
 # over the dequantised cache. A q8_0 block that more than six (row, head) pairs read is dequantised once into L1
-# instead (the same values). One layer of SmolLM2-135M at 32K positions, T = 1 / 4, medians of 4 runs alternated
-# with the scalar loops they replace, OMP_WAIT_POLICY=PASSIVE, load 2.8-3.3 on 2 cores: q8_0 2.7 / 8.1 ms (was
-# 8.7 / 32.5), f16 3.4 / 7.9 ms.
+# instead (the same values). One layer of SmolLM2-135M at 32K positions, 2 threads, T = 1 / 4, medians of 6 runs
+# alternated with the scalar loops these replaced (OMP_WAIT_POLICY=PASSIVE, load 2.4-3.2 on 2 cores): q8_0 4.1 /
+# 11.3 ms (scalar 14.4 / 40.4), f16 5.4 / 13.2 ms in the same runs.
 # =========================================================================================================
 KV_TILE = 64  # positions per score tile: a K tile stays in L1 while every row and head of the window uses it
 KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verification window is one pass)
@@ -802,7 +802,9 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
     (quants, scale bits) pair. float32 on both sides: one row is the one-pass `attention`, a window the score,
     softmax and value passes that read each K and V block once (bitwise the same rows); `attention` also takes
     the rare layouts that are not stride-1, where the two would choose different code."""
-    T, H, _ = q.shape
+    T, H, hd = q.shape
+    if hd % 32 and (isinstance(k, tuple) or isinstance(v, tuple)):  # the passes read whole blocks
+        raise ValueError(f"q8_0 KV needs a head size that is a multiple of 32, got {hd}")
     if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
         if T == 1 or any(a.strides[-1] != 4 for a in (q, k, v, out, scores)):
             attention(q, k, v, pos0, scale, out, scores)

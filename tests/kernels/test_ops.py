@@ -221,6 +221,14 @@ def test_q8_0_attention_is_f32_attention_over_the_stored_values(kt, vt):
         np.testing.assert_allclose(chunk, ref.attention_kv(q, kop, vop, ctx - 20, hd**-0.5), rtol=1e-4, atol=1e-5)
 
 
+def test_q8_0_attention_rejects_a_head_size_that_is_not_whole_blocks():
+    q = np.zeros((2, 2, 48), np.float32)
+    kq, vq = np.zeros((1, 48, 8), np.int8), np.zeros((1, 8, 48), np.int8)
+    ks, vs = np.zeros((1, 1, 8), np.uint16), np.zeros((1, 8, 1), np.uint16)
+    with pytest.raises(ValueError, match="multiple of 32, got 48"):
+        ops.attention_kv(q, (kq, ks), (vq, vs), 6, np.float32(1.0), np.empty_like(q), np.empty((4, 8), np.float32))
+
+
 def _strided(a):
     """a copied into every other element of its last axis: the same values, no longer stride-1."""
     s = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)[..., ::2]
