@@ -15,6 +15,7 @@ populated context (`--vt`, T = 1..4).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import statistics
@@ -114,6 +115,9 @@ def _run_child(a, runner: str, n: int) -> dict:
 def measure(a, progress=print) -> dict:
     sizes, res = [int(s) for s in a.sizes.split(",")], {}
     runners = [r for r in RUNNERS if r in a.runners.split(",")]
+    if "llama.cpp" in runners and importlib.util.find_spec("llama_cpp") is None:
+        progress("perf_long: llama-cpp-python is not installed: guild alone (pip install llama-cpp-python==0.3.36)")
+        runners.remove("llama.cpp")
     for n in sizes:
         res[n] = {}
         for r in runners:

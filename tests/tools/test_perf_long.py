@@ -39,3 +39,12 @@ def test_bad_flags_are_one_line_errors(flags, capsys):
     assert perf_long.main(flags) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --")
+
+
+def test_without_llama_cpp_guild_runs_alone(monkeypatch):
+    ran, said = [], []
+    monkeypatch.setattr(perf_long.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(perf_long, "_run_child", lambda a, r, n: ran.append(r) or {"tokens": [1], "prompt": 64})
+    a = perf_long.argparse.Namespace(sizes="64", runners="normal,llama.cpp")
+    assert list(perf_long.measure(a, progress=said.append)[64]) == ["normal"]
+    assert ran == ["normal"] and any("not installed" in s for s in said)
