@@ -49,6 +49,9 @@ def _attn_inputs(T, pos0, H=6, Hkv=2, hd=16, ctx=40):
     return q, k, v, kc, vc
 
 
+THREAD_COUNTS = (1, min(2, numba.config.NUMBA_NUM_THREADS))  # row invariance on one thread and on two
+
+
 def _attn(q, kc, vc, pos0):
     T, H, hd = q.shape
     out = np.empty_like(q)
@@ -62,20 +65,16 @@ def test_attention_matches_ref():
 
 
 @pytest.mark.parametrize("pos0,H,Hkv,hd,ctx", [(9, 6, 2, 16, 40), (33, 9, 3, 32, 90), (70, 8, 2, 16, 90)])
-def test_attention_row_invariance(pos0, H, Hkv, hd, ctx):
+def test_attention_row_invariance(pos0, H, Hkv, hd, ctx, threads):
     # contexts past 64 positions reach the 64-wide score blocks and the 16-wide and lane-by-lane tails
     q, _, _, kc, vc = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
-    before = numba.get_num_threads()
-    try:
-        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-            numba.set_num_threads(threads)
-            full = _attn(q, kc, vc, pos0)
-            for T in range(1, 8):
-                for start in range(0, 8 - T + 1):
-                    part = _attn(np.ascontiguousarray(q[start : start + T]), kc, vc, pos0 + start)
-                    assert np.array_equal(part, full[start : start + T]), (threads, T, start)
-    finally:
-        numba.set_num_threads(before)
+    for n in THREAD_COUNTS:
+        threads(n)
+        full = _attn(q, kc, vc, pos0)
+        for T in range(1, 8):
+            for start in range(0, 8 - T + 1):
+                part = _attn(np.ascontiguousarray(q[start : start + T]), kc, vc, pos0 + start)
+                assert np.array_equal(part, full[start : start + T]), (n, T, start)
     np.testing.assert_allclose(full, ref.attention(q, kc.transpose(2, 0, 1), vc.transpose(1, 0, 2), pos0, hd**-0.5),
                                rtol=1e-4, atol=1e-5)
 
@@ -185,7 +184,7 @@ def _f32_layer(kop, vop):
 
 
 @pytest.mark.parametrize("kt,vt", Q8_PAIRS)
-def test_q8_0_attention_is_f32_attention_over_the_stored_values(kt, vt):
+def test_q8_0_attention_is_f32_attention_over_the_stored_values(kt, vt, threads):
     """The vectorised q8_0 passes dequantise 16 quants per load (q * d, exact in float32) and then run the f32
     passes' chains: every row is bitwise float32 attention over the dequantised cache, and bitwise the same
     whatever the window (T = 1 .. 8, a 20-row chunk) and the thread count. Groups of 3 heads (one row: three
@@ -195,29 +194,24 @@ def test_q8_0_attention_is_f32_attention_over_the_stored_values(kt, vt):
         q, k, v, _, _ = _attn_inputs(20, ctx - 20, H, Hkv, hd, ctx)
         kop, vop = _kv_layer(kt, vt, k, v)
         kf, vf = _f32_layer(kop, vop)
-        before = numba.get_num_threads()
-
         def run(kk, vv, qq, p0):
             out = np.empty_like(qq)
             scores = np.empty((qq.shape[0] * qq.shape[1], ctx), np.float32)
             ops.attention_kv(qq, kk, vv, p0, np.float32(hd**-0.5), out, scores)
             return out
 
-        try:
-            for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-                numba.set_num_threads(threads)
-                chunk = run(kop, vop, q, ctx - 20)
-                assert np.array_equal(chunk, run(kf, vf, q, ctx - 20)), threads
-                alone = [run(kop, vop, q[t : t + 1], ctx - 20 + t) for t in range(20)]
-                for T in range(1, 9):
-                    t0 = 12 - T // 2  # windows in the middle of the chunk
-                    win = run(kop, vop, np.ascontiguousarray(q[t0 : t0 + T]), ctx - 20 + t0)
-                    assert np.array_equal(win, run(kf, vf, np.ascontiguousarray(q[t0 : t0 + T]), ctx - 20 + t0))
-                    for t in range(T):
-                        assert np.array_equal(win[t], alone[t0 + t][0]), (threads, H, T, t)
-                        assert np.array_equal(chunk[t0 + t], alone[t0 + t][0]), (threads, H, T, t)
-        finally:
-            numba.set_num_threads(before)
+        for n in THREAD_COUNTS:
+            threads(n)
+            chunk = run(kop, vop, q, ctx - 20)
+            assert np.array_equal(chunk, run(kf, vf, q, ctx - 20)), n
+            alone = [run(kop, vop, q[t : t + 1], ctx - 20 + t) for t in range(20)]
+            for T in range(1, 9):
+                t0 = 12 - T // 2  # windows in the middle of the chunk
+                win = run(kop, vop, np.ascontiguousarray(q[t0 : t0 + T]), ctx - 20 + t0)
+                assert np.array_equal(win, run(kf, vf, np.ascontiguousarray(q[t0 : t0 + T]), ctx - 20 + t0))
+                for t in range(T):
+                    assert np.array_equal(win[t], alone[t0 + t][0]), (n, H, T, t)
+                    assert np.array_equal(chunk[t0 + t], alone[t0 + t][0]), (n, H, T, t)
         np.testing.assert_allclose(chunk, ref.attention_kv(q, kop, vop, ctx - 20, hd**-0.5), rtol=1e-4, atol=1e-5)
 
 
@@ -237,7 +231,7 @@ def _strided(a):
 
 
 @pytest.mark.parametrize("kt,vt", [("q8_0", "q8_0"), ("q8_0", "f16"), ("f32", "q8_0")])
-def test_q8_0_operands_that_are_not_stride_1_take_the_scalar_loops(kt, vt):
+def test_q8_0_operands_that_are_not_stride_1_take_the_scalar_loops(kt, vt, threads):
     """Stored K/V that are not stride-1 along their last axis cannot be loaded 16 lanes at a time: the scalar
     loops give rows close to the twin and still row invariant (other bits than the vector chains: they multiply
     then add, as `attention`'s scalar path)."""
@@ -252,22 +246,18 @@ def test_q8_0_operands_that_are_not_stride_1_take_the_scalar_loops(kt, vt):
         ops.attention_kv(qq, kk, vv, p0, np.float32(hd**-0.5), out, np.empty((qq.shape[0] * H, ctx), np.float32))
         return out
 
-    before = numba.get_num_threads()
-    try:
-        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-            numba.set_num_threads(threads)
-            full = run(ks, vs, q, pos0)
-            for t in (0, 3, 7):
-                assert np.array_equal(run(ks, vs, q[t : t + 1], pos0 + t)[0], full[t]), (threads, t)
-            assert np.array_equal(run(ks, vs, q[2:6], pos0 + 2), full[2:6]), threads
-    finally:
-        numba.set_num_threads(before)
+    for n in THREAD_COUNTS:
+        threads(n)
+        full = run(ks, vs, q, pos0)
+        for t in (0, 3, 7):
+            assert np.array_equal(run(ks, vs, q[t : t + 1], pos0 + t)[0], full[t]), (n, t)
+        assert np.array_equal(run(ks, vs, q[2:6], pos0 + 2), full[2:6]), n
     np.testing.assert_allclose(full, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
     assert not np.array_equal(full, run(kop, vop, q, pos0))  # the scalar chains ran, not the vector ones
 
 
 @pytest.mark.parametrize("kt,vt,hd,H", KV_PAIRS)
-def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd, H):
+def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd, H, threads):
     """The window kernels read each K and V block once for all the rows of a call; every row still gets bitwise
     what it gets alone (any T, any neighbours, any thread count)."""
     # 90 positions: score tiles of 64 and a partial one
@@ -281,21 +271,17 @@ def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd, H):
         ops.attention_kv(qq, kop, vop, p0, np.float32(hd**-0.5), out, np.empty((qq.shape[0] * H, ctx), np.float32))
         return out
 
-    before = numba.get_num_threads()
-    try:
-        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-            numba.set_num_threads(threads)
-            full = run(q, pos0)
-            for T in (1, 3, 5):
-                for start in (0, 8 - T):
-                    part = run(np.ascontiguousarray(q[start : start + T]), pos0 + start)
-                    assert np.array_equal(part, full[start : start + T]), (threads, T, start)
-            q20 = rng.standard_normal((20, H, hd)).astype(np.float32)  # a prefill chunk: two blocks of KV_ROWS
-            chunk = run(q20, 60)
-            for t in (0, 7, 15, 16, 19):
-                assert np.array_equal(run(q20[t : t + 1], 60 + t), chunk[t : t + 1]), (threads, t)
-    finally:
-        numba.set_num_threads(before)
+    for n in THREAD_COUNTS:
+        threads(n)
+        full = run(q, pos0)
+        for T in (1, 3, 5):
+            for start in (0, 8 - T):
+                part = run(np.ascontiguousarray(q[start : start + T]), pos0 + start)
+                assert np.array_equal(part, full[start : start + T]), (n, T, start)
+        q20 = rng.standard_normal((20, H, hd)).astype(np.float32)  # a prefill chunk: two blocks of KV_ROWS
+        chunk = run(q20, 60)
+        for t in (0, 7, 15, 16, 19):
+            assert np.array_equal(run(q20[t : t + 1], 60 + t), chunk[t : t + 1]), (n, t)
     np.testing.assert_allclose(full, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
     if kt == vt == "f32":  # the window passes compute the one-pass kernel's chains
         scores = np.empty((8 * H, ctx), np.float32)
