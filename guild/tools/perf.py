@@ -69,12 +69,15 @@ def open_llama_cpp(path, **kwargs):
         C.llama_model_default_params = default
 
 
-def llama_cpp_decode(path, ids, n, threads, repeats):
+def llama_cpp_decode(path, ids, n, threads, repeats, stop_eos=False, **params):
+    """(decode tok/s, prefill tok/s, tokens) of llama.cpp's greedy reply to `ids`, medians over `repeats`; up to
+    n tokens (fewer at its end of sequence with `stop_eos`); `params`: more llama_cpp.Llama settings."""
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         return None
-    llm = open_llama_cpp(path, n_ctx=len(ids) + n + 8, n_threads=threads, n_threads_batch=threads, n_batch=512)
+    llm = open_llama_cpp(path, n_ctx=len(ids) + n + 8, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                         **params)
     dec, pre, toks = [], [], []
     for _ in range(repeats):
         toks = []
@@ -85,11 +88,11 @@ def llama_cpp_decode(path, ids, n, threads, repeats):
             if t1 is None:
                 t1 = time.perf_counter()
             toks.append(tok)
-            if len(toks) == n:
+            if len(toks) == n or (stop_eos and tok == llm.token_eos()):
                 break
         t2 = time.perf_counter()
         pre.append(len(ids) / (t1 - t0))
-        dec.append((n - 1) / (t2 - t1))
+        dec.append((len(toks) - 1) / (t2 - t1) if len(toks) > 1 else 0.0)
     return median(dec), median(pre), toks
 
 

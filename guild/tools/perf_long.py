@@ -21,7 +21,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -31,8 +30,10 @@ from ..engine.timing import time_windows
 from ..errors import BadFlagError, GuildError
 from ..load import load_for, slots
 from ..text.chat import run_turn
+from ..text.tokenizer import Tokenizer
+from ..upcycle import resolve_model
 from ..workloads import load_workloads
-from .perf import open_llama_cpp
+from .perf import llama_cpp_decode
 
 RUNNERS = ("normal", "adaptive", "llama.cpp")
 GGML_TYPE = {"f32": 0, "f16": 1, "q8_0": 8}  # llama.cpp's type_k / type_v
@@ -77,23 +78,16 @@ def _guild(a, n: int, strategy: str) -> dict:
 def _llama(a, n: int) -> dict:
     import llama_cpp  # noqa: F401  (optional: the anchor)
 
-    from ..load import load
-    lm = load(a.model, threads=1, progress=False, context=64)  # the file and the prompt ids guild uses
-    ids = load_workloads(["W10"])[0].scaled(lm.tokenizer, n).prompt_ids(lm.tokenizer)
-    base = _now_rss_mb()  # the interpreter, guild's modules and the model guild read the ids with
-    llm = open_llama_cpp(lm.path, n_ctx=len(ids) + a.tokens + 16, n_threads=a.threads, n_threads_batch=a.threads,
-                         n_batch=512, rope_scaling_type=YARN, rope_freq_scale=1 / a.rope_scale,
-                         type_k=GGML_TYPE[a.cache_type], type_v=GGML_TYPE[a.cache_type],
-                         flash_attn=a.cache_type == "q8_0")  # llama.cpp quantizes V only under flash attention
-    toks, t0, t1 = [], time.perf_counter(), None
-    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        t1 = t1 or time.perf_counter()
-        toks.append(int(tok))
-        if len(toks) == a.tokens or tok == llm.token_eos():
-            break
-    t2 = time.perf_counter()
-    return {"prompt": len(ids), "prefill": len(ids) / (t1 - t0),
-            "decode": (len(toks) - 1) / (t2 - t1) if len(toks) > 1 else 0.0, "tokens": toks, "rss_mb": _rss_mb() - base}
+    path = resolve_model(a.model, progress=False)  # the file guild runs, and its tokenizer alone for the ids
+    tok = Tokenizer.from_gguf(path)
+    ids = load_workloads(["W10"])[0].scaled(tok, n).prompt_ids(tok)
+    base = _now_rss_mb()  # the interpreter and guild's modules
+    dec, pre, toks = llama_cpp_decode(path, ids, a.tokens, a.threads, 1, stop_eos=True, rope_scaling_type=YARN,
+                                      rope_freq_scale=1 / a.rope_scale, type_k=GGML_TYPE[a.cache_type],
+                                      type_v=GGML_TYPE[a.cache_type],
+                                      flash_attn=a.cache_type == "q8_0")  # llama.cpp quantizes V only under it
+    return {"prompt": len(ids), "prefill": pre, "decode": dec, "tokens": [int(t) for t in toks],
+            "rss_mb": _rss_mb() - base}
 
 
 def child(a) -> None:
@@ -148,7 +142,7 @@ def markdown(res: dict, a) -> str:
             lines.append(f"| {n} | adaptive / normal | | {ratio:.2f}x | | | |")
         vt = g.get("normal", {}).get("vt_ms")
         if vt:
-            v1 = vt["1"] if "1" in vt else vt[1]
+            v1 = vt["1"]  # the children's JSON: string keys
             lines.append(f"| {n} | V(T)/V(1), T = 1..4 (V(1) {v1:.1f} ms) | | "
                          + ", ".join(f"{v / v1:.2f}" for v in vt.values()) + " | | | |")
     return "\n".join(lines)
