@@ -181,6 +181,8 @@ def summarise(records: list[RunRecord], cv: dict[str, float | None] | None = Non
     return rows
 
 
+WARMUP_TOKENS = 8  # per strategy, unmeasured, before the first repeat
+
 LEGEND = """\
 tok/s: decode tokens per second (each turn's first token, which comes from the prefill, is left out) · ms/token:
 1000 / tok/s · vs normal: tok/s over normal's in the same repeat (median over repeats); "(noise)" marks a ratio
@@ -228,13 +230,15 @@ def markdown(rows: list[dict], info: dict) -> str:
     return "\n".join(lines) + "\n\n" + legend + "\n"
 
 
-def load_warning(load_start: tuple, load_end: tuple, cores: int, rows: list[dict]) -> str | None:
-    """A line for a machine that was busy or noisy while the bench ran."""
-    busy = max(load_start[0], load_end[0])
+def load_warning(load_start: tuple, load_end: tuple, cores: int, rows: list[dict], threads: int = 0) -> str | None:
+    """A line for a machine that was busy or noisy while the bench ran: other work took more than a core that
+    the bench's `threads` needed (the end's 1-minute load average counts the bench's own threads: they are
+    taken off), or ratios fell within the noise."""
+    others = max(load_start[0], load_end[0] - threads)
     unreliable = sum(1 for r in rows if r.get("reliable") is False)
     why = []
-    if busy > cores:
-        why.append(f"load average {busy:.1f} on {cores} cores")
+    if others > max(1.0, cores - threads):
+        why.append(f"load average {others:.1f} besides the bench's {threads} threads on {cores} cores")
     if unreliable:
         why.append(f"{unreliable} ratio(s) within the noise")
     return ("unreliable: " + " and ".join(why) + "; rerun on a quiet machine with --repeats 3") if why else None
@@ -279,6 +283,12 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     records: list[RunRecord] = []
     checks: list[RunRecord] = []
     ref: dict = {}
+    threads = numba.get_num_threads()
+    if progress:
+        Console(stderr=True).print(f"warming up: {ws[0].key}, {WARMUP_TOKENS} tokens per strategy (unmeasured)")
+    for s in strategies:  # the first run of each strategy would pay its kernels' JIT load (or compile) in its time
+        sp = replace(sampling or ws[0].sampling_params(), **(sampling_overrides or {}))
+        run_workload(lm, ws[0], replace(base, strategy=s, sampling=sp, max_tokens=WARMUP_TOKENS))
     t_start = time.time()
     load_start = os.getloadavg()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -324,7 +334,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
             "noise": {"cv": cv, "load_start": [round(x, 2) for x in load_start],
                       "load_end": [round(x, 2) for x in load_end], "cores": cores,
                       "check_runs": [{"workload": r.workload, "tok_s": round(r.tok_s, 3)} for r in checks],
-                      "warning": load_warning(load_start, load_end, cores, rows)}}
+                      "warning": load_warning(load_start, load_end, cores, rows, threads)}}
     report = {"info": info, "rows": rows,
               "runs": [{**asdict(r), "windows": dict(r.windows), "tok_s": round(r.tok_s, 3)} for r in records]}
     md = markdown(rows, info)

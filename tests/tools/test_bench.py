@@ -10,8 +10,17 @@ from guild.errors import BadFlagError
 from guild.tools.bench import ParityError, RunRecord, _check_parity, bench
 
 
-def test_bench_small_run(tmp_path, dense_path):
+def test_bench_small_run(tmp_path, dense_path, monkeypatch):
+    import guild.tools.bench as b
+
+    calls = []
+    run = b.run_workload
+    monkeypatch.setattr(b, "run_workload", lambda lm, w, o, rep=0: calls.append((o.strategy, o.max_tokens))
+                        or run(lm, w, o, rep))
     rep = bench("smollm2-135m", ["W9"], ["lookup", "retrieval"], max_tokens=12, out=tmp_path, progress=False)
+    # each strategy ran once unmeasured (its kernels' first load or compile is not in its time), then measured
+    warm = [(s, b.WARMUP_TOKENS) for s in ("normal", "lookup", "retrieval")]
+    assert calls[:3] == warm and calls[3:] == [("normal", 12), ("lookup", 12), ("retrieval", 12), ("normal", 12)]
     rows = {(r["workload"], r["strategy"]): r for r in rep["rows"]}
     assert set(rows) == {("W9", "normal"), ("W9", "lookup"), ("W9", "retrieval")}
     assert rows[("W9", "normal")]["speedup"] == 1.0
@@ -93,9 +102,13 @@ def test_noise_marks_ratios_within_it():
     assert rows["lookup"]["reliable"] is False and rows["adaptive"]["reliable"] is True  # 1.04x vs 1.50x
     assert rows["normal"]["reliable"] is None and rows["lookup"]["windows"] == {"lookup": 20, "normal": 40}
     assert all(type(v) is int for r in rows.values() for v in r["windows"].values())
-    warn = load_warning((5.0, 1, 1), (1.0, 1, 1), 2, list(rows.values()))
-    assert "load average 5.0 on 2 cores" in warn and "1 ratio(s) within the noise" in warn
-    assert load_warning((0.5, 1, 1), (0.7, 1, 1), 2, [rows["adaptive"]]) is None
+    warn = load_warning((5.0, 1, 1), (1.0, 1, 1), 2, list(rows.values()), threads=2)
+    assert "load average 5.0 besides the bench's 2 threads on 2 cores" in warn and "1 ratio(s) within the noise" in warn
+    assert load_warning((0.5, 1, 1), (0.7, 1, 1), 2, [rows["adaptive"]], threads=2) is None
+    # the end's load average counts the bench's own threads: 2.0 of them on 2 cores is a quiet machine, 3.5 is not
+    assert load_warning((0.5, 1, 1), (2.0, 1, 1), 2, [rows["adaptive"]], threads=2) is None
+    assert "load average 1.5 besides" in load_warning((0.5, 1, 1), (3.5, 1, 1), 2, [rows["adaptive"]], threads=2)
+    assert load_warning((3.0, 1, 1), (5.0, 1, 1), 16, [rows["adaptive"]], threads=2) is None  # cores to spare
     info = {"guild": "0", "model": "m", "cpu": "c", "threads": 2, "sessions": 1, "repeats": 1, "sampling": "s",
             "noise": {"cv": cv, "load_start": [5.0, 1, 1], "load_end": [1.0, 1, 1], "cores": 2, "warning": warn}}
     md = markdown(list(rows.values()), info)
