@@ -13,6 +13,17 @@ from .kvtypes import F32_KV, KVTypes
 KV_FIRST_ROWS = 256  # positions a host cache holds before it first grows
 
 
+def padded_rows(rows: int, itemsize: int) -> int:
+    """`rows` rounded up so that a row of f16 or q8_0 transposed keys spans an odd number of 64-byte lines. The
+    score pass reads the head_dim rows of a K tile 16 positions at a time and comes back to each line for the next
+    16; at a power-of-two stride all of them fall in one L1 set (8 ways) and are fetched again each time. float32
+    keys use a line once: padding them measured slower."""
+    if itemsize >= 4:
+        return rows
+    per_line = 64 // itemsize
+    return (-(-rows // per_line) | 1) * per_line
+
+
 class KVCache:
     """Keys as [n_layers, n_kv_heads, head_dim, rows] (transposed for the attention kernel), values as
     [n_layers, n_kv_heads, rows, head_dim], in the stored types of `kv` (guild/engine/kvtypes.py): float32,
@@ -20,7 +31,7 @@ class KVCache:
     [n_layers, n_kv_heads, head_dim/32, rows] and `v_scale` [n_layers, n_kv_heads, rows, head_dim/32] (llama.cpp's
     block_q8_0 in two arrays, its 34 bytes per 32 values; its q8_0 V is laid out per position the same way, the
     layout its flash attention reads). A window's rows are converted once, when written. `rows` grows with the
-    positions used, up to n_ctx.
+    positions used, up to n_ctx (padded: padded_rows).
 
     `begin(T)` reserves rows pos..pos+T-1 for a window; `commit(keep)` keeps the first `keep` of them and
     clears the rest, so the cache is exactly what `keep` single-token steps would have left
@@ -32,7 +43,8 @@ class KVCache:
         self.n_ctx = n_ctx
         self.kv_types = kv
         self.token_bytes = kv.token_bytes(n_layers, n_kv_heads, head_dim)
-        rows = min(n_ctx, KV_FIRST_ROWS)
+        self.cap = min(n_ctx, KV_FIRST_ROWS)  # positions it holds (the arrays: that many, padded_rows)
+        rows = padded_rows(self.cap, np.dtype(_DTYPE[kv.k]).itemsize)
         self.k = np.zeros((n_layers, n_kv_heads, head_dim, rows), _DTYPE[kv.k])
         self.v = np.zeros((n_layers, n_kv_heads, rows, head_dim), _DTYPE[kv.v])
         self.k_scale = np.zeros((n_layers, n_kv_heads, head_dim // 32, rows), np.float16) if kv.k == "q8_0" else None
@@ -54,10 +66,10 @@ class KVCache:
         """Room for `rows` positions: the arrays grow (doubling, at most n_ctx) as the context fills. Allocated
         whole, the transposed keys' first write would touch every page of the n_ctx-sized cache (hundreds of
         ms at 4K-8K positions, paid by the first prompt) and the memory would not follow the context used."""
-        cap = self.k.shape[3]
-        if rows <= cap:
+        if rows <= self.k.shape[3]:
             return
-        cap = min(self.n_ctx, max(rows, 2 * cap))
+        self.cap = min(self.n_ctx, max(rows, 2 * self.cap))
+        cap = padded_rows(self.cap, self.k.itemsize)
         n = self.pos + self.pending
         for name, tr in self._arrays():
             a = getattr(self, name)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from guild.engine.kvtypes import KVTypes
-from guild.engine.state import KV_FIRST_ROWS, KVCache
+from guild.engine.state import KV_FIRST_ROWS, KVCache, padded_rows
 from guild.errors import BadFlagError, ContextOverflowError
 
 
@@ -55,7 +55,8 @@ def test_typed_cache_bytes_growth_and_bound(kt, vt):
     L, Hkv, hd, n_ctx = 2, 3, 64, 1000
     c = KVCache(L, Hkv, hd, n_ctx, KVTypes(kt, vt))
     per_token = L * Hkv * hd * (LLAMA_CPP_BYTES[kt] + LLAMA_CPP_BYTES[vt])
-    assert c.nbytes == per_token * n_ctx and c.resident_bytes == per_token * KV_FIRST_ROWS
+    first = padded_rows(KV_FIRST_ROWS, c.k.itemsize)
+    assert c.nbytes == per_token * n_ctx and c.resident_bytes == per_token * first
     rng = np.random.default_rng(0)
     seen = []
     for T in (100, 200, 300, 399):  # 999 rows: grows by doubling, then stops at the context
@@ -66,7 +67,25 @@ def test_typed_cache_bytes_growth_and_bound(kt, vt):
         c.commit(T)
         seen.append(c.resident_bytes)
         assert c.resident_bytes == per_token * c.k.shape[3] >= per_token * c.pos
-    assert seen == sorted(seen) and seen[0] < c.nbytes and seen[-1] == c.nbytes  # bounded by --context
+    # bounded by --context, its rows padded by at most two 64-byte lines of keys
+    assert seen == sorted(seen) and seen[0] < c.nbytes and seen[-1] == per_token * padded_rows(n_ctx, c.k.itemsize)
+    assert c.k.shape[3] - n_ctx < 2 * 64 // c.k.itemsize
+
+
+@pytest.mark.parametrize("kt", ["f32", "f16", "q8_0"])
+def test_f16_and_q8_0_key_rows_span_an_odd_number_of_lines(kt):
+    """At a power-of-two context a row of transposed keys would be a power-of-two stride: every dimension's row of
+    a K tile in one L1 set. f16 and q8_0 rows are padded to an odd number of 64-byte lines; f32 rows are not."""
+    c = KVCache(1, 2, 64, 4096, KVTypes(kt, kt))
+    rng = np.random.default_rng(0)
+    for _ in range(12):  # 3,072 rows a prefill chunk at a time: grown by doubling to the whole context
+        _fill(c, rng, 256, hd=64)
+    lines, rest = divmod(c.k.strides[2], 64)
+    if kt == "f32":
+        assert c.k.shape[3] == 4096 and (lines, rest) == (256, 0)
+    else:
+        assert rest == 0 and lines % 2 == 1 and 4096 <= c.k.shape[3] < 4096 + 2 * 64 // c.k.itemsize
+    assert c.k.strides[3] == c.k.itemsize  # positions stay stride-1: the kernels' vector path
 
 
 @pytest.mark.parametrize("kt,vt", [("f16", "q8_0"), ("q8_0", "f16")])
@@ -102,7 +121,7 @@ def test_fill_copies_grows_the_cache(kv):
     rng = np.random.default_rng(3)
     for _ in range(2):
         _fill(c, rng, 512, hd=32)
-    assert c.k.shape[3] == 1024
+    assert c.k.shape[3] == padded_rows(1024, c.k.itemsize)
     c.fill_copies(4096)
     assert c.pos == 4096 and c.k.shape[3] >= 4096
     for name, tr in c._arrays():
