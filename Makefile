@@ -65,6 +65,10 @@ bench-full: setup
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
 	$(BIN)/python -m guild.tools.replay record --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 -o results/replay-trace.json
 	$(BIN)/python -m guild.tools.replay run results/replay-trace.json
+	# longer replies: the first windows' cost of pricing a text at other texts' priors is paid once per reply
+	$(BIN)/python -m guild.tools.replay record --workloads W1,W3,W5,W7,W8,W10 --max-tokens 512 \
+		-o results/replay-trace-512.json
+	$(BIN)/python -m guild.tools.replay run results/replay-trace-512.json
 	$(BIN)/python -m guild.tools.perf_json
 	for m in smollm2-135m smollm2-135m-moe; do \
 		$(BIN)/guild bench $$m --workloads W10 --strategies normal,adaptive -c $$(( $(W10_MAX) + 128 )) \
