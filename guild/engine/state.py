@@ -149,8 +149,9 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes at the full context (what a pool must budget for); the arrays hold `resident_bytes` now."""
-        return self.token_bytes * self.n_ctx
+        """Bytes at the full context, padding included (what a pool must budget for); the arrays hold
+        `resident_bytes` now."""
+        return self.token_bytes * padded_rows(self.n_ctx, self.k.itemsize)
 
     @property
     def resident_bytes(self) -> int:
