@@ -179,6 +179,16 @@ def test_chat_templates_are_bounded(seeds, template, needle):
     assert "\n" not in str(ei.value) and needle in str(ei.value), str(ei.value)
 
 
+def test_the_template_limit_counts_the_rendering_threads_cpu_not_waiting():
+    """The time limit bounds what a template computes: 2.5 s spent off the CPU (here a sleep, in a run a GIL held by
+    another thread or a busy machine) during a render is not the template's; the same time spent looping is."""
+    from guild.text.template_guard import TIME_LIMIT_S, GuardedEnvironment, render
+
+    env = GuardedEnvironment()
+    t = env.from_string("{{ wait() }}done")
+    assert render(t, {"wait": lambda: time.sleep(TIME_LIMIT_S + 0.5) or ""}) == "done"
+
+
 def test_ordinary_templates_still_render(seeds):
     assert _render(seeds, None).endswith("<|im_start|>assistant\n")
 
