@@ -5,6 +5,7 @@ sandbox itself bounds `range` and refuses unsafe attributes; these limits are th
 
 from __future__ import annotations
 
+import gc
 import re
 import sys
 import time
@@ -15,7 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ChatTemplateError
 
-TIME_LIMIT_S = 2.0  # of the rendering thread's CPU time: real chat templates render in milliseconds
+TIME_LIMIT_S = 5.0  # of the rendering thread's CPU time: real chat templates render in milliseconds
 MAX_OUTPUT = 4 * 2**20  # characters of rendered prompt (well past any context window)
 MAX_VALUE = MAX_OUTPUT  # length of one string/list an operator, filter or method call may build
 MAX_DEPTH = 200  # nested Python frames under render (macro recursion, recursive loops)
@@ -166,6 +167,8 @@ def render(template, variables: dict) -> str:
 
     old = sys.gettrace()
     out, n = [], 0
+    gc_was = gc.isenabled()
+    gc.disable()  # a collection walks the whole process's objects: not the template's time (its memory: the RSS check)
     sys.settrace(tracer)
     try:
         for chunk in template.generate(**variables):
@@ -176,6 +179,8 @@ def render(template, variables: dict) -> str:
             check()
     finally:
         sys.settrace(old)
+        if gc_was:
+            gc.enable()
     text = "".join(out)
     try:
         text.encode("utf-8")
