@@ -286,9 +286,11 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
     threads = numba.get_num_threads()
     if progress:
         Console(stderr=True).print(f"warming up: {ws[0].key}, {WARMUP_TOKENS} tokens per strategy (unmeasured)")
+    def sampling_of(w):
+        return replace(sampling or w.sampling_params(), **(sampling_overrides or {}))
+
     for s in strategies:  # the first run of each strategy would pay its kernels' JIT load (or compile) in its time
-        sp = replace(sampling or ws[0].sampling_params(), **(sampling_overrides or {}))
-        run_workload(lm, ws[0], replace(base, strategy=s, sampling=sp, max_tokens=WARMUP_TOKENS))
+        run_workload(lm, ws[0], replace(base, strategy=s, sampling=sampling_of(ws[0]), max_tokens=WARMUP_TOKENS))
     t_start = time.time()
     load_start = os.getloadavg()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -298,10 +300,7 @@ def bench(model: str | None, workloads: Sequence[str] | None, strategies: Sequen
         for rep, w, s, check in jobs:
             what = "noise check" if check else f"repeat {rep + 1}"
             bar.update(task, description=escape(f"{what} · {w.key} · {s}"))
-            sp = sampling or w.sampling_params()
-            if sampling_overrides:
-                sp = replace(sp, **sampling_overrides)
-            opts = replace(base, strategy="adaptive" if s == "oracle" else s, sampling=sp,
+            opts = replace(base, strategy="adaptive" if s == "oracle" else s, sampling=sampling_of(w),
                            max_tokens=max_tokens or w.max_tokens)
             if s == "oracle":
                 oracles[w.key] = _oracle(lm, w, opts, ref[(w.key, 0)])
