@@ -58,9 +58,17 @@ def kv_quantize_q8_0(x):
     return q, d.astype(np.float16)
 
 
+def _untile(a):
+    """Key tiles [Hkv, n, hd, T] -> [Hkv, hd, n * T]."""
+    return a.transpose(0, 2, 1, 3).reshape(a.shape[0], a.shape[2], -1)
+
+
 def kv_values(stored, transposed: bool):
-    """A cache layer's stored keys (transposed: [Hkv, hd, ctx]) or values ([Hkv, ctx, hd]) as float64
-    [ctx, Hkv, hd]: float32, f16 bits (uint16) or a q8_0 (quants, scale bits) pair (kernels/cpu/ops.py)."""
+    """A cache layer's stored keys (transposed: tiles [Hkv, ctx/T, hd, T] of T positions, kernels/cpu/ops.KV_TILE)
+    or values ([Hkv, ctx, hd]) as float64 [ctx, Hkv, hd]: float32, f16 bits (uint16) or a q8_0 (quants, scale
+    bits) pair (kernels/cpu/ops.py)."""
+    if transposed:  # tiles -> [Hkv, hd, ctx] (scales: [Hkv, hd/32, ctx])
+        stored = tuple(map(_untile, stored)) if isinstance(stored, tuple) else _untile(stored)
     if isinstance(stored, tuple):
         qs, bits = stored
         d = bits.view(np.float16).astype(np.float64)

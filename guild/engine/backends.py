@@ -139,6 +139,8 @@ class Backend(Protocol):
 
     def add(self, x, y) -> None: ...
 
+    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int): ...
+
     def kv_write(self, kt, vc, k, v, pos0) -> None: ...
 
     def split_qkv(self, qkv, H, Hkv, hd): ...
@@ -289,9 +291,16 @@ class HostBackend:
     def add(self, x, y) -> None:
         x += y
 
+    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int):
+        """A layer's float32 cache as attention takes it: keys in tiles (kernels/cpu/ops.KV_TILE), values per
+        position."""
+        n = cpu_ops.key_tiles(n_ctx)
+        return (np.zeros((n_kv_heads, n, head_dim, cpu_ops.KV_TILE), np.float32),
+                np.zeros((n_kv_heads, n * cpu_ops.KV_TILE, head_dim), np.float32))
+
     def kv_write(self, kt, vc, k, v, pos0) -> None:
         T = k.shape[0]
-        kt[:, :, pos0 : pos0 + T] = k.transpose(1, 2, 0)
+        cpu_ops.put_keys(kt, pos0, k.transpose(1, 2, 0))
         vc[:, pos0 : pos0 + T] = v.transpose(1, 0, 2)
 
     def split_qkv(self, qkv, H, Hkv, hd):
@@ -446,6 +455,11 @@ class CudaBackend:
 
     def add(self, x, y) -> None:
         self.k.add(x, y)
+
+    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int):
+        """A layer's cache as the CUDA attention takes it: keys transposed [Hkv, hd, ctx], values per position."""
+        return (self.cp.zeros((n_kv_heads, head_dim, n_ctx), np.float32),
+                self.cp.zeros((n_kv_heads, n_ctx, head_dim), np.float32))
 
     def kv_write(self, kt, vc, k, v, pos0) -> None:
         self.k.kv_write(kt, vc, k, v, pos0)

@@ -13,25 +13,20 @@ from .kvtypes import F32_KV, KVTypes
 KV_FIRST_ROWS = 256  # positions a host cache holds before it first grows
 
 
-def padded_rows(rows: int, itemsize: int) -> int:
-    """`rows` rounded up so that a row of f16 or q8_0 transposed keys spans an odd number of 64-byte lines. The
-    score pass reads the head_dim rows of a K tile 16 positions at a time and comes back to each line for the next
-    16; at a power-of-two stride all of them fall in one L1 set (8 ways) and are fetched again each time. float32
-    keys use a line once: padding them measured slower."""
-    if itemsize >= 4:
-        return rows
-    per_line = 64 // itemsize
-    return (-(-rows // per_line) | 1) * per_line
+def tile_rows(rows: int) -> int:
+    """Positions the arrays hold for `rows`: whole key tiles (kernels/cpu/ops.KV_TILE)."""
+    return cpu_ops.key_tiles(rows) * cpu_ops.KV_TILE
 
 
 class KVCache:
-    """Keys as [n_layers, n_kv_heads, head_dim, rows] (transposed for the attention kernel), values as
-    [n_layers, n_kv_heads, rows, head_dim], in the stored types of `kv` (guild/engine/kvtypes.py): float32,
-    float16, or q8_0 as int8 quants in those shapes with an f16 scale per 32 values along head_dim in `k_scale`
-    [n_layers, n_kv_heads, head_dim/32, rows] and `v_scale` [n_layers, n_kv_heads, rows, head_dim/32] (llama.cpp's
-    block_q8_0 in two arrays, its 34 bytes per 32 values; its q8_0 V is laid out per position the same way, the
-    layout its flash attention reads). A window's rows are converted once, when written. `rows` grows with the
-    positions used, up to n_ctx (padded: padded_rows).
+    """Keys as [n_layers, n_kv_heads, rows/KV_TILE, head_dim, KV_TILE] (tiles of positions, transposed within a
+    tile, for the attention kernels: kernels/cpu/ops.KV_TILE), values as [n_layers, n_kv_heads, rows, head_dim], in
+    the stored types of `kv` (guild/engine/kvtypes.py): float32, float16, or q8_0 as int8 quants in those shapes
+    with an f16 scale per 32 values along head_dim in `k_scale` [n_layers, n_kv_heads, rows/KV_TILE, head_dim/32,
+    KV_TILE] and `v_scale` [n_layers, n_kv_heads, rows, head_dim/32] (llama.cpp's block_q8_0 in two arrays, its 34
+    bytes per 32 values; its q8_0 V is laid out per position the same way, the layout its flash attention reads).
+    A window's rows are converted once, when written. `rows` grows with the positions used, up to n_ctx (in whole
+    tiles: tile_rows).
 
     `begin(T)` reserves rows pos..pos+T-1 for a window; `commit(keep)` keeps the first `keep` of them and
     clears the rest, so the cache is exactly what `keep` single-token steps would have left
@@ -43,40 +38,58 @@ class KVCache:
         self.n_ctx = n_ctx
         self.kv_types = kv
         self.token_bytes = kv.token_bytes(n_layers, n_kv_heads, head_dim)
-        self.cap = min(n_ctx, KV_FIRST_ROWS)  # positions it holds (the arrays: that many, padded_rows)
-        rows = padded_rows(self.cap, np.dtype(_DTYPE[kv.k]).itemsize)
-        self.k = np.zeros((n_layers, n_kv_heads, head_dim, rows), _DTYPE[kv.k])
+        self.cap = min(n_ctx, KV_FIRST_ROWS)  # positions it holds (the arrays: that many in whole tiles)
+        rows = tile_rows(self.cap)
+        tiles = rows // cpu_ops.KV_TILE
+        self.k = np.zeros((n_layers, n_kv_heads, tiles, head_dim, cpu_ops.KV_TILE), _DTYPE[kv.k])
         self.v = np.zeros((n_layers, n_kv_heads, rows, head_dim), _DTYPE[kv.v])
-        self.k_scale = np.zeros((n_layers, n_kv_heads, head_dim // 32, rows), np.float16) if kv.k == "q8_0" else None
+        self.k_scale = (np.zeros((n_layers, n_kv_heads, tiles, head_dim // 32, cpu_ops.KV_TILE), np.float16)
+                        if kv.k == "q8_0" else None)
         self.v_scale = np.zeros((n_layers, n_kv_heads, rows, head_dim // 32), np.float16) if kv.v == "q8_0" else None
         self.pos = 0  # committed rows
         self.pending = 0  # rows written by the open window
 
     def _arrays(self) -> list[tuple[str, bool]]:
-        """(attribute, transposed) of every stored array: positions on the last axis when transposed, else on
+        """(attribute, tiled) of every stored array: key tiles (positions on axes 2 and 4), else positions on
         axis 2."""
         return [(name, name.startswith("k")) for name in ("k", "k_scale", "v", "v_scale")
                 if getattr(self, name) is not None]
 
     @staticmethod
-    def _rows(a: np.ndarray, transposed: bool, lo: int, hi: int) -> np.ndarray:
-        return a[..., lo:hi] if transposed else a[:, :, lo:hi]
+    def _get(a: np.ndarray, tiled: bool, lo: int, hi: int) -> np.ndarray:
+        """Positions lo .. hi - 1 (keys as [..., hd, n]; a view for values, a copy for keys)."""
+        return cpu_ops.get_keys(a, lo, hi) if tiled else a[:, :, lo:hi]
+
+    @staticmethod
+    def _put(a: np.ndarray, tiled: bool, lo: int, x) -> None:
+        """Positions lo .. lo + n = x (keys [..., hd, n], values [..., n, hd])."""
+        if tiled:
+            cpu_ops.put_keys(a, lo, x)
+        else:
+            a[..., lo : lo + x.shape[-2], :] = x
+
+    def _zero(self, lo: int, hi: int) -> None:
+        for name, tiled in self._arrays():
+            a = getattr(self, name)
+            if tiled:
+                cpu_ops.put_keys(a, lo, np.zeros((hi - lo,), a.dtype))
+            else:
+                a[:, :, lo:hi] = 0
 
     def _reserve(self, rows: int) -> None:
         """Room for `rows` positions: the arrays grow (doubling, at most n_ctx) as the context fills. Allocated
-        whole, the transposed keys' first write would touch every page of the n_ctx-sized cache (hundreds of
-        ms at 4K-8K positions, paid by the first prompt) and the memory would not follow the context used."""
-        if rows <= self.k.shape[3]:
+        whole, the first writes would touch every page of the n_ctx-sized cache (hundreds of ms at 4K-8K
+        positions, paid by the first prompt) and the memory would not follow the context used."""
+        if rows <= self.v.shape[2]:
             return
         self.cap = min(self.n_ctx, max(rows, 2 * self.cap))
-        cap = padded_rows(self.cap, self.k.itemsize)
-        n = self.pos + self.pending
-        for name, tr in self._arrays():
+        cap = tile_rows(self.cap)
+        for name, tiled in self._arrays():
             a = getattr(self, name)
             shape = list(a.shape)
-            shape[3 if tr else 2] = cap
+            shape[2] = cap // cpu_ops.KV_TILE if tiled else cap
             grown = np.zeros(shape, a.dtype)
-            self._rows(grown, tr, 0, n)[...] = self._rows(a, tr, 0, n)
+            grown[:, :, : a.shape[2]] = a  # whole tiles or rows: rows past the position are zero in both
             setattr(self, name, grown)
 
     def begin(self, T: int) -> int:
@@ -92,13 +105,13 @@ class KVCache:
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v: [T, n_kv_heads, head_dim] for the open window's rows, converted to the stored types."""
-        p, T = self.pos, k.shape[0]
-        for x, q, sc, tr in ((k, self.k, self.k_scale, True), (v, self.v, self.v_scale, False)):
+        p = self.pos
+        for x, q, sc, tiled in ((k, self.k, self.k_scale, True), (v, self.v, self.v_scale, False)):
             if sc is not None:
                 qs, d = _quantize_q8_0(x)
-                self._rows(sc, tr, p, p + T)[layer] = d.transpose(1, 2, 0) if tr else d.transpose(1, 0, 2)
+                self._put(sc[layer], tiled, p, d.transpose(1, 2, 0) if tiled else d.transpose(1, 0, 2))
                 x = qs
-            self._rows(q, tr, p, p + T)[layer] = x.transpose(1, 2, 0) if tr else x.transpose(1, 0, 2)
+            self._put(q[layer], tiled, p, x.transpose(1, 2, 0) if tiled else x.transpose(1, 0, 2))
 
     def kv_layer(self, layer: int):
         """A layer's keys and values as the attention kernels take them (kernels/cpu/ops.attention_kv)."""
@@ -111,8 +124,8 @@ class KVCache:
         return a.view(np.uint16) if a.dtype == np.float16 else a
 
     def _clear(self, lo: int, hi: int) -> None:
-        for name, tr in self._arrays():
-            self._rows(getattr(self, name), tr, lo, hi)[...] = 0
+        if hi > lo:
+            self._zero(lo, hi)
 
     def commit(self, keep: int) -> None:
         if not 0 <= keep <= self.pending:
@@ -142,16 +155,16 @@ class KVCache:
         self._reserve(target)
         while self.pos < target:
             n = min(filled, target - self.pos)
-            for name, tr in self._arrays():
+            for name, tiled in self._arrays():
                 a = getattr(self, name)
-                self._rows(a, tr, self.pos, self.pos + n)[...] = self._rows(a, tr, 0, n)
+                self._put(a, tiled, self.pos, self._get(a, tiled, 0, n).copy())
             self.pos += n
 
     @property
     def nbytes(self) -> int:
-        """Bytes at the full context, padding included (what a pool must budget for); the arrays hold
+        """Bytes at the full context in whole key tiles (what a pool must budget for); the arrays hold
         `resident_bytes` now."""
-        return self.token_bytes * padded_rows(self.n_ctx, self.k.itemsize)
+        return self.token_bytes * tile_rows(self.n_ctx)
 
     @property
     def resident_bytes(self) -> int:
@@ -346,8 +359,9 @@ class DeviceKVCache:
         try:
             for be in self.bes:
                 with be.activate():
-                    self.k.append(be.zeros((n_kv_heads, head_dim, n_ctx)))
-                    self.v.append(be.zeros((n_kv_heads, n_ctx, head_dim)))
+                    k, v = be.kv_zeros(n_kv_heads, head_dim, n_ctx)
+                    self.k.append(k)
+                    self.v.append(v)
         except Exception as e:
             if type(e).__name__ == "OutOfMemoryError":
                 raise GpuPathError(f"GPU out of memory for a KV cache of {n_ctx} tokens") from None
@@ -383,7 +397,10 @@ class DeviceKVCache:
         while self.pos < target:
             n = min(filled, target - self.pos)
             for k, v in zip(self.k, self.v, strict=True):
-                k[:, :, self.pos : self.pos + n] = k[:, :, :n]
+                if k.ndim == 4:  # a host layer's key tiles (HostBackend.kv_zeros)
+                    cpu_ops.put_keys(k, self.pos, cpu_ops.get_keys(k, 0, n))
+                else:
+                    k[:, :, self.pos : self.pos + n] = k[:, :, :n]
                 v[:, self.pos : self.pos + n] = v[:, :n]
             self.pos += n
 

@@ -17,6 +17,51 @@ from numba.extending import overload
 from .intrinsics import floorf, fma32, h2f, pow2f
 from .simd import bc_f32, cvt, fma_f, lane, ld_f32, ld_h2f, ld_s8, max_f, mul_f, splat_f, st_f32, zero_f
 
+# Keys are stored in tiles of KV_TILE positions, [..., ctx/KV_TILE, hd, KV_TILE]: within a tile each dimension's
+# positions are adjacent (the score loops run over positions), and a tile is one contiguous block, so a score pass
+# streams K from memory. Transposed whole ([hd, ctx]) it read hd strided rows at once, more streams than the
+# hardware prefetchers follow: 3-5 GB/s from memory where the tiles read at 7-8 (same chains, bitwise).
+KV_TILE = 64  # positions per key tile, and per score task: a tile stays in L1 while every row and head uses it
+
+
+def key_tiles(rows: int) -> int:
+    """Tiles that hold `rows` key positions."""
+    return -(-rows // KV_TILE)
+
+
+def tile_keys(kt: np.ndarray) -> np.ndarray:
+    """Keys transposed [..., hd, ctx] -> tiles [..., key_tiles(ctx), hd, KV_TILE] (positions past ctx zero)."""
+    *lead, hd, ctx = kt.shape
+    n = key_tiles(ctx)
+    out = np.zeros((*lead, n, hd, KV_TILE), kt.dtype)
+    put_keys(out, 0, kt)
+    return out
+
+
+def put_keys(tiles: np.ndarray, lo: int, x: np.ndarray) -> None:
+    """Positions lo .. lo + n of key tiles [..., n_tiles, hd, KV_TILE] = x [..., hd, n] (broadcast over the leading
+    axes)."""
+    n = x.shape[-1]
+    j = lo
+    while j < lo + n:
+        t, a = divmod(j, KV_TILE)
+        b = min(KV_TILE, a + lo + n - j)
+        tiles[..., t, :, a:b] = x[..., j - lo : j - lo + b - a]
+        j += b - a
+
+
+def get_keys(tiles: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Positions lo .. hi - 1 of key tiles [..., n_tiles, hd, KV_TILE] as [..., hd, hi - lo] (a copy)."""
+    *lead, _, hd, _ = tiles.shape
+    out = np.empty((*lead, hd, hi - lo), tiles.dtype)
+    j = lo
+    while j < hi:
+        t, a = divmod(j, KV_TILE)
+        b = min(KV_TILE, a + hi - j)
+        out[..., j - lo : j - lo + b - a] = tiles[..., t, :, a:b]
+        j += b - a
+    return out
+
 
 @njit(cache=True, inline="always", error_model="numpy")
 def _rmsnorm_row(x, w, eps, out, t):
@@ -108,8 +153,9 @@ def sum_fixed(y):
 def attention(q, kt, vc, pos0, scale, out, scores):
     """Causal GQA attention of a window over the KV cache.
 
-    q: [T, H, hd] (rows at positions pos0..pos0+T-1); kt: [Hkv, hd, ctx] (keys transposed, so the score loop
-    runs stride-1 over positions); vc: [Hkv, ctx, hd]; out: [T, H, hd]; scores: [T*H, >= pos0+T] scratch.
+    q: [T, H, hd] (rows at positions pos0..pos0+T-1); kt: [Hkv, ctx/KV_TILE, hd, KV_TILE] (keys in tiles of
+    positions, transposed within a tile: the score loop runs stride-1 over positions and a tile is one contiguous
+    read, see KV_TILE); vc: [Hkv, ctx, hd]; out: [T, H, hd]; scores: [T*H, >= pos0+T] scratch.
     Row t reads positions 0..pos0+t; every score, sum and output element is computed in a fixed order: a score
     is one fma chain over i, an output element one fma chain over positions. One task per (KV head, row): the
     query heads sharing that KV head run together block by block, so each block of K and V is read from memory
@@ -120,7 +166,7 @@ def attention(q, kt, vc, pos0, scale, out, scores):
     T, H, hd = q.shape
     Hkv = kt.shape[0]
     group = H // Hkv
-    vec = (hd % 16 == 0 and kt.strides[2] == 4 and vc.strides[2] == 4 and scores.strides[1] == 4
+    vec = (hd % 16 == 0 and kt.strides[3] == 4 and vc.strides[2] == 4 and scores.strides[1] == 4
            and out.strides[2] == 4 and q.strides[2] == 4)
     for u in prange(Hkv * T):
         g = u // T
@@ -202,9 +248,10 @@ def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0, j0):
     up to three heads x 64 positions at a time in registers (each K vector loaded once for the three), then
     16 positions, then lane by lane where a whole vector would pass the end of the cache or scratch row."""
     pk = kt.ctypes.data + g * kt.strides[0]
-    sk = kt.strides[1]
+    st = kt.strides[1]
+    sk = kt.strides[2]
     ss = scores.strides[0]
-    W = min(sk // 4, scores.shape[1])  # whole vectors may be loaded and stored below this position
+    W = min(kt.shape[1] * KV_TILE, scores.shape[1])  # whole vectors may be loaded and stored below this position
     for r in range(0, group, 3):
         b1 = r + 1 < group
         b2 = r + 2 < group
@@ -214,7 +261,7 @@ def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0, j0):
         while j + 64 <= L:
             a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = zero_f()
             for i in range(hd):
-                p = pk + i * sk + 4 * j
+                p = pk + j // KV_TILE * st + i * sk + 4 * (j % KV_TILE)
                 k0 = ld_f32(p)
                 k1 = ld_f32(p + 64)
                 k2 = ld_f32(p + 128)
@@ -245,7 +292,7 @@ def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0, j0):
             c0 = zero_f()
             e0 = zero_f()
             for i in range(hd):
-                k0 = ld_f32(pk + i * sk + 4 * j)
+                k0 = ld_f32(pk + j // KV_TILE * st + i * sk + 4 * (j % KV_TILE))
                 a0 = fma_f(splat_f(q[t, h, i] * scale), k0, a0)
                 if b1:
                     c0 = fma_f(splat_f(q[t, h + 1, i] * scale), k0, c0)
@@ -261,7 +308,7 @@ def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0, j0):
             for jj in range(j, L):  # the same chain, one lane
                 a = np.float32(0.0)
                 for i in range(hd):
-                    a = fma32(q[t, h0 + rr, i] * scale, kt[g, i, jj], a)
+                    a = fma32(q[t, h0 + rr, i] * scale, key_at(kt, kt, g, i, jj), a)
                 scores[th0 + rr, jj] = a
 
 
@@ -402,20 +449,20 @@ def softmax_topk(logits, k, renorm, ids, weights):
 # Attention over a typed KV cache (--cache-type-k / --cache-type-v, guild/engine/state.py): the kernels read the
 # stored type, never a float32 copy of the cache. f16: IEEE halves, passed as their uint16 bits. q8_0: llama.cpp's
 # block_q8_0 split in two arrays, int8 quants and an f16 scale (uint16 bits) per 32 values along head_dim; keys
-# transposed as the f32 kernel wants them (quants [Hkv, hd, ctx], scales [Hkv, hd/32, ctx]), values per position
-# (quants [Hkv, ctx, hd], scales [Hkv, ctx, hd/32]). A window takes a pass of scores by the key type, then softmax
-# and values by the value type (float32 on both sides: windows of two rows or more; one row is `attention`). The
-# passes read each K and V block once for all the rows of a window (score tasks split positions, value tasks blocks
-# of rows, never a reduction), and every score and output element is one chain in a fixed order whatever rows
-# share the call: row invariance for every pair of types. Every type runs `attention`'s chains over the values it
-# stores, in the same register-tiled code: f16 converts 16 halves per load (vcvtph2ps), q8_0 16 quants (vpmovsxbd,
-# vcvtdq2ps) times their scales (vmulps; q * d is exact in float32), so a q8_0 row is bitwise float32 attention
-# over the dequantised cache. A q8_0 block that more than six (row, head) pairs read is dequantised once into L1
-# instead (the same values). One layer of SmolLM2-135M at 32K positions, 2 threads, T = 1 / 4, medians of 6 runs
-# alternated with the scalar loops these replaced (OMP_WAIT_POLICY=PASSIVE, load 2.4-3.2 on 2 cores): q8_0 4.1 /
-# 11.3 ms (scalar 14.4 / 40.4), f16 5.4 / 13.2 ms in the same runs.
+# in tiles as the f32 kernel wants them (quants [Hkv, ctx/KV_TILE, hd, KV_TILE], scales [Hkv, ctx/KV_TILE, hd/32,
+# KV_TILE]), values per position (quants [Hkv, ctx, hd], scales [Hkv, ctx, hd/32]). A window takes a pass of
+# scores by the key type, then softmax and values by the value type (float32 on both sides: windows of two rows
+# or more; one row is `attention`). The passes read each K and V block once for all the rows of a window (score
+# tasks split positions, value tasks blocks of rows, never a reduction), and every score and output element is
+# one chain in a fixed order whatever rows share the call: row invariance for every pair of types. Every type
+# runs `attention`'s chains over the values it stores, in the same register-tiled code: f16 converts 16 halves
+# per load (vcvtph2ps), q8_0 16 quants (vpmovsxbd, vcvtdq2ps) times their scales (vmulps; q * d is exact in
+# float32), so a q8_0 row is bitwise float32 attention over the dequantised cache. A q8_0 block that more than
+# six (row, head) pairs read is dequantised once into L1 instead (the same values). One layer of SmolLM2-135M at
+# 32K positions, 2 threads, T = 1 / 4, medians of 6 runs alternated with the scalar loops these replaced
+# (OMP_WAIT_POLICY=PASSIVE, load 2.4-3.2 on 2 cores): q8_0 4.1 / 11.3 ms (scalar 14.4 / 40.4), f16 5.4 / 13.2 ms
+# in the same runs.
 # =========================================================================================================
-KV_TILE = 64  # positions per score tile: a K tile stays in L1 while every row and head of the window uses it
 KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verification window is one pass)
 
 
@@ -438,10 +485,11 @@ def kv_quantize_q8_0(x, qs, d):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def scores_kv(q, kt, pos0, scale, scores):
-    """The score pass over stored keys [Hkv, hd, ctx] (float32, f16 bits (uint16) or a q8_0 pair: quants, scale
-    bits [Hkv, hd/32, ctx]): scores[t * H + h, :pos0 + t + 1], each score the chain `attention` computes over the
-    keys as float32 (a q8_0 key q * d is exact in float32). One task per (KV head, tile of KV_TILE positions) serves
-    every row of the window, so each K tile is read from memory once per window and reused from L1."""
+    """The score pass over stored keys [Hkv, ctx/KV_TILE, hd, KV_TILE] (float32, f16 bits (uint16) or a q8_0 pair:
+    quants, scale bits [Hkv, ctx/KV_TILE, hd/32, KV_TILE]): scores[t * H + h, :pos0 + t + 1], each score the chain
+    `attention` computes over the keys as float32 (a q8_0 key q * d is exact in float32). One task per (KV head,
+    key tile) serves every row of the window, so each K tile is read from memory once per window (one contiguous
+    block) and reused from L1."""
     T, H, hd = q.shape
     kq, ks = kv_parts(kt)
     n_tiles = (pos0 + T + KV_TILE - 1) // KV_TILE
@@ -465,8 +513,8 @@ def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
             for h in range(g * group, (g + 1) * group):
                 _scores_scalar(q, kt, ks, g, t, h, hd, j0, min(j0 + KV_TILE, pos0 + t + 1), scale, scores[t * H + h])
         return
-    pk = kt.ctypes.data + g * kt.strides[0]
-    pd = ks.ctypes.data + g * ks.strides[0]
+    pk = kt.ctypes.data + g * kt.strides[0] + j0 // KV_TILE * kt.strides[1] - kt.itemsize * j0  # + itemsize * jc
+    pd = ks.ctypes.data + g * ks.strides[0] + j0 // KV_TILE * ks.strides[1] - ks.itemsize * j0
     # the staged block: dimension i of 16 positions at 64 i bytes (qs stands in where nothing is staged: no
     # allocation per tile)
     kf = np.empty((hd, 16), np.float32) if is_q8(kt) and T * group > 6 else qs
@@ -474,12 +522,12 @@ def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
         tf = max(0, jc + 15 - pos0)  # rows tf.. reach all 16 positions
         n = max(0, T - tf) * group
         if is_q8(kt) and n > 6:
-            _stage_keys(kt, pk + jc, kt.strides[1], pd + 2 * jc, ks.strides[1], hd, kf)  # q8_0: 1 and 2 bytes
+            _stage_keys(kt, pk + jc, kt.strides[2], pd + 2 * jc, ks.strides[2], hd, kf)  # q8_0: 1 and 2 bytes
             for p in range(0, n, 6):
                 _scores_six(qs, kf, kf.ctypes.data, 64, 0, 0, scores, jc, tf, g, group, H, hd, p, min(6, n - p))
         else:
             for p in range(0, n, 6):
-                _scores_six(qs, kt, pk + kt.itemsize * jc, kt.strides[1], pd + ks.itemsize * jc, ks.strides[1],
+                _scores_six(qs, kt, pk + kt.itemsize * jc, kt.strides[2], pd + ks.itemsize * jc, ks.strides[2],
                             scores, jc, tf, g, group, H, hd, p, min(6, n - p))
         for t in range(max(0, jc - pos0), min(tf, T)):
             for h in range(g * group, (g + 1) * group):
@@ -755,8 +803,8 @@ def _stored_f32(x):
 @overload(kv_stride1, inline="always")
 def _kv_stride1(k, ks):
     if _q8(k):
-        return lambda k, ks: k.strides[2] == 1 and ks.strides[2] == 2
-    return lambda k, ks: k.strides[2] == k.itemsize
+        return lambda k, ks: k.strides[3] == 1 and ks.strides[3] == 2
+    return lambda k, ks: k.strides[3] == k.itemsize
 
 
 @overload(kv_block, inline="always")
@@ -767,8 +815,9 @@ def _kv_block(k, hd):
 @overload(key_at, inline="always")
 def _key_at(kt, ks, g, i, j):
     if _q8(kt):
-        return lambda kt, ks, g, i, j: np.float32(kt[g, i, j]) * h2f(ks[g, i // 32, j])
-    return lambda kt, ks, g, i, j: stored_f32(kt[g, i, j])
+        return lambda kt, ks, g, i, j: (np.float32(kt[g, j // KV_TILE, i, j % KV_TILE])
+                                        * h2f(ks[g, j // KV_TILE, i // 32, j % KV_TILE]))
+    return lambda kt, ks, g, i, j: stored_f32(kt[g, j // KV_TILE, i, j % KV_TILE])
 
 
 @overload(value_at, inline="always")

@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from guild.engine.kvtypes import KVTypes
-from guild.engine.state import KV_FIRST_ROWS, KVCache, padded_rows
+from guild.engine.state import KV_FIRST_ROWS, KVCache, tile_rows
 from guild.errors import BadFlagError, ContextOverflowError
+from guild.kernels.cpu.ops import KV_TILE, get_keys
+
+
+def _rows(c):
+    """Positions the arrays hold."""
+    assert c.k.shape[2] * KV_TILE == c.v.shape[2]
+    return c.v.shape[2]
 
 
 def _fill(c, rng, T, hd=8):
@@ -25,20 +32,20 @@ def test_cache_grows_with_the_positions_used():
     assert c.nbytes == full and c.resident_bytes == full * KV_FIRST_ROWS // 8192
     rng = np.random.default_rng(0)
     _fill(c, rng, 44)
-    k44, v44 = c.k[..., :44].copy(), c.v[:, :, :44].copy()
-    assert c.k.shape[3] == KV_FIRST_ROWS
+    k44, v44 = get_keys(c.k, 0, 44), c.v[:, :, :44].copy()
+    assert _rows(c) == KV_FIRST_ROWS
     _fill(c, rng, 300)  # 344 rows: one doubling
-    assert c.k.shape[3] == 2 * KV_FIRST_ROWS and c.v.shape[2] == 2 * KV_FIRST_ROWS
-    assert np.array_equal(c.k[..., :44], k44) and np.array_equal(c.v[:, :, :44], v44)
-    assert not c.k[..., 344:].any() and not c.v[:, :, 344:].any()
+    assert _rows(c) == 2 * KV_FIRST_ROWS
+    assert np.array_equal(get_keys(c.k, 0, 44), k44) and np.array_equal(c.v[:, :, :44], v44)
+    assert not get_keys(c.k, 344, _rows(c)).any() and not c.v[:, :, 344:].any()
     assert c.nbytes == full
 
 
 def test_cache_stops_at_the_context():
     c = KVCache(1, 1, 4, 300)
-    assert c.k.shape[3] == KV_FIRST_ROWS
-    c.begin(290)  # a doubling would pass the context: the context it is
-    assert c.k.shape[3] == 300
+    assert _rows(c) == KV_FIRST_ROWS
+    c.begin(290)  # a doubling would pass the context: the context it is, in whole key tiles
+    assert _rows(c) == tile_rows(300) == 320
     c.commit(290)
     c.begin(10)
     c.commit(10)
@@ -55,7 +62,7 @@ def test_typed_cache_bytes_growth_and_bound(kt, vt):
     L, Hkv, hd, n_ctx = 2, 3, 64, 1000
     c = KVCache(L, Hkv, hd, n_ctx, KVTypes(kt, vt))
     per_token = L * Hkv * hd * (LLAMA_CPP_BYTES[kt] + LLAMA_CPP_BYTES[vt])
-    first, full = padded_rows(KV_FIRST_ROWS, c.k.itemsize), padded_rows(n_ctx, c.k.itemsize)
+    first, full = tile_rows(KV_FIRST_ROWS), tile_rows(n_ctx)
     assert c.nbytes == per_token * full and c.resident_bytes == per_token * first
     rng = np.random.default_rng(0)
     seen = []
@@ -66,26 +73,31 @@ def test_typed_cache_bytes_growth_and_bound(kt, vt):
                     rng.standard_normal((T, Hkv, hd)).astype(np.float32))
         c.commit(T)
         seen.append(c.resident_bytes)
-        assert c.resident_bytes == per_token * c.k.shape[3] >= per_token * c.pos
-    # bounded by --context, its rows padded by less than two 64-byte lines of keys
+        assert c.resident_bytes == per_token * _rows(c) >= per_token * c.pos
+    # bounded by --context, rounded up to whole key tiles
     assert seen == sorted(seen) and seen[0] < c.nbytes and seen[-1] == c.nbytes
-    assert c.k.shape[3] - n_ctx < 2 * 64 // c.k.itemsize
+    assert 0 <= _rows(c) - n_ctx < KV_TILE
 
 
 @pytest.mark.parametrize("kt", ["f32", "f16", "q8_0"])
-def test_f16_and_q8_0_key_rows_span_an_odd_number_of_lines(kt):
-    """At a power-of-two context a row of transposed keys would be a power-of-two stride: every dimension's row of
-    a K tile in one L1 set. f16 and q8_0 rows are padded to an odd number of 64-byte lines; f32 rows are not."""
+def test_keys_are_stored_in_contiguous_tiles_of_positions(kt):
+    """A score pass streams keys from memory: each tile of KV_TILE positions is one contiguous block, each
+    dimension's positions adjacent in it (the kernels' vector path), and a window's keys read back as written."""
     c = KVCache(1, 2, 64, 4096, KVTypes(kt, kt))
     rng = np.random.default_rng(0)
-    for _ in range(12):  # 3,072 rows a prefill chunk at a time: grown by doubling to the whole context
-        _fill(c, rng, 256, hd=64)
-    lines, rest = divmod(c.k.strides[2], 64)
-    if kt == "f32":
-        assert c.k.shape[3] == 4096 and (lines, rest) == (256, 0)
+    for _ in range(3):
+        _fill(c, rng, 106, hd=64)
+    c.begin(5)
+    k = rng.standard_normal((5, 2, 64)).astype(np.float32)
+    c.write(0, k, k)
+    n = c.k.itemsize
+    assert c.k.strides[4] == n and c.k.strides[3] == KV_TILE * n and c.k.strides[2] == 64 * KV_TILE * n
+    got = get_keys(c.k[0], 318, 323)  # [Hkv, hd, 5], across the tile boundary at 320
+    if kt == "q8_0":
+        got = got * np.repeat(get_keys(c.k_scale[0], 318, 323).astype(np.float32), 32, axis=1)
+        np.testing.assert_allclose(got, k.transpose(1, 2, 0), atol=np.abs(k).max() / 127)
     else:
-        assert rest == 0 and lines % 2 == 1 and 4096 <= c.k.shape[3] < 4096 + 2 * 64 // c.k.itemsize
-    assert c.k.strides[3] == c.k.itemsize  # positions stay stride-1: the kernels' vector path
+        assert np.array_equal(got, k.transpose(1, 2, 0).astype(c.k.dtype))
 
 
 @pytest.mark.parametrize("kt,vt", [("f16", "q8_0"), ("q8_0", "f16")])
@@ -99,7 +111,7 @@ def test_typed_cache_commit_clears_rejected_rows(kt, vt):
     c.commit(2)
     assert c.pos == 7
     for a in (c.k, c.k_scale) if kt == "q8_0" else (c.k,):
-        assert a[..., 5:7].any() and not a[..., 7:].any()
+        assert get_keys(a, 5, 7).any() and not get_keys(a, 7, _rows(c)).any()
     for a in (c.v, c.v_scale) if vt == "q8_0" else (c.v,):
         assert a[:, :, 5:7].any() and not a[:, :, 7:].any()
     c.truncate(5)
@@ -121,10 +133,10 @@ def test_fill_copies_grows_the_cache(kv):
     rng = np.random.default_rng(3)
     for _ in range(2):
         _fill(c, rng, 512, hd=32)
-    assert c.k.shape[3] == padded_rows(1024, c.k.itemsize)
+    assert _rows(c) == 1024
     c.fill_copies(4096)
-    assert c.pos == 4096 and c.k.shape[3] >= 4096
-    for name, tr in c._arrays():
+    assert c.pos == 4096 and _rows(c) >= 4096
+    for name, tiled in c._arrays():
         a = getattr(c, name)
-        assert np.array_equal(KVCache._rows(a, tr, 3072, 4096), KVCache._rows(a, tr, 0, 1024)), name
+        assert np.array_equal(KVCache._get(a, tiled, 3072, 4096), KVCache._get(a, tiled, 0, 1024)), name
     c.begin(8)  # and a window still opens after them

@@ -44,12 +44,27 @@ def _attn_inputs(T, pos0, H=6, Hkv=2, hd=16, ctx=40):
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     k = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
     v = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
-    kc = np.ascontiguousarray(k.transpose(1, 2, 0))
+    kc = ops.tile_keys(k.transpose(1, 2, 0))  # the cache's layout: keys in tiles of positions
     vc = np.ascontiguousarray(v.transpose(1, 0, 2))
     return q, k, v, kc, vc
 
 
 THREAD_COUNTS = (1, min(2, numba.config.NUMBA_NUM_THREADS))  # row invariance on one thread and on two
+
+
+def test_key_tiles_hold_positions_in_order():
+    """Keys [.., hd, ctx] in tiles [.., ctx/KV_TILE, hd, KV_TILE]: a run of positions written across a tile
+    boundary reads back as written, the rest stays zero, and tile_keys pads the last tile with zeros."""
+    T = ops.KV_TILE
+    kt = rng.standard_normal((2, 3, 5, 2 * T + 7)).astype(np.float32)  # [L, Hkv, hd, ctx]
+    tiles = ops.tile_keys(kt)
+    assert tiles.shape == (2, 3, 3, 5, T) and not tiles[..., 2, :, 7:].any()
+    assert np.array_equal(tiles[..., 1, 4, :], kt[..., 4, T : 2 * T])  # dimension 4 of positions T .. 2T - 1
+    assert np.array_equal(ops.get_keys(tiles, 0, 2 * T + 7), kt)
+    z = np.zeros_like(tiles)
+    ops.put_keys(z, T - 3, kt[..., : T + 9])
+    assert np.array_equal(ops.get_keys(z, T - 3, 2 * T + 6), kt[..., : T + 9])
+    assert not ops.get_keys(z, 0, T - 3).any() and not ops.get_keys(z, 2 * T + 6, 3 * T).any()
 
 
 def _attn(q, kc, vc, pos0):
@@ -75,8 +90,7 @@ def test_attention_row_invariance(pos0, H, Hkv, hd, ctx, threads):
             for start in range(0, 8 - T + 1):
                 part = _attn(np.ascontiguousarray(q[start : start + T]), kc, vc, pos0 + start)
                 assert np.array_equal(part, full[start : start + T]), (n, T, start)
-    np.testing.assert_allclose(full, ref.attention(q, kc.transpose(2, 0, 1), vc.transpose(1, 0, 2), pos0, hd**-0.5),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(full, ref.attention_kv(q, kc, vc, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
 
 
 def test_swiglu_combine_topk():
@@ -183,7 +197,7 @@ def _f32_layer(kop, vop):
     """The float32 operands holding exactly the values a stored layer holds (q * d and halves are exact)."""
     k = ref.kv_values(kop, True).astype(np.float32)  # [ctx, Hkv, hd]
     v = ref.kv_values(vop, False).astype(np.float32)
-    return np.ascontiguousarray(k.transpose(1, 2, 0)), np.ascontiguousarray(v.transpose(1, 0, 2))
+    return ops.tile_keys(k.transpose(1, 2, 0)), np.ascontiguousarray(v.transpose(1, 0, 2))
 
 
 @pytest.mark.parametrize("kt,vt", Q8_PAIRS)
@@ -220,8 +234,8 @@ def test_q8_0_attention_is_f32_attention_over_the_stored_values(kt, vt, threads)
 
 def test_q8_0_attention_rejects_a_head_size_that_is_not_whole_blocks():
     q = np.zeros((2, 2, 48), np.float32)
-    kq, vq = np.zeros((1, 48, 8), np.int8), np.zeros((1, 8, 48), np.int8)
-    ks, vs = np.zeros((1, 1, 8), np.uint16), np.zeros((1, 8, 1), np.uint16)
+    kq, vq = np.zeros((1, 1, 48, ops.KV_TILE), np.int8), np.zeros((1, 8, 48), np.int8)
+    ks, vs = np.zeros((1, 1, 1, ops.KV_TILE), np.uint16), np.zeros((1, 8, 1), np.uint16)
     with pytest.raises(ValueError, match="multiple of 32, got 48"):
         ops.attention_kv(q, (kq, ks), (vq, vs), 6, np.float32(1.0), np.empty_like(q), np.empty((4, 8), np.float32))
 
