@@ -68,14 +68,6 @@ class KVCache:
         else:
             a[..., lo : lo + x.shape[-2], :] = x
 
-    def _zero(self, lo: int, hi: int) -> None:
-        for name, tiled in self._arrays():
-            a = getattr(self, name)
-            if tiled:
-                cpu_ops.put_keys(a, lo, np.zeros((hi - lo,), a.dtype))
-            else:
-                a[:, :, lo:hi] = 0
-
     def _reserve(self, rows: int) -> None:
         """Room for `rows` positions: the arrays grow (doubling, at most n_ctx) as the context fills. Allocated
         whole, the first writes would touch every page of the n_ctx-sized cache (hundreds of ms at 4K-8K
@@ -124,8 +116,12 @@ class KVCache:
         return a.view(np.uint16) if a.dtype == np.float16 else a
 
     def _clear(self, lo: int, hi: int) -> None:
-        if hi > lo:
-            self._zero(lo, hi)
+        for name, tiled in self._arrays():
+            a = getattr(self, name)
+            if tiled:
+                cpu_ops.put_keys(a, lo, np.zeros((max(0, hi - lo),), a.dtype))
+            else:
+                a[:, :, lo:hi] = 0
 
     def commit(self, keep: int) -> None:
         if not 0 <= keep <= self.pending:
