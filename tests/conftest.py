@@ -7,6 +7,13 @@ from pathlib import Path
 import numba
 import pytest
 
+# The kernels' OpenMP threads sleep as soon as they wait, in this process and the `guild` processes it starts
+# (libgomp reads this when Numba starts its threads, after this import). By default each spins for milliseconds
+# after every parallel region: on 2 cores shared with a server subprocess or another run, the spinning threads
+# take the cores the working ones need (48 tokens at load 3-4: 2-60 s spinning, 1.5-1.7 s sleeping).
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "0")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):

@@ -119,6 +119,7 @@ def load_with_notes(model: str | None, opts: DecodeOptions, threads: int | None 
                     text: TextOptions = TextOptions(), notify: Callable[[str], None] | None = None) -> LoadedModel:
     """load_for, saying on `notify` what happens before the first token: loading, then compiling the kernels when
     Numba's cache is cold (with an estimate); a --chat-template file replaces the model's."""
+    text.compile(None)  # a bad --json-schema / --grammar file fails now, not after the load and warm-up
     _say(notify, f"loading {model or 'smollm2-135m-moe'} …")
     if notify is not None and kernels_cold():
         _say(notify, f"compiling kernels for this CPU (first run: about {COMPILE_ESTIMATE_S:.0f} s more, cached "

@@ -62,9 +62,10 @@ def _ll_tokenizer(tok: Tokenizer):
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(v), eos_token=eos)
 
 
-def compile_grammar(kind: str, spec, tok: Tokenizer, where: str) -> Grammar:
+def compile_grammar(kind: str, spec, tok: Tokenizer | None, where: str) -> Grammar:
     """`spec`: a JSON schema (dict or JSON text) for json_schema, ignored for json_object, the grammar's text for
-    lark and regex. Checked against the tokenizer now, so a bad one fails here, naming `where`."""
+    lark and regex. Checked against the tokenizer now, so a bad one fails here, naming `where`; tok None checks
+    all but what needs the vocabulary (special tokens), e.g. before a model loads."""
     if kind not in KINDS:
         raise GrammarError(where, f"unknown grammar kind '{kind}' (one of {', '.join(KINDS)})")
     try:
@@ -87,7 +88,7 @@ def compile_grammar(kind: str, spec, tok: Tokenizer, where: str) -> Grammar:
                       else llguidance.LLMatcher.grammar_from_regex)(spec)
     except (ValueError, RecursionError) as e:
         raise GrammarError(where, _one_line(e)) from None
-    bad, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(source, _ll_tokenizer(tok))
+    bad, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(source, None if tok is None else _ll_tokenizer(tok))
     if bad:
         raise GrammarError(where, _one_line(msgs[0]) if msgs else "does not compile")
     return Grammar(kind, source)

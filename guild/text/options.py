@@ -28,7 +28,8 @@ class TextOptions:
             raise BadFlagError("--json-schema and --grammar cannot both constrain one reply; give one")
 
     def compile(self, tok):
-        """The grammar of --json-schema / --grammar for this tokenizer (None without either)."""
+        """The grammar of --json-schema / --grammar for this tokenizer (None without either); tok None checks the
+        file as far as it can be without a vocabulary."""
         from ..text.grammar import MAX_GRAMMAR_CHARS, compile_grammar
         from ..text.inputs import read_text_file
 

@@ -92,6 +92,22 @@ def test_run_sampling_flags_are_reproducible(dense_path, threads):
     assert a["tokens"] == b["tokens"] and a["seed"] == 7
 
 
+def test_bad_grammar_file_fails_before_the_model_loads(tmp_path):
+    """The file is checked before the load (a missing model would fail otherwise); a grammar whose special tokens
+    only the vocabulary can check passes that check."""
+    from typer.testing import CliRunner
+
+    from guild.cli import app
+    from guild.text.options import TextOptions
+
+    (tmp_path / "bad.lark").write_text("start: ((")
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "missing.gguf"), "-p", "x", "--grammar",
+                                 str(tmp_path / "bad.lark")])
+    assert r.exit_code == 1 and r.stderr.startswith(f"error: --grammar {tmp_path / 'bad.lark'}: "), r.stderr
+    (tmp_path / "special.lark").write_text('start: "yes" <|im_end|>')
+    assert TextOptions(grammar=str(tmp_path / "special.lark")).compile(None).kind == "lark"
+
+
 def test_bad_numerics_is_one_line():
     r = subprocess.run([sys.executable, "-m", "guild", "run", "smollm2-135m", "-p", "x", "--numerics", "int4"],
                        capture_output=True, text=True, timeout=300)
