@@ -38,28 +38,29 @@ def tile_keys(kt: np.ndarray) -> np.ndarray:
     return out
 
 
+def _key_spans(lo: int, hi: int):
+    """(tile, first, end) of positions lo .. hi - 1 within each key tile they touch, and their offset from lo."""
+    j = lo
+    while j < hi:
+        t, a = divmod(j, KV_TILE)
+        b = min(KV_TILE, a + hi - j)
+        yield t, a, b, j - lo
+        j += b - a
+
+
 def put_keys(tiles: np.ndarray, lo: int, x: np.ndarray) -> None:
     """Positions lo .. lo + n of key tiles [..., n_tiles, hd, KV_TILE] = x [..., hd, n] (broadcast over the leading
     axes)."""
-    n = x.shape[-1]
-    j = lo
-    while j < lo + n:
-        t, a = divmod(j, KV_TILE)
-        b = min(KV_TILE, a + lo + n - j)
-        tiles[..., t, :, a:b] = x[..., j - lo : j - lo + b - a]
-        j += b - a
+    for t, a, b, o in _key_spans(lo, lo + x.shape[-1]):
+        tiles[..., t, :, a:b] = x[..., o : o + b - a]
 
 
 def get_keys(tiles: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Positions lo .. hi - 1 of key tiles [..., n_tiles, hd, KV_TILE] as [..., hd, hi - lo] (a copy)."""
     *lead, _, hd, _ = tiles.shape
     out = np.empty((*lead, hd, hi - lo), tiles.dtype)
-    j = lo
-    while j < hi:
-        t, a = divmod(j, KV_TILE)
-        b = min(KV_TILE, a + hi - j)
-        out[..., j - lo : j - lo + b - a] = tiles[..., t, :, a:b]
-        j += b - a
+    for t, a, b, o in _key_spans(lo, hi):
+        out[..., o : o + b - a] = tiles[..., t, :, a:b]
     return out
 
 
