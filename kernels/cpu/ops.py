@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange, types
+from numba import get_num_threads, njit, prange, types
 from numba.extending import overload
 
 from .intrinsics import floorf, fma32, h2f, pow2f
-from .simd import bc_f32, cvt, fma_f, lane, ld_f32, ld_h2f, ld_s8, max_f, mul_f, splat_f, st_f32, zero_f
+from .simd import add_f, bc_f32, cvt, fma_f, lane, ld_f32, ld_h2f, ld_s8, max_f, mul_f, splat_f, st_f32, zero_f
 
 # Keys are stored in tiles of KV_TILE positions, [..., ctx/KV_TILE, hd, KV_TILE]: within a tile each dimension's
 # positions are adjacent (the score loops run over positions), and a tile is one contiguous block, so a score pass
@@ -137,8 +137,19 @@ def rope(x, positions, cos, sin, n_rot, neox):
 def sum_fixed(y):
     """Sum in a fixed 16-lane order (lane j % 16, then lanes 0..15): vectorisable and independent of where
     the array lives; the same length always gives the same bits."""
-    acc = np.zeros(16, np.float32)
     n16 = y.size // 16 * 16
+    if y.strides[0] == 4:  # the 16 lanes in one vector register (LLVM keeps an array's lanes in memory)
+        v = zero_f()
+        for b in range(0, n16, 16):
+            v = add_f(v, ld_f32(y.ctypes.data + 4 * b))
+        tot = np.float32(0.0)
+        for k in range(16):
+            a = lane(v, k)
+            if n16 + k < y.size:
+                a += y[n16 + k]
+            tot += a
+        return tot
+    acc = np.zeros(16, np.float32)
     for b in range(0, n16, 16):
         for k in range(16):
             acc[k] += y[b + k]
@@ -546,11 +557,11 @@ def _scores_six(qs, kt, pj, sk, pd, sd, scores, jc, tf, g, group, H, hd, p, m):
     pj + i * sk, q8_0 their scales' block b at pd + b * sd (converted once per 32 dimensions). Missing pairs
     repeat the last one, unstored."""
     r0 = _pair_row(p, tf, g, group, H)
-    r1 = _pair_row(p + min(1, m - 1), tf, g, group, H)
-    r2 = _pair_row(p + min(2, m - 1), tf, g, group, H)
-    r3 = _pair_row(p + min(3, m - 1), tf, g, group, H)
-    r4 = _pair_row(p + min(4, m - 1), tf, g, group, H)
-    r5 = _pair_row(p + min(5, m - 1), tf, g, group, H)
+    r1, h = _next_row(r0, p % group, 1, m, group, H)
+    r2, h = _next_row(r1, h, 2, m, group, H)
+    r3, h = _next_row(r2, h, 3, m, group, H)
+    r4, h = _next_row(r3, h, 4, m, group, H)
+    r5, h = _next_row(r4, h, 5, m, group, H)
     a0 = a1 = a2 = a3 = a4 = a5 = zero_f()
     nb = kv_block(kt, hd)
     for i0 in range(0, hd, nb):
@@ -602,6 +613,17 @@ def _store_six(base, stride, m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5):
 
 
 @njit(cache=True, inline="always")
+def _next_row(r, h, k, m, group, H):
+    """(row, head in its group) of a six's pair k from pair k - 1's (r, h), the same where k >= m: the next
+    head, or the group's first in the next row (no division per pair)."""
+    if k >= m:
+        return r, h
+    if h + 1 == group:
+        return r + 1 + H - group, 0
+    return r + 1, h + 1
+
+
+@njit(cache=True, inline="always")
 def _pair_row(p, t0, g, group, H):
     """Row t * H + h of the pair p of a task's (row, head) pairs: row t0 + p // group, head g * group + p % group."""
     return (t0 + p // group) * H + g * group + p % group
@@ -610,95 +632,112 @@ def _pair_row(p, t0, g, group, H):
 @njit(cache=True, parallel=True, error_model="numpy")
 def softmax_window(scores, T, H, pos0, inv):
     """scores[t * H + h, :L] (L = pos0 + t + 1) → exp(s - max) in place, inv[t * H + h] = 1 / their sum."""
+    vec = scores.strides[1] == 4
     for u in prange(T * H):
-        L = pos0 + u // H + 1
-        s = scores[u]
-        m = np.max(s[:L])
-        for j in range(L):
-            s[j] = expf(s[j] - m)
-        inv[u] = np.float32(1.0) / sum_fixed(s[:L])
+        inv[u] = _softmax_row(scores[u], pos0 + u // H + 1, vec)
+
+
+@njit(cache=True, error_model="numpy")
+def _softmax_row(s, L, vec):
+    """s[:L] → exp(s - max) in place; 1 / their sum (outside the parallel region, like _attend: LLVM vectorises
+    the max and keeps its lanes in registers)."""
+    m = _vmax(s, L) if vec else np.max(s[:L])
+    for j in range(L):
+        s[j] = expf(s[j] - m)
+    return np.float32(1.0) / sum_fixed(s[:L])
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def values_kv(scores, inv, vc, pos0, out):
+def values_kv(scores, inv, vc, pos0, out, halves=False):
     """The value pass over stored values [Hkv, ctx, hd] (float32, f16 bits (uint16) or a q8_0 pair: quants, scale
     bits [Hkv, ctx, hd/32]) after softmax_window: out[t, h, i] = the chain over positions j <= pos0 + t of
     (p[t, h, j] * inv[t, h]) * v[j, i] that `attention` computes (an fma chain where vectorised; a q8_0 value
     q * d is exact in float32). One task per (KV head, KV_ROWS rows) walks the positions in tiles of KV_TILE,
     each V tile read from memory once, whole rows in order (tasks of 32 features, each reading half of every row,
     were slower at 32K positions), then reused from L1 by every row and head of the task; the accumulators wait
-    in a scratch block between tiles, which leaves every chain as it is."""
+    in a scratch block between tiles, which leaves every chain as it is. With `halves` (the caller's: the KV heads
+    do not divide among the threads) and more than six (row, head) pairs a head (compute, not the read, bounds
+    the pass), each head's pairs split in two tasks, the halves of a head at the same time on different threads
+    (the second read of a tile comes from the shared cache): 32K positions, three KV heads, T = 4: 1.78 -> 1.51 ms."""
     T, H, hd = out.shape
     vq, vs = kv_parts(vc)
     vec = hd % 16 == 0 and vq.strides[2] == vq.itemsize and scores.strides[1] == 4 and out.strides[2] == 4
+    Hkv = vq.shape[0]
+    group = H // Hkv
     nb = (T + KV_ROWS - 1) // KV_ROWS
-    for u in prange(vq.shape[0] * nb):
-        g = u // nb
-        t0 = (u - g * nb) * KV_ROWS
-        _values_task(scores, inv, vq, vs, pos0, out, g, t0, min(t0 + KV_ROWS, T), vec)
+    ns = 2 if halves and nb == 1 and T * group > 6 else 1
+    for u in prange(Hkv * nb * ns):
+        g, b, c = u // nb, u % nb, 0
+        if ns > 1:
+            g, b, c = u % Hkv, 0, u // Hkv
+        t0 = b * KV_ROWS
+        t1 = min(t0 + KV_ROWS, T)
+        n = (t1 - t0) * group
+        _values_task(scores, inv, vq, vs, pos0, out, g, t0, c * n // ns, (c + 1) * n // ns, vec)
 
 
 @njit(cache=True, error_model="numpy")
-def _values_task(scores, inv, vc, vs, pos0, out, g, t0, t1, vec):
-    """out[t0:t1, heads of g] (outside the parallel region, like _attend). Vectorised: per tile, the weights of
-    its pairs once, then 16 features at a time, six pairs per V vector load; the rows that end inside the tile
-    one pair at a time. q8_0: the tile's scales are converted to float32 first (a half converted in the loop
-    merges into a register that LLVM may take from an accumulator: a false dependency that serialised the
-    chains); a tile that more than six pairs read is dequantised once into a float32 tile in L1 (the same values:
-    the same bits)."""
+def _values_task(scores, inv, vc, vs, pos0, out, g, t0, p0, p1, vec):
+    """The pairs p0 .. p1 - 1 of rows t0.. and the heads of g (pair p: row t0 + p // group, head g * group +
+    p % group), outside the parallel region, like _attend. Vectorised: per tile, the weights of its pairs once,
+    then 16 features at a time, six pairs per V vector load; the rows that end inside the tile one pair at a
+    time. q8_0: the tile's scales are converted to float32 first (a half converted in the loop merges into a
+    register that LLVM may take from an accumulator: a false dependency that serialised the chains); a tile that
+    more than six pairs read is dequantised once into a float32 tile in L1 (the same values: the same bits)."""
     H, w = out.shape[1], out.shape[2]
     group = H // vc.shape[0]
-    n = (t1 - t0) * group
+    n = p1 - p0  # local pair k is pair p0 + k
+    e0 = pos0 + t0 + 1  # pair p's row reads positions below e0 + p // group
     acc = np.zeros((n, w), np.float32)
     pt = np.empty((n, KV_TILE), np.float32)
     vf = np.empty((KV_TILE, w), np.float32) if is_q8(vc) and n > 6 else acc  # the staged tile
     ds = np.empty((w // 32, KV_TILE), np.float32) if is_q8(vc) else pt  # its scales: block b's at ds[b]
     pv = vc.ctypes.data + g * vc.strides[0]
-    for j0 in range(0, pos0 + t1, KV_TILE):
-        j1 = min(j0 + KV_TILE, pos0 + t1)
-        ta = max(t0, j0 - pos0)  # rows ta.. reach this tile
-        tb = max(ta, j1 - 1 - pos0)  # rows tb.. reach all of it
-        for p in range((ta - t0) * group, n):
-            th = _pair_row(p, t0, g, group, H)
-            e = min(j1, pos0 + t0 + p // group + 1)
+    for j0 in range(0, e0 + (p1 - 1) // group, KV_TILE):
+        j1 = min(j0 + KV_TILE, e0 + (p1 - 1) // group)
+        ka = min(n, max(0, (j0 + 1 - e0) * group - p0))  # local pairs ka.. reach this tile
+        kb = min(n, max(ka, (j1 - e0) * group - p0))  # kb.. reach all of it
+        for k in range(ka, n):
+            th = _pair_row(p0 + k, t0, g, group, H)
+            e = min(j1, e0 + (p0 + k) // group)
             for j in range(j0, e):
-                pt[p, j - j0] = scores[th, j] * inv[th]
+                pt[k, j - j0] = scores[th, j] * inv[th]
             if not vec:
-                a = acc[p]
+                a = acc[k]
                 for j in range(j0, e):  # as _softmax_pv's scalar loop
                     for i in range(w):
-                        a[i] += pt[p, j - j0] * value_at(vc, vs, g, j, i)
+                        a[i] += pt[k, j - j0] * value_at(vc, vs, g, j, i)
         if not vec:
             continue
         if is_q8(vc):
             for b in range(w // 32):
                 for j in range(j0, j1):
                     ds[b, j - j0] = stored_f32(vs[g, j, b])  # h2f (the branch compiles for every type)
-        if is_q8(vc) and n - (ta - t0) * group > 6:
+        if is_q8(vc) and n - ka > 6:
             for j in range(j0, j1):
                 for c in range(0, w, 16):
                     st_f32(vf.ctypes.data + vf.strides[0] * (j - j0) + 4 * c,
                            ld_kv(pv + j * vc.strides[1] + c, vc, v_scale(vc, ds.ctypes.data + c // 32 * ds.strides[0]
                                                                          + 4 * (j - j0))))
             for c in range(0, w, 16):
-                _values_tile(pt, acc, vf, vf.ctypes.data + 4 * c, vf.strides[0], 0, 0, j0, j1, c, n, ta, tb, t0, pos0,
+                _values_tile(pt, acc, vf, vf.ctypes.data + 4 * c, vf.strides[0], 0, 0, j0, j1, c, n, ka, kb, e0, p0,
                              group)
         else:
             for c in range(0, w, 16):
                 _values_tile(pt, acc, vc, pv + j0 * vc.strides[1] + vc.itemsize * c, vc.strides[1],
-                             ds.ctypes.data + c // 32 * ds.strides[0], 4, j0, j1, c, n, ta, tb, t0, pos0, group)
-    for p in range(n):
-        out[t0 + p // group, g * group + p % group] = acc[p]
+                             ds.ctypes.data + c // 32 * ds.strides[0], 4, j0, j1, c, n, ka, kb, e0, p0, group)
+    for k in range(n):
+        out[t0 + (p0 + k) // group, g * group + (p0 + k) % group] = acc[k]
 
 
 @njit(cache=True, inline="always")
-def _values_tile(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, n, ta, tb, t0, pos0, group):
-    """Features c .. c + 15 of the tile's positions j0 .. j1 - 1 for the task's pairs that reach it: six pairs
-    at a time for the rows that reach all of it, then one at a time (see _values_six)."""
-    for p in range((tb - t0) * group, n, 6):
-        _values_six(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, p, min(6, n - p))
-    for p in range((ta - t0) * group, (tb - t0) * group):
-        _values_six(pt, acc, vc, pv, sj, pd, sd, j0, min(j1, pos0 + t0 + p // group + 1), c, p, 1)
+def _values_tile(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, n, ka, kb, e0, p0, group):
+    """Features c .. c + 15 of the tile's positions j0 .. j1 - 1 for the task's local pairs ka.. that reach it:
+    six pairs at a time for kb.., which reach all of it, then one at a time (see _values_six)."""
+    for k in range(kb, n, 6):
+        _values_six(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, k, min(6, n - k))
+    for k in range(ka, kb):
+        _values_six(pt, acc, vc, pv, sj, pd, sd, j0, min(j1, e0 + (p0 + k) // group), c, k, 1)
 
 
 @njit(cache=True, inline="always")
@@ -862,4 +901,5 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
     scores_kv(q, k, pos0, scale, scores)
     inv = np.empty(T * H, np.float32)
     softmax_window(scores, T, H, pos0, inv)
-    values_kv(scores, inv, v, pos0, out)
+    n_kv = (v[0] if isinstance(v, tuple) else v).shape[0]
+    values_kv(scores, inv, v, pos0, out, n_kv % get_num_threads() != 0)

@@ -135,6 +135,7 @@ def test_expf_and_fixed_sum():
     for n in (1, 15, 16, 17, 600):
         assert abs(ops.sum_fixed(y[:n]) - y[:n].astype(np.float64).sum()) <= 1e-6 * y[:n].sum()
         assert ops.sum_fixed(y[:n]) == ops.sum_fixed(y[:n].copy())  # no dependence on where the data lives
+        assert ops.sum_fixed(y[:n]) == ops.sum_fixed(np.repeat(y[:n], 2)[::2])  # nor on its stride (scalar loop)
 
 
 # (K type, V type, head_dim, query heads over 2 KV heads): 16 is not a whole q8_0 block (f16 takes any head size);
@@ -273,6 +274,27 @@ def test_q8_0_operands_that_are_not_stride_1_take_the_scalar_loops(kt, vt, threa
         assert np.array_equal(run(ks, vs, q[2:6], pos0 + 2), full[2:6]), n
     np.testing.assert_allclose(full, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
     assert not np.array_equal(full, run(kop, vop, q, pos0))  # the scalar chains ran, not the vector ones
+
+
+@pytest.mark.parametrize("vt", ["f32", "f16", "q8_0"])
+def test_the_value_pass_in_halves_is_the_value_pass(vt, threads):
+    """A head's (row, head) pairs split in two tasks (three KV heads on two threads) give every output bitwise
+    what one task per head gives: windows past six pairs a head, rows ending inside a tile and past it."""
+    H, Hkv, hd, ctx = 9, 3, 64, 150
+    _, k, v, _, _ = _attn_inputs(1, 0, H, Hkv, hd, ctx)
+    _, vop = _kv_layer("f32", vt, k, v)
+    for n in THREAD_COUNTS:
+        threads(n)
+        for T, pos0 in ((3, 60), (4, 124), (8, 142), (5, 0)):
+            scores = rng.random((T * H, ctx)).astype(np.float32)
+            inv = rng.random(T * H).astype(np.float32)
+            whole, halves = np.empty((T, H, hd), np.float32), np.empty((T, H, hd), np.float32)
+            ops.values_kv(scores, inv, vop, pos0, whole, False)
+            ops.values_kv(scores, inv, vop, pos0, halves, True)
+            assert np.array_equal(whole, halves), (n, T, pos0)
+            one = np.empty((1, H, hd), np.float32)  # and each row is what it is alone
+            ops.values_kv(np.ascontiguousarray(scores[(T - 1) * H :]), inv[(T - 1) * H :], vop, pos0 + T - 1, one)
+            assert np.array_equal(one[0], halves[T - 1]), (n, T, pos0)
 
 
 @pytest.mark.parametrize("kt,vt,hd,H", KV_PAIRS)
