@@ -119,13 +119,14 @@ def optimize(lm, out: str | Path | None, *, mode: str = "auto", context: int = 4
         return hardware_identity(), memory_bandwidth_gbs(k.bandwidth_mib)
 
     hw, bw = p.run(1, "probe", probe, _probe_summary)
-    placement = p.run(2, "placement", lambda: placement_for(lm.model, hw.gpu, context), lambda pl: (
+    placement = p.run(2, "placement", lambda: placement_for(lm.model, hw.gpu, context, lm.kv), lambda pl: (
         f"{size(pl.gpu_bytes)} on the GPU, {size(pl.cpu_bytes)} on the CPU · {pl.note}"))
     cpu = p.run(3, "CPU kernels", lambda: tune_cpu(lm.model, repeats=k.cpu_repeats, per_type=k.per_type,
                                                    bandwidth_gbs=bw), lambda c: (
         f"{c.threads} threads · " + ", ".join(f"{kt.qtype} {kt.gweights_s:.2f} Gw/s ({kt.role})"
                                               for kt in c.kernels)))
-    model, dev, why = place_model(lm.model, device, context, placement) if device else (lm.model, Device("cpu"), "")
+    model, dev, why = (place_model(lm.model, device, context, placement, lm.kv) if device
+                       else (lm.model, Device("cpu"), ""))
     if why and placement.gpu:  # pass 1 found a GPU, pass 2 placed for it, and `auto` could not use it
         err.print(f"pass 4 measures on the CPU: {why}", style="yellow", markup=False, soft_wrap=True)
     if head is not None and model is not lm.model:

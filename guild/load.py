@@ -133,7 +133,7 @@ def apply_rope(model, rope: RopeOptions, context: int) -> None:
 def move_to_device(lm: LoadedModel, device: str | None, context: int, placement=None) -> None:
     """Put lm's model on `device` (see engine.device.place_model) and say where it runs."""
     t0 = time.perf_counter()
-    lm.model, dev, lm.device_reason = place_model(lm.model, device, context, placement)
+    lm.model, dev, lm.device_reason = place_model(lm.model, device, context, placement, lm.kv)
     lm.load_s += time.perf_counter() - t0
     lm.device = f"{dev.describe()} · {describe_placement(lm.model)}" if dev.is_cuda else "cpu"
 
@@ -147,7 +147,7 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     given, then place the model on `device` (the plan's placement when it has one) with rope tables for
     `context` positions under `rope` (the --rope-* flags). `numerics`: "i8" (int8 activations where the quant
     type has such kernels) or "f32"; default: the process's (quant.set_default_numerics). `kv`: the KV cache's
-    stored types (a model placed on a GPU takes float32 only). `expert_cache`: "auto", "off" or bytes for a
+    stored types. `expert_cache`: "auto", "off" or bytes for a
     MoE's experts read from disk (guild.engine.experts); default: the process's (experts.set_default)."""
     if strict_plan and plan is None:
         raise BadFlagError("--strict-plan needs --gexec PLAN")

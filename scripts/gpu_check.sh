@@ -15,8 +15,8 @@
 # What runs (at most 10 minutes, every step with its own time limit): tests/gpu/test_cuda.py on the GPU (kernels
 # incl. Gated DeltaNet vs NumPy twins, row invariance, the engine's windows, rollback and transfers, GPU vs CPU
 # logits on the embedded models, strategy cells) and tests/gpu/test_gpu_host.py; `guild run` with each strategy
-# (normal, lookup, retrieval, mtp, adaptive) on the embedded MoE, --device cuda against --device cpu token for
-# token; `guild optimize --device cuda` (+ inspect --plan); `guild bench --workloads W2,W7 --strategies
+# (normal, lookup, retrieval, mtp, adaptive, and adaptive with a q8_0/f16 KV cache) on the embedded MoE, --device
+# cuda against --device cpu token for token; `guild optimize --device cuda` (+ inspect --plan); `guild bench --workloads W2,W7 --strategies
 # normal,adaptive --device cuda` (its own parity check); then one summary table (summary.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,13 +112,16 @@ row "GPU tests (test_cuda.py on the GPU, test_gpu_host.py)" "$([ $rc -eq 0 ] && 
 # guild run with each strategy on the embedded MoE: the tokens of --device cuda must be those of --device cpu
 # (--numerics f32 on both: the CUDA kernels are fp32 dequant-dot, the CPU's default int8 path is another mode)
 PROMPT=$'def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\ndef factorial(n):'
-for strategy in normal lookup retrieval mtp adaptive; do
+# and adaptive with the KV cache stored as q8_0 keys and f16 values on both devices
+for case in normal lookup retrieval mtp adaptive adaptive:q8_0:f16; do
+    IFS=: read -r strategy ctk ctv <<< "$case"
+    name=$strategy${ctk:+-kv-$ctk-$ctv}
     for dev in cpu cuda; do
         timeout $(cap 35) $PY -m guild run smollm2-135m-moe -p "$PROMPT" -n 32 --decode-strategy "$strategy" --device "$dev" \
-            --numerics f32 --json > "$OUT/run-$strategy-$dev.json" 2> "$OUT/run-$strategy-$dev.err"
-        [ $? -eq 124 ] && echo "timed out" >> "$OUT/run-$strategy-$dev.err"
+            --numerics f32 ${ctk:+-ctk $ctk -ctv $ctv} --json > "$OUT/run-$name-$dev.json" 2> "$OUT/run-$name-$dev.err"
+        [ $? -eq 124 ] && echo "timed out" >> "$OUT/run-$name-$dev.err"
     done
-    verdict=$($PY - "$OUT/run-$strategy-cpu.json" "$OUT/run-$strategy-cuda.json" <<'PYEOF'
+    verdict=$($PY - "$OUT/run-$name-cpu.json" "$OUT/run-$name-cuda.json" <<'PYEOF'
 import json, sys
 try:
     a, b = (json.load(open(p)) for p in sys.argv[1:3])
@@ -132,7 +135,7 @@ print(("pass" if same else "FAIL") + f" | {len(b['tokens'])} tokens, {'equal' if
 PYEOF
 )
     [ $rc -eq 0 ] && [[ $verdict == FAIL* ]] && rc=1
-    row "run --decode-strategy $strategy: cuda = cpu tokens" "${verdict%% | *}" "${verdict#* | }"
+    row "run --decode-strategy $strategy${ctk:+ -ctk $ctk -ctv $ctv}: cuda = cpu tokens" "${verdict%% | *}" "${verdict#* | }"
 done
 
 timeout $(cap 100) $PY -m guild optimize smollm2-135m-moe --mode quick --context 1024 --device cuda -o "$OUT/moe.gexec" \

@@ -22,6 +22,7 @@ from ..kernels.cpu import ops as cpu_ops
 from ..kernels.cpu import quant as cpu_quant
 from ..kernels.cpu.moe import experts_ffn, moe_ffn
 from ..kernels.cuda import ops as kops
+from .kvtypes import F32_KV, KVTypes
 
 _ALIGN = 256  # staging buffer sections start on this many bytes
 PARALLEL_ROWS = 16  # row-wise host ops (rmsnorm) run on one thread below this many rows: waking the others costs more
@@ -139,7 +140,7 @@ class Backend(Protocol):
 
     def add(self, x, y) -> None: ...
 
-    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int): ...
+    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int, kv: KVTypes = F32_KV): ...
 
     def kv_write(self, kt, vc, k, v, pos0) -> None: ...
 
@@ -291,17 +292,23 @@ class HostBackend:
     def add(self, x, y) -> None:
         x += y
 
-    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int):
-        """A layer's float32 cache as attention takes it: keys in tiles (kernels/cpu/ops.KV_TILE), values per
-        position."""
+    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int, kv: KVTypes = F32_KV):
+        """A layer's cache as attention takes it (guild/engine/state.py KVCache): keys in tiles
+        (kernels/cpu/ops.KV_TILE), values per position; each a float32 array, f16 bits (uint16), or a q8_0 pair
+        (int8 quants, f16 scale bits per 32 values along head_dim)."""
         n = cpu_ops.key_tiles(n_ctx)
-        return (np.zeros((n_kv_heads, n, head_dim, cpu_ops.KV_TILE), np.float32),
-                np.zeros((n_kv_heads, n * cpu_ops.KV_TILE, head_dim), np.float32))
+        return (_host_operand(kv.k, (n_kv_heads, n, head_dim, cpu_ops.KV_TILE)),
+                _host_operand(kv.v, (n_kv_heads, n * cpu_ops.KV_TILE, head_dim)))
 
     def kv_write(self, kt, vc, k, v, pos0) -> None:
+        """Rows k, v [T, Hkv, hd] at positions pos0.. of a layer's operands, converted to their stored types."""
         T = k.shape[0]
-        cpu_ops.put_keys(kt, pos0, k.transpose(1, 2, 0))
-        vc[:, pos0 : pos0 + T] = v.transpose(1, 0, 2)
+        for op, x, tiled in ((kt, k, True), (vc, v, False)):
+            for part, y in _stored_parts(op, x):
+                if tiled:
+                    cpu_ops.put_keys(part, pos0, y.transpose(1, 2, 0))
+                else:
+                    part[:, pos0 : pos0 + T] = y.transpose(1, 0, 2)
 
     def split_qkv(self, qkv, H, Hkv, hd):
         """q, k, v [R, heads, hd] from the fused [R, (H + 2 Hkv) hd] output (contiguous copies, as the CPU
@@ -334,6 +341,27 @@ class HostBackend:
 
 
 HOST = HostBackend()  # the CPU itself: what every CPU model runs on
+
+
+def _host_operand(name: str, shape):
+    """Zeros of a host KV operand of a stored type (head_dim on axis 2: a q8_0 pair's scales have a 32nd of it)."""
+    if name == "q8_0":
+        return np.zeros(shape, np.int8), np.zeros((*shape[:2], shape[2] // 32, *shape[3:]), np.uint16)
+    return np.zeros(shape, np.float32 if name == "f32" else np.uint16)
+
+
+def _stored_parts(op, x: np.ndarray):
+    """(array of the operand, rows [T, Hkv, X] to store in it) for rows x [T, Hkv, hd] of float32: as they
+    are, as f16 bits, or as q8_0 quants and scale bits (kernels/cpu/ops.kv_quantize_q8_0)."""
+    if isinstance(op, tuple):
+        T, Hkv, hd = x.shape
+        qs = np.empty((T * Hkv, hd), np.int8)
+        d = np.empty((T * Hkv, hd // 32), np.float32)
+        cpu_ops.kv_quantize_q8_0(np.ascontiguousarray(x, np.float32).reshape(T * Hkv, hd), qs, d)
+        return [(op[0], qs.reshape(T, Hkv, hd)), (op[1], d.astype(np.float16).view(np.uint16).reshape(T, Hkv, -1))]
+    if op.dtype == np.uint16:
+        return [(op, x.astype(np.float16).view(np.uint16))]
+    return [(op, x)]
 
 
 class DeviceLinear:
@@ -456,10 +484,17 @@ class CudaBackend:
     def add(self, x, y) -> None:
         self.k.add(x, y)
 
-    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int):
-        """A layer's cache as the CUDA attention takes it: keys transposed [Hkv, hd, ctx], values per position."""
-        return (self.cp.zeros((n_kv_heads, head_dim, n_ctx), np.float32),
-                self.cp.zeros((n_kv_heads, n_ctx, head_dim), np.float32))
+    def kv_zeros(self, n_kv_heads: int, head_dim: int, n_ctx: int, kv: KVTypes = F32_KV):
+        """A layer's cache as the CUDA attention takes it: keys transposed [Hkv, hd, ctx], values per position
+        [Hkv, ctx, hd], in the stored types of `kv` (kernels/cuda/attention.cu)."""
+        def zeros(name: str, shape, scales):
+            if name == "q8_0":
+                return self.cp.zeros(shape, np.int8), self.cp.zeros(scales, np.uint16)
+            return self.cp.zeros(shape, np.float32 if name == "f32" else np.uint16)
+
+        Hkv, hd = n_kv_heads, head_dim
+        return (zeros(kv.k, (Hkv, hd, n_ctx), (Hkv, hd // 32, n_ctx)),
+                zeros(kv.v, (Hkv, n_ctx, hd), (Hkv, n_ctx, hd // 32)))
 
     def kv_write(self, kt, vc, k, v, pos0) -> None:
         self.k.kv_write(kt, vc, k, v, pos0)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
 from ..plans.machine import FAKE_GPU_NAME, fake_gpu_mib
 from .gpu import build
+from .kvtypes import F32_KV, KVTypes
 from .options import DEVICES
 from .placement import placement_from_plan
 
@@ -116,7 +117,8 @@ def resolve_device(spec: str | None) -> Device:
     return Device("cpu", note=f"auto: {why}")
 
 
-def place_model(model, spec: str | None, context: int, placement=None) -> tuple[object, Device, str]:
+def place_model(model, spec: str | None, context: int, placement=None,
+                kv: KVTypes = F32_KV) -> tuple[object, Device, str]:
     """`--device spec`: the model with its attention/dense share on the GPU (`placement`: a plan's placement
     section, else the default for the VRAM free now; routed experts stay on the CPU), the device, and why the
     CPU runs it when `auto` did not take the GPU. `cuda` raises where `auto` falls back."""
@@ -124,8 +126,8 @@ def place_model(model, spec: str | None, context: int, placement=None) -> tuple[
     if not dev.is_cuda:
         return model, dev, dev.note
     try:
-        split = placement_from_plan(placement, model, context) if placement is not None and placement.gpu else None
-        return build(model, dev, context, split), dev, ""
+        split = placement_from_plan(placement, model, context, kv) if placement is not None and placement.gpu else None
+        return build(model, dev, context, split, kv), dev, ""
     except GuildError as e:
         if (spec or "auto").strip().lower() == "cuda":
             raise

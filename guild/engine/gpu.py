@@ -54,6 +54,7 @@ from ..models import GPU_ARCHS
 from ..models.llama import Linear
 from ..plans.machine import fake_gpu_mib
 from .backends import HOST, CudaBackend, HostBackend, Layout
+from .kvtypes import F32_KV, KVTypes
 from .placement import VRAM_RESERVE, VRAM_SHARE, GpuSplit, Parts, default_placement, spill_report
 
 __all__ = ["build", "describe", "device_backend", "place_head", "split_onto_device"]
@@ -125,13 +126,14 @@ def split_onto_device(cpu_model, device, split: GpuSplit, host: HostBackend = HO
     eng._layout = Layout(bes, embed_be, out_be, rope)
     eng.cpu, eng.dev, eng.host, eng.placement = cpu_model, device, host, split
     eng.placed_context = a.context_length  # what the spill report sizes the state at (build: the --context)
+    eng.placed_kv = F32_KV  # ... and its KV types (build: the run's)
     return eng
 
 
 def describe(model) -> str:
     """Where a placed model runs, in words (with what spilled to the CPU)."""
     p = model.placement
-    spill = spill_report(model.cpu, p, model.placed_context)
+    spill = spill_report(model.cpu, p, model.placed_context, model.placed_kv)
     return (f"{model.dev.name}: {p.gpu_layers}/{model.args.n_layers} layers"
             + (", embeddings" if p.embed_gpu else "") + (", output" if p.output_gpu else "")
             + (", experts on CPU" if model.args.is_moe else "") + (f"; {spill}" if spill else ""))
@@ -169,25 +171,25 @@ def place_head(model, head, g, bid: int, p: str):
     return w
 
 
-def build(cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | None = None):
+def build(cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | None = None, kv: KVTypes = F32_KV):
     """The model placed on a CUDA device (guild.engine.device.Device) with a plan's placement or the default
-    one for the VRAM free now."""
+    one for the VRAM free now, its KV caches in the stored types kv."""
     a = cpu_model.args
     if a.arch not in GPU_ARCHS:
         raise GpuPathError(f"the GPU path supports {', '.join(GPU_ARCHS)}, not '{a.arch}'")
     if isinstance(placement, Mapping):
         placement = GpuSplit.from_section(placement, a.n_layers)
     if placement is None:
-        placement = default_placement(cpu_model, device_info.free_bytes, n_ctx)
+        placement = default_placement(cpu_model, device_info.free_bytes, n_ctx, kv)
     if not placement.uses_gpu:
-        need = math.ceil((Parts.of_model(cpu_model, n_ctx).layer(0) + VRAM_RESERVE) / VRAM_SHARE)
+        need = math.ceil((Parts.of_model(cpu_model, n_ctx, kv).layer(0) + VRAM_RESERVE) / VRAM_SHARE)
         raise GpuPathError(
             f"nothing fits on {device_info.name}: one layer at a context of {n_ctx} tokens needs "
             f"{need / 2**20:.0f} MiB, {device_info.free_bytes / 2**20:.0f} MiB free"
         )
     try:
         eng = split_onto_device(cpu_model, device_backend(device_info.index), placement)
-        eng.placed_context = n_ctx
+        eng.placed_context, eng.placed_kv = n_ctx, kv
         return eng
     except Exception as e:
         if type(e).__name__ == "OutOfMemoryError":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..errors import GuildError
 from ..plans.plan import GpuInfo, Placement, PlacementGroup, group_of
+from .kvtypes import F32_KV, KVTypes
 
 VRAM_SHARE = 0.90
 VRAM_RESERVE = 256 * 2**20
@@ -97,11 +98,11 @@ class Parts:
         return p
 
     @classmethod
-    def of_model(cls, model, n_ctx: int) -> Parts:
-        """A loaded model's parts with its state at a context of n_ctx tokens (as its architecture declares it:
-        Architecture.state_bytes)."""
+    def of_model(cls, model, n_ctx: int, kv: KVTypes = F32_KV) -> Parts:
+        """A loaded model's parts with its state at a context of n_ctx tokens and KV types kv (as its
+        architecture declares it: Architecture.state_bytes)."""
         tensors = [(t.name, int(t.data.nbytes)) for t in model.gguf.tensors.values()]
-        return cls.from_table(tensors, dict(enumerate(model.state_bytes(n_ctx))), model.args.n_layers)
+        return cls.from_table(tensors, dict(enumerate(model.state_bytes(n_ctx, kv))), model.args.n_layers)
 
     def bytes(self, grp: str, lay: int) -> int:
         return self.table.get((grp, lay), (0, 0))[0]
@@ -193,23 +194,23 @@ def from_plan(pl: Placement, parts: Parts) -> GpuSplit:
 
 
 # -- on a loaded model ---------------------------------------------------------------------------------------
-def placement_for(model, gpu: GpuInfo | None, context: int) -> Placement:
+def placement_for(model, gpu: GpuInfo | None, context: int, kv: KVTypes = F32_KV) -> Placement:
     """Pass 2 of `guild optimize` for a loaded model."""
-    return plan_placement(Parts.of_model(model, context), gpu, context)
+    return plan_placement(Parts.of_model(model, context, kv), gpu, context)
 
 
-def default_placement(model, free_bytes: int, n_ctx: int) -> GpuSplit:
+def default_placement(model, free_bytes: int, n_ctx: int, kv: KVTypes = F32_KV) -> GpuSplit:
     """The engine's placement without a plan: the split for the VRAM free now."""
-    return split(Parts.of_model(model, n_ctx), vram_budget(free_bytes))
+    return split(Parts.of_model(model, n_ctx, kv), vram_budget(free_bytes))
 
 
-def placement_from_plan(pl: Placement, model, n_ctx: int) -> GpuSplit:
-    return from_plan(pl, Parts.of_model(model, n_ctx))
+def placement_from_plan(pl: Placement, model, n_ctx: int, kv: KVTypes = F32_KV) -> GpuSplit:
+    return from_plan(pl, Parts.of_model(model, n_ctx, kv))
 
 
-def spill_report(model, sp: GpuSplit, n_ctx: int) -> str:
+def spill_report(model, sp: GpuSplit, n_ctx: int, kv: KVTypes = F32_KV) -> str:
     """What a placement leaves on the CPU besides the routed experts, in words (empty when nothing spilled)."""
-    p, n = Parts.of_model(model, n_ctx), model.args.n_layers
+    p, n = Parts.of_model(model, n_ctx, kv), model.args.n_layers
     cpu = []
     if sp.gpu_layers < n:
         nb = sum(p.layer(i) for i in range(sp.gpu_layers, n))

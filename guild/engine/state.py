@@ -97,13 +97,7 @@ class KVCache:
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v: [T, n_kv_heads, head_dim] for the open window's rows, converted to the stored types."""
-        p = self.pos
-        for x, q, sc, tiled in ((k, self.k, self.k_scale, True), (v, self.v, self.v_scale, False)):
-            if sc is not None:
-                qs, d = _quantize_q8_0(x)
-                self._put(sc[layer], tiled, p, d.transpose(1, 2, 0) if tiled else d.transpose(1, 0, 2))
-                x = qs
-            self._put(q[layer], tiled, p, x.transpose(1, 2, 0) if tiled else x.transpose(1, 0, 2))
+        HOST.kv_write(*self.kv_layer(layer), k, v, self.pos)
 
     def kv_layer(self, layer: int):
         """A layer's keys and values as the attention kernels take them (kernels/cpu/ops.attention_kv)."""
@@ -168,15 +162,6 @@ class KVCache:
 
 
 _DTYPE = {"f32": np.float32, "f16": np.float16, "q8_0": np.int8}
-
-
-def _quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows [T, Hkv, hd] → (int8 quants [T, Hkv, hd], f16 scales [T, Hkv, hd/32])."""
-    T, Hkv, hd = x.shape
-    qs = np.empty((T * Hkv, hd), np.int8)
-    d = np.empty((T * Hkv, hd // 32), np.float32)
-    cpu_ops.kv_quantize_q8_0(np.ascontiguousarray(x, np.float32).reshape(T * Hkv, hd), qs, d)
-    return qs.reshape(T, Hkv, hd), d.astype(np.float16).reshape(T, Hkv, hd // 32)
 
 
 class HybridState:
@@ -338,14 +323,13 @@ class HybridState:
 
 class DeviceKVCache:
     """KVCache's contract with each layer's cache on that layer's backend (`bes`, one per cache layer; a
-    placement puts some on a GPU). `commit(keep)` and `truncate(n)` move the position only: attention reads
-    positions <= pos0 + t, all written earlier or in the same window, so rows past the position are never read
-    before being rewritten (no zeroing pass on the device). Float32 only: other stored types are refused."""
+    placement puts some on a GPU), in the stored types of `kv`, each layer's operands as its backend's
+    attention takes them (Backend.kv_zeros). `commit(keep)` and `truncate(n)` move the position only:
+    attention reads positions <= pos0 + t, all written earlier or in the same window, so rows past the position
+    are never read before being rewritten (no zeroing pass on the device)."""
 
     def __init__(self, bes, n_kv_heads: int, head_dim: int, n_ctx: int, kv: KVTypes = F32_KV):
-        for flag, name in (("--cache-type-k", kv.k), ("--cache-type-v", kv.v)):
-            if name != "f32":
-                raise GpuPathError(f"{flag} {name} is not supported on the GPU yet")
+        kv.check_head_dim(head_dim)
         self.kv_types = kv
         self.n_ctx = n_ctx
         self.pos = 0
@@ -355,7 +339,7 @@ class DeviceKVCache:
         try:
             for be in self.bes:
                 with be.activate():
-                    k, v = be.kv_zeros(n_kv_heads, head_dim, n_ctx)
+                    k, v = be.kv_zeros(n_kv_heads, head_dim, n_ctx, kv)
                     self.k.append(k)
                     self.v.append(v)
         except Exception as e:
@@ -391,18 +375,25 @@ class DeviceKVCache:
         """KVCache.fill_copies, each layer copied where it lives (device to device)."""
         filled = self.pos
         while self.pos < target:
-            n = min(filled, target - self.pos)
+            n, p = min(filled, target - self.pos), self.pos
             for k, v in zip(self.k, self.v, strict=True):
-                if k.ndim == 4:  # a host layer's key tiles (HostBackend.kv_zeros)
-                    cpu_ops.put_keys(k, self.pos, cpu_ops.get_keys(k, 0, n))
-                else:
-                    k[:, :, self.pos : self.pos + n] = k[:, :, :n]
-                v[:, self.pos : self.pos + n] = v[:, :n]
+                for a in _parts(k):
+                    if a.ndim == 4:  # a host layer's key tiles (HostBackend.kv_zeros)
+                        cpu_ops.put_keys(a, p, cpu_ops.get_keys(a, 0, n))
+                    else:
+                        a[:, :, p : p + n] = a[:, :, :n]
+                for a in _parts(v):
+                    a[:, p : p + n] = a[:, :n]
             self.pos += n
 
     @property
     def nbytes(self) -> int:
-        return sum(int(k.nbytes) + int(v.nbytes) for k, v in zip(self.k, self.v, strict=True))
+        return sum(int(a.nbytes) for op in (*self.k, *self.v) for a in _parts(op))
+
+
+def _parts(op) -> tuple:
+    """The arrays of a KV operand (a q8_0 pair is two)."""
+    return op if isinstance(op, tuple) else (op,)
 
 
 class DeviceHybridState(HybridState):

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..engine.backends import Layout
+from ..engine.kvtypes import F32_KV, KVTypes
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile
 from ..kernels.rope import NO_SCALING, RopeScaling, rope_tables
@@ -177,9 +178,10 @@ class Architecture(ABC):
         """models/validate.py rules for block `layer` (None: an MTP head's block) under prefix."""
 
     @abstractmethod
-    def state_bytes(self, n_ctx: int) -> list[int]:
-        """Bytes of each layer's state in a session of n_ctx tokens, as new_state allocates it (what the
-        placement, guild/engine/placement.py, puts on a GPU with the layer)."""
+    def state_bytes(self, n_ctx: int, kv: KVTypes = F32_KV) -> list[int]:
+        """Bytes of each layer's state in a session of n_ctx tokens with the KV cache's stored types `kv`, as
+        new_state allocates it on a GPU (what the placement, guild/engine/placement.py, puts there with the
+        layer)."""
 
     @abstractmethod
     def blocks(self) -> list:

@@ -211,13 +211,13 @@ class HybridMoe(Architecture):
         recurrent = layer is not None and extra.recurrent[layer]  # an MTP block is full attention
         return hybrid_layer_rules(g, prefix, recurrent, cls.BA_FUSED)
 
-    def state_bytes(self, n_ctx: int) -> list[int]:
-        """float32: a KV cache per attention layer; per DeltaNet layer a snapshot pool of 1 + MAX_WINDOW
-        states and the conv history."""
+    def state_bytes(self, n_ctx: int, kv: KVTypes = F32_KV) -> list[int]:
+        """A KV cache per attention layer; per DeltaNet layer a float32 snapshot pool of 1 + MAX_WINDOW states
+        and the conv history."""
         a, d = self.args, self.d
-        kv = 2 * a.n_kv_heads * a.head_dim * n_ctx * 4
+        cache = n_ctx * kv.token_bytes(1, a.n_kv_heads, a.head_dim)
         rec = ((1 + MAX_WINDOW) * d.v_heads * d.head_dim * d.head_dim + (d.conv_kernel - 1) * d.conv_dim) * 4
-        return [rec if r else kv for r in d.recurrent]
+        return [rec if r else cache for r in d.recurrent]
 
     def blocks(self) -> list:
         return list(zip(self.norms, self.mixers, self.ffns, strict=True))

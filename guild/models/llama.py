@@ -124,9 +124,9 @@ class Llama(Architecture):
     def layer_rules(cls, g: GGUFFile, prefix: str, args: ModelArgs, extra, layer: int | None) -> list:
         return llama_layer_rules(g, prefix, args)
 
-    def state_bytes(self, n_ctx: int) -> list[int]:
+    def state_bytes(self, n_ctx: int, kv: KVTypes = F32_KV) -> list[int]:
         a = self.args
-        return [2 * a.n_kv_heads * a.head_dim * n_ctx * 4] * a.n_layers  # float32 K, V
+        return [n_ctx * kv.token_bytes(1, a.n_kv_heads, a.head_dim)] * a.n_layers
 
     def blocks(self) -> list:
         return self.layers

@@ -1,5 +1,5 @@
 // Shared helpers for guild's CUDA kernels (compiled by NVRTC: no system headers, so fixed-width types,
-// half conversion and reductions are defined here).
+// half conversions and reductions are defined here).
 //
 // Numerics: sources are compiled with --fmad=false, so every a*b+c that is meant to fuse says fmaf(); the
 // rest rounds each operation like the NumPy twins do. Reductions run in a fixed order (a per-thread chain,
@@ -28,6 +28,16 @@ __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));  // exact, subnormals included
     return f;
+#endif
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+#ifdef GUILD_EMU
+    return guild_emu_f2h(f);
+#else
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));  // round to nearest even, as NumPy's astype(float16)
+    return h;
 #endif
 }
 

@@ -66,18 +66,6 @@ extern "C" __global__ void add_rows(float* x, i64 ldx, const float* y, i64 ldy, 
     x[(i64)blockIdx.y * ldx + i] += y[(i64)blockIdx.y * ldy + i];
 }
 
-// Write a window's keys and values into one layer's cache at rows pos0..pos0+T-1:
-// kt [Hkv, hd, ctx] (keys transposed), vc [Hkv, ctx, hd]; k, v rows of Hkv x hd.
-extern "C" __global__ void kv_write(const float* k, i64 ldk, const float* v, i64 ldv, float* kt, float* vc, int Hkv,
-                                    int hd, int ctx, int pos0) {
-    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= Hkv * hd) return;
-    const int t = blockIdx.y, g = idx / hd, i = idx - g * hd;
-    const i64 p = (i64)pos0 + t;
-    kt[((i64)g * hd + i) * ctx + p] = k[(i64)t * ldk + idx];
-    vc[((i64)g * ctx + p) * hd + i] = v[(i64)t * ldv + idx];
-}
-
 // Router: softmax over E experts -> top-k (ties to the lower id) -> optional renormalise; one block per row.
 // The sums and the selection run sequentially in thread 0, in the CPU kernel's order (E <= a few hundred).
 // Dynamic shared memory: E floats.

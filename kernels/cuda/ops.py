@@ -131,20 +131,37 @@ def rope(x, positions, cos, sin, n_rot, neox) -> None:
         )
 
 
+def kv_type(op) -> str:
+    """The stored type of a KV operand: a float32 array, f16 bits (uint16), or a q8_0 pair (int8 quants, f16
+    scale bits per 32 values along head_dim)."""
+    if isinstance(op, tuple):
+        return "q8_0"
+    return "f16" if op.dtype == np.uint16 else "f32"
+
+
+def _kv_args(op) -> tuple:
+    """(values or quants, scale bits) of an operand; a float operand passes itself as its (unread) scales."""
+    parts = op if isinstance(op, tuple) else (op, op)
+    if not all(a.flags.c_contiguous for a in parts):
+        raise ValueError("the KV cache arrays must be contiguous")
+    return parts
+
+
 def attention(q, kt, vc, pos0, scale, out, scores=None) -> None:
-    """Causal GQA attention of q [T, H, hd] (positions pos0..pos0+T-1) over kt [Hkv, hd, ctx], vc [Hkv, ctx, hd];
-    out [T, H, hd]. `scores` (the CPU kernel's scratch) is not needed here."""
+    """Causal GQA attention of q [T, H, hd] (positions pos0..pos0+T-1) over the keys kt [Hkv, hd, ctx] and values
+    vc [Hkv, ctx, hd] of any stored type (kv_type); out [T, H, hd]. `scores` (the CPU kernel's scratch) is not
+    needed here."""
     T, H, hd = q.shape
-    Hkv, _, ctx = kt.shape
+    kq, ks = _kv_args(kt)
+    vq, vs = _kv_args(vc)
+    Hkv, _, ctx = kq.shape
     if hd > ATT_THREADS:
         raise ValueError(f"attention: head_dim {hd} > {ATT_THREADS} is not supported on the GPU")
-    if not (kt.flags.c_contiguous and vc.flags.c_contiguous):
-        raise ValueError("attention: kt and vc must be contiguous")
     if T:
-        kernel("attention", "attention")(
+        kernel("attention", f"attention_{kv_type(kt)}_{kv_type(vc)}")(
             (H, T), (ATT_THREADS,),
-            (q, _ld(q, "q"), kt, vc, out, _ld(out, "out"), np.int32(H), np.int32(Hkv), np.int32(hd), np.int32(ctx),
-             np.int32(pos0), np.float32(scale)),
+            (q, _ld(q, "q"), kq, ks, vq, vs, out, _ld(out, "out"), np.int32(H), np.int32(Hkv), np.int32(hd),
+             np.int32(ctx), np.int32(pos0), np.float32(scale)),
         )
 
 
@@ -163,13 +180,16 @@ def add(x, y) -> None:
 
 
 def kv_write(kt, vc, k, v, pos0) -> None:
-    """One layer's cache: kt [Hkv, hd, ctx], vc [Hkv, ctx, hd] get the window's k, v [T, Hkv, hd] at pos0.."""
+    """One layer's cache: keys kt [Hkv, hd, ctx] and values vc [Hkv, ctx, hd] (operands of any stored type,
+    kv_type) get the window's k, v [T, Hkv, hd] at pos0.., converted as the host cache converts them."""
     T, Hkv, hd = k.shape
-    ctx = kt.shape[2]
+    kq, ks = _kv_args(kt)
+    vq, vs = _kv_args(vc)
     if T:
-        kernel("ops", "kv_write")(
+        kernel("attention", f"kv_write_{kv_type(kt)}_{kv_type(vc)}")(
             (-(-Hkv * hd // 256), T), (256,),
-            (k, _ld(k, "k"), v, _ld(v, "v"), kt, vc, np.int32(Hkv), np.int32(hd), np.int32(ctx), np.int32(pos0)),
+            (k, _ld(k, "k"), v, _ld(v, "v"), kq, ks, vq, vs, np.int32(Hkv), np.int32(hd), np.int32(kq.shape[2]),
+             np.int32(pos0)),
         )
 
 

@@ -84,13 +84,15 @@ Entry entry(const char* name, void (*f)(A...)) {
 }
 
 #define Q(NAME) entry("matmul_" #NAME, matmul_##NAME), entry("get_rows_" #NAME, get_rows_##NAME)
+#define KV_ENTRIES(KN, KT, VN, VT) \
+    entry("attention_" #KN "_" #VN, attention_##KN##_##VN), entry("kv_write_" #KN "_" #VN, kv_write_##KN##_##VN),
 const std::vector<Entry>& table() {
     static const std::vector<Entry> t = {
         Q(f32), Q(f16), Q(bf16), Q(q8_0), Q(q4_0), Q(q4_1), Q(q5_0), Q(q4_k), Q(q5_k), Q(q6_k), Q(iq4_nl), Q(iq4_xs),
         Q(q5_1), Q(q2_k), Q(q3_k), Q(mxfp4), Q(iq2_xxs), Q(iq2_xs), Q(iq2_s), Q(iq3_xxs), Q(iq3_s), Q(iq1_s), Q(iq1_m),
         entry("rmsnorm", rmsnorm), entry("rmsnorm_heads", rmsnorm_heads), entry("rope", rope),
-        entry("swiglu", swiglu), entry("add_rows", add_rows), entry("kv_write", kv_write),
-        entry("softmax_topk", softmax_topk), entry("attention", attention),
+        entry("swiglu", swiglu), entry("add_rows", add_rows), entry("softmax_topk", softmax_topk),
+        GUILD_KV_PAIRS(KV_ENTRIES)
         entry("gdn_gates", gdn_gates), entry("conv1d_silu", conv1d_silu), entry("l2norm_heads", l2norm_heads),
         entry("gdn_recurrence", gdn_recurrence), entry("gated_rmsnorm", gated_rmsnorm),
         entry("sigmoid_mul", sigmoid_mul),
@@ -201,6 +203,22 @@ float guild_emu_h2f(unsigned short h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+}
+
+// float32 -> f16 bits, rounding to nearest even (PTX cvt.rn.f16.f32; NumPy's astype(float16))
+unsigned short guild_emu_f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (unsigned short)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // NaN stays NaN
+    if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // >= 65520 (and inf): inf
+    if (ax < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24 (1024 is the smallest normal)
+        float a;
+        memcpy(&a, &ax, 4);
+        return (unsigned short)(sign | (uint32_t)nearbyintf(a * 16777216.0f));
+    }
+    // rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even; a carry moves up the exponent
+    return (unsigned short)(sign | ((ax - 0x38000000u + 0xfffu + ((ax >> 13) & 1u)) >> 13));
 }
 
 extern "C" int guild_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, long shared,

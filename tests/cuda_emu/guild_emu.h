@@ -25,6 +25,7 @@ void __syncthreads();
 double guild_emu_shfl_xor(double v, int lane_mask);
 void* guild_emu_dynamic_shared();
 float guild_emu_h2f(unsigned short h);
+unsigned short guild_emu_f2h(float f);
 
 inline float __shfl_xor_sync(unsigned, float v, int m) { return (float)guild_emu_shfl_xor(v, m); }
 inline double __shfl_xor_sync(unsigned, double v, int m) { return guild_emu_shfl_xor(v, m); }

@@ -21,6 +21,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from guild.engine.device import fake_gpu_requested, probe_cuda
+from guild.engine.kvtypes import KVTypes
+from guild.engine.state import KVCache
 from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
@@ -170,27 +172,71 @@ def test_router_vs_twin(gpu):
         assert np.array_equal(h(ids), cid)
 
 
-@pytest.mark.parametrize("hd", [64, 128])
-def test_kv_write_and_attention_vs_twins(gpu, hd):
+def _host_cache(kv: KVTypes, k, v):
+    """The host cache (guild/engine/state.py KVCache) holding k, v [ctx, Hkv, hd]: its layer's operands."""
+    c = KVCache(1, k.shape[1], k.shape[2], k.shape[0], kv)
+    c.begin(k.shape[0])
+    c.write(0, k, v)
+    c.commit(k.shape[0])
+    return c.kv_layer(0)
+
+
+def _parts(op) -> tuple:
+    return op if isinstance(op, tuple) else (op,)
+
+
+def _filled(gpu, kv: KVTypes, k_all, v_all, windows):
+    """A device layer of kv's types (CudaBackend.kv_zeros) written window by window with kv_write."""
+    cp, g = gpu.cp, gpu.g
+    kop, vop = gpu.backend().kv_zeros(k_all.shape[1], k_all.shape[2], k_all.shape[0], kv)
+    for p0, p1 in windows:  # written in order
+        g.kv_write(kop, vop, cp.asarray(k_all[p0:p1]), cp.asarray(v_all[p0:p1]), p0)
+    return kop, vop
+
+
+@pytest.mark.parametrize("hd,kt,vt", [(64, "f32", "f32"), (128, "f32", "f32"), (64, "f16", "q8_0"),
+                                      (128, "q8_0", "f16")])
+def test_kv_write_and_attention_vs_twins(gpu, hd, kt, vt):
+    """Each stored type's bytes are the host cache's (f16 rounded to nearest even, q8_0 by Q8_0's rule), and
+    attention over them matches the float64 twin over the stored values."""
     cp, g, h = gpu.cp, gpu.g, gpu.h
     rng = np.random.default_rng(hd)
-    H, Hkv, ctx = 8, 2, 640
-    kt = cp.zeros((Hkv, hd, ctx), cp.float32)
-    vc = cp.zeros((Hkv, ctx, hd), cp.float32)
+    H, Hkv, ctx, kv = 8, 2, 640, KVTypes(kt, vt)
     k_all = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
     v_all = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
-    for p0, p1 in ((0, 300), (300, 305), (305, 600)):  # windows, written in order
-        g.kv_write(kt, vc, cp.asarray(k_all[p0:p1]), cp.asarray(v_all[p0:p1]), p0)
-    assert np.array_equal(h(kt)[:, :, :600], k_all[:600].transpose(1, 2, 0))
-    assert np.array_equal(h(vc)[:, :600], v_all[:600].transpose(1, 0, 2))
+    k_all[7, 1, 32:64] = v_all[9, 0, :32] = 0.0  # all-zero q8_0 blocks: scale 0, quants 0
+    kop, vop = _filled(gpu, kv, k_all, v_all, ((0, 300), (300, 305), (305, 600)))
+    hk, hv = _host_cache(kv, k_all[:600], v_all[:600])
+    for dev, host in zip(_parts(kop), _parts(hk), strict=True):  # keys: [Hkv, X, ctx] beside the host's tiles
+        assert dev.dtype == host.dtype and np.array_equal(h(dev)[:, :, :600], cpu_ops.get_keys(host, 0, 600))
+    for dev, host in zip(_parts(vop), _parts(hv), strict=True):
+        assert dev.dtype == host.dtype and np.array_equal(h(dev)[:, :600], host[:, :600])
+    k_st = ref.kv_values(hk, True).astype(np.float32)  # what the cache holds, as float32 (exact)
+    v_st = ref.kv_values(hv, False).astype(np.float32)
     scale = 1.0 / np.sqrt(hd)
     cases = ((0, 1), (37, 5), (595, 5)) if gpu.emu else ((0, 1), (0, 8), (37, 5), (300, 1), (595, 5))
     for pos0, T in cases:  # L crosses the 256-position chunks
         q = rng.standard_normal((T, H, hd)).astype(np.float32)
         out = cp.empty((T, H, hd), cp.float32)
-        g.attention(cp.asarray(q), kt, vc, pos0, scale, out)
-        want = ref.attention(q, k_all[: pos0 + T], v_all[: pos0 + T], pos0, scale)
+        g.attention(cp.asarray(q), kop, vop, pos0, scale, out)
+        want = ref.attention(q, k_st[: pos0 + T], v_st[: pos0 + T], pos0, scale)
         np.testing.assert_allclose(h(out), want, rtol=1e-5, atol=1e-5)
+
+
+def test_kv_write_rounds_halves_as_numpy(gpu):
+    """f16 storage rounds as NumPy's astype(float16): ties to even, subnormal halves, overflow to inf, signed
+    zero (on the emulator this checks its conversion; on a GPU, PTX cvt.rn.f16.f32)."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(4096) * 10.0 ** rng.uniform(-9, 5, 4096)).astype(np.float32)
+    edges = [0.0, -0.0, 1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11), 2**-24, 2**-25, 3 * 2**-26, 2**-14 - 2**-25,
+             6.1e-5, 65504.0, 65519.0, 65520.0, -70000.0, np.inf, -np.inf, 1e-8, -3e-8]
+    x[: len(edges)] = edges
+    k = x.reshape(32, 2, 64)
+    kop, vop = _filled(gpu, KVTypes("f16", "f16"), k, k[::-1].copy(), ((0, 32),))
+    with np.errstate(over="ignore"):  # 65520 and beyond: inf, as intended
+        want = k.astype(np.float16).view(np.uint16)
+    assert np.array_equal(gpu.h(kop), want.transpose(1, 2, 0))
+    assert np.array_equal(gpu.h(vop), want[::-1].transpose(1, 0, 2))
 
 
 def test_emulator_checks_kernel_arguments(gpu):
@@ -224,20 +270,22 @@ def test_matmul_rows_invariant(gpu, qt):
         assert np.array_equal(h(part), full[M - T :]), f"{qt.name} T={T}"
 
 
-def test_attention_rows_invariant(gpu):
+@pytest.mark.parametrize("kt,vt", [("f32", "f32"), ("q8_0", "f16"), ("f16", "q8_0")])
+def test_attention_rows_invariant(gpu, kt, vt):
     cp, g, h = gpu.cp, gpu.g, gpu.h
     rng = np.random.default_rng(5)
     H, Hkv, hd, ctx = 9, 3, 64, 400
-    kt = cp.asarray(rng.standard_normal((Hkv, hd, ctx)).astype(np.float32))
-    vc = cp.asarray(rng.standard_normal((Hkv, ctx, hd)).astype(np.float32))
+    k_all = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+    v_all = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
+    kop, vop = _filled(gpu, KVTypes(kt, vt), k_all, v_all, ((0, ctx),))
     q = rng.standard_normal((8, H, hd)).astype(np.float32)
     pos0 = 290
     win = cp.empty((8, H, hd), cp.float32)
-    g.attention(cp.asarray(q), kt, vc, pos0, 0.125, win)
+    g.attention(cp.asarray(q), kop, vop, pos0, 0.125, win)
     win = h(win)
     for t in (0, 3, 7):
         one = cp.empty((1, H, hd), cp.float32)
-        g.attention(cp.asarray(q[t : t + 1]), kt, vc, pos0 + t, 0.125, one)
+        g.attention(cp.asarray(q[t : t + 1]), kop, vop, pos0 + t, 0.125, one)
         assert np.array_equal(h(one)[0], win[t]), f"row {t}"
 
 
@@ -469,6 +517,24 @@ def test_strategy_cells_on_the_device(gpu, tmp_path, name, strategy, sampling, f
                        clock=fixed_clock)
     assert got == w.want
     check_cell(strategy, st, f"{name} {strategy} {sampling}")
+
+
+def test_stored_kv_types_on_the_device(gpu, tmp_path, fixed_clock):
+    """Keys q8_0 and values f16 in the device's cache (kernels/cuda/attention.cu): the placed model emits the CPU
+    engine's `normal` stream of the same types, with drafts proposed, accepted and rejected."""
+    from guild.models import load_model
+    from tests.engine.test_kv_types import write_model
+    from tests.gpu.test_gpu_matrix import SAMPLING, check_cell, generate, workload
+
+    kv, sp = KVTypes("q8_0", "f16"), SAMPLING["greedy"]
+    model = load_model(write_model(tmp_path, "llama-moe"))
+    w = workload(model, sp, kv=kv)
+    eng = _engine(gpu, model)
+    got, st = generate(eng, "adaptive", sp, prompt=w.prompt, corpus=w.corpus, clock=fixed_clock, kv=kv)
+    assert got == w.want
+    check_cell("adaptive", st, f"adaptive {kv.describe()}")
+    cache = eng.new_state(64, kv)
+    assert cache.nbytes == 64 * kv.token_bytes(model.args.n_layers, model.args.n_kv_heads, model.args.head_dim)
 
 
 def test_mtp_head_with_a_draft_vocabulary_on_the_device(gpu, tmp_path):

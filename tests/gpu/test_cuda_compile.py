@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from guild.engine.kvtypes import KV_TYPES
 from guild.errors import GuildError
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="cupy-cuda12x not installed (pip install .[test])")
@@ -31,6 +32,8 @@ def expected_kernels() -> dict[str, set[str]]:
         want.setdefault(src, set()).add(fn)
     for src, prefix in re.findall(r'kernel\("(\w+)", "(\w+_)" \+ w\.suffix\)', text):
         want.setdefault(src, set()).update(prefix + s for s in ops._SUFFIX.values())
+    for src, prefix in re.findall(r'kernel\("(\w+)", f"(\w+_)\{kv_type\(kt\)\}_\{kv_type\(vc\)\}"\)', text):
+        want.setdefault(src, set()).update(f"{prefix}{k}_{v}" for k in KV_TYPES for v in KV_TYPES)
     return want
 
 
@@ -38,6 +41,7 @@ def test_sources_listed():
     assert {p.stem for p in CUDA_DIR.glob("*.cu")} == set(kc.SOURCES)
     assert set(expected_kernels()) == set(kc.SOURCES)
     assert len(expected_kernels()["quant"]) == 2 * len(ops._SUFFIX)
+    assert len(expected_kernels()["attention"]) == 2 * len(KV_TYPES) ** 2  # attention and kv_write per K/V pair
 
 
 @pytest.mark.parametrize("cc", kc.TARGET_ARCHS, ids=lambda c: f"sm_{c}")
@@ -67,7 +71,7 @@ def test_arch_selection():
 
 def test_ptx_for_a_newer_gpu():
     blob, kind = kc.compile_source("attention", max(kc.supported_archs()) + 100)
-    assert kind == "ptx" and b".entry attention" in blob
+    assert kind == "ptx" and b".entry attention_f16_q8_0" in blob
 
 
 def test_compile_error_is_one_line(monkeypatch):

@@ -40,9 +40,9 @@ def _run(path, device, *extra):
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("strategy", [None, "mtp"])
-def test_run_on_the_fake_gpu_equals_the_cpu(tiny, monkeypatch, strategy):
-    extra = () if strategy is None else ("--decode-strategy", strategy)  # None: the default, adaptive
+@pytest.mark.parametrize("strategy,kv", [(None, ()), ("mtp", ()), (None, ("-ctk", "f16", "-ctv", "f16"))])
+def test_run_on_the_fake_gpu_equals_the_cpu(tiny, monkeypatch, strategy, kv):
+    extra = (*kv, *(() if strategy is None else ("--decode-strategy", strategy)))  # None: the default, adaptive
     want = _run(tiny, "cpu", *extra)
     monkeypatch.setenv("GUILD_FAKE_GPU", "1")
     got = _run(tiny, "cuda", *extra)

@@ -77,13 +77,13 @@ class Workload:
     want: list[int]  # the CPU engine's `normal` stream
 
 
-def workload(cpu, sampling: SamplingParams, n: int = N) -> Workload:
-    """The input-grounded prompt for `cpu` under `sampling` and its CPU `normal` stream."""
-    a = generate(cpu, "normal", sampling, n, P)[0]
-    b = generate(cpu, "normal", sampling, n, P + altered(a) + P)[0]
+def workload(cpu, sampling: SamplingParams, n: int = N, kv: KVTypes = F32_KV) -> Workload:
+    """The input-grounded prompt for `cpu` under `sampling` and its CPU `normal` stream (KV cache types kv)."""
+    a = generate(cpu, "normal", sampling, n, P, kv=kv)[0]
+    b = generate(cpu, "normal", sampling, n, P + altered(a) + P, kv=kv)[0]
     corpus = P + altered(a) + P + altered(b)
     prompt = corpus + P
-    return Workload(prompt, corpus, generate(cpu, "normal", sampling, n, prompt)[0])
+    return Workload(prompt, corpus, generate(cpu, "normal", sampling, n, prompt, kv=kv)[0])
 
 
 def generate(model, strategy: str, sampling: SamplingParams, n: int = N, prompt=PROMPT, corpus=(), clock=None,
