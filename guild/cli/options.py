@@ -46,7 +46,7 @@ def _sampling_options(d: dict | None) -> dict:
             for k, flags, h in _SAMPLING_FLAGS}
 
 _KV_HELP = (f"{', '.join(KV_TYPES)} (llama.cpp's names and bytes per value; q8_0: 32 int8 and an f16 scale per 34 "
-            "bytes). f32 keeps today's numbers; the GPU path takes f32 only.")
+            "bytes). f32 keeps today's numbers; every type runs on the CPU and on the GPU.")
 # the KV cache flags of run, chat, serve, bench and optimize (KVTypes checks their values)
 CACHE_TYPE_K = typer.Option("f32", "-ctk", "--cache-type-k", help="Stored type of the KV cache's keys: " + _KV_HELP)
 CACHE_TYPE_V = typer.Option("f32", "-ctv", "--cache-type-v", help="Stored type of the KV cache's values: " + _KV_HELP)
