@@ -7,9 +7,11 @@ through llama-cpp-python, each in a fresh child process so that its peak residen
 runners alternate within each size. Per runner: prefill tok/s of the whole prompt, decode tok/s of `--tokens`
 greedy tokens, the peak resident memory the run added to its process (over the interpreter and guild's modules:
 the model, its KV cache and buffers, for guild its compiled kernels), and for guild normal V(T)/V(1) at the
-populated context (`--vt`, T = 1..4).
+populated context (`--vt`, T = 1..4). `--repeat R` runs every runner R times per size, alternated, and reports
+medians (adaptive against normal pair by pair): one reply is a few seconds of decoding, too little to resolve
+a host that drifts.
 
-    python -m guild.tools.perf_long --sizes 4096,16384,32768 [--model smollm2-135m] [--cache-type f16]
+    python -m guild.tools.perf_long --sizes 4096,16384,32768 [--model smollm2-135m] [--cache-type f16] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -107,27 +109,57 @@ def _run_child(a, runner: str, n: int) -> dict:
 
 
 def measure(a, progress=print) -> dict:
+    """Per size, per runner: its run, or with `a.repeat` > 1 its rounds' medians (prefill, decode, memory) and
+    each round's figures (`*_runs`); the runners alternate within a round and the order reverses every other
+    round (A B C, C B A, ...), so a drifting host weighs on every runner alike. Adaptive's `vs_normal` is the
+    median of its rounds' ratios to the normal run beside it."""
     sizes, res = [int(s) for s in a.sizes.split(",")], {}
     runners = [r for r in RUNNERS if r in a.runners.split(",")]
     if "llama.cpp" in runners and importlib.util.find_spec("llama_cpp") is None:
         progress("perf_long: llama-cpp-python is not installed: guild alone (pip install llama-cpp-python==0.3.36)")
         runners.remove("llama.cpp")
+    rounds = getattr(a, "repeat", 1)
     for n in sizes:
-        res[n] = {}
-        for r in runners:
-            progress(f"perf_long: {r} at {n} tokens")
-            res[n][r] = _run_child(a, r, n)
-        g = res[n]
-        if len({o["prompt"] for o in g.values()}) > 1:
+        runs: dict[str, list[dict]] = {r: [] for r in runners}
+        for i in range(rounds):
+            for r in runners if i % 2 == 0 else runners[::-1]:
+                progress(f"perf_long: {r} at {n} tokens" + (f" (round {i + 1} of {rounds})" if rounds > 1 else ""))
+                o = _run_child(a, r, n)
+                runs[r].append(o)
+                if "decode" in o:
+                    progress(f"perf_long: {r} at {n} tokens: prefill {o['prefill']:.1f}, "
+                             f"decode {o['decode']:.1f} tok/s")
+        prompts = {o["prompt"] for rs in runs.values() for o in rs}
+        if len(prompts) > 1:
             raise GuildError(f"perf_long: the runners' prompts differ at {n} tokens: "
-                             + ", ".join(f"{r} {o['prompt']}" for r, o in g.items()))
-        if "normal" in g and "adaptive" in g and g["normal"]["tokens"] != g["adaptive"]["tokens"]:
-            raise GuildError(f"perf_long: parity failure at {n} tokens: adaptive's tokens differ from normal's")
+                             + ", ".join(f"{r} {rs[0]['prompt']}" for r, rs in runs.items()))
+        if "normal" in runs and "adaptive" in runs:
+            want = runs["normal"][0]["tokens"]
+            if any(o["tokens"] != want for o in runs["normal"] + runs["adaptive"]):
+                raise GuildError(f"perf_long: parity failure at {n} tokens: adaptive's tokens differ from normal's")
+        res[n] = {r: _summary(rs) for r, rs in runs.items()}
+        if rounds > 1 and "normal" in runs and "adaptive" in runs:
+            ratios = [x["decode"] / y["decode"] for x, y in zip(runs["adaptive"], runs["normal"], strict=True)]
+            res[n]["adaptive"]["vs_normal_runs"] = ratios
+            res[n]["adaptive"]["vs_normal"] = statistics.median(ratios)
     return res
 
 
+def _summary(runs: list[dict]) -> dict:
+    """One run as it is; several: the first's fields with the medians of the timed ones, each round's kept."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[0])
+    for k in ("prefill", "decode", "rss_mb"):
+        out[k] = statistics.median(o[k] for o in runs)
+        out[f"{k}_runs"] = [o[k] for o in runs]
+    return out
+
+
 def markdown(res: dict, a) -> str:
-    lines = [f"KV {a.cache_type}, YaRN x{a.rope_scale:g}, {a.threads} threads, {a.tokens} tokens decoded", "",
+    n_rounds = getattr(a, "repeat", 1)
+    rounds = f", medians of {n_rounds} alternated rounds" if n_rounds > 1 else ""
+    lines = [f"KV {a.cache_type}, YaRN x{a.rope_scale:g}, {a.threads} threads, {a.tokens} tokens decoded{rounds}", "",
              "| size | runner | prefill tok/s | decode tok/s | RSS added, MB | acceptance | vs llama.cpp |",
              "|---|---|---|---|---|---|---|"]
     for n, g in res.items():
@@ -138,8 +170,10 @@ def markdown(res: dict, a) -> str:
                 f"{o['decode'] / ll['decode']:.2f}x, {o['prefill'] / ll['prefill']:.2f}x"
             lines.append(f"| {n} | {r} | {o['prefill']:.1f} | {o['decode']:.1f} | {o['rss_mb']:.0f} | {acc} | {vs} |")
         if "normal" in g and "adaptive" in g:
-            ratio = g["adaptive"]["decode"] / g["normal"]["decode"]
-            lines.append(f"| {n} | adaptive / normal | | {ratio:.2f}x | | | |")
+            ratio = g["adaptive"].get("vs_normal", g["adaptive"]["decode"] / g["normal"]["decode"])
+            runs = g["adaptive"].get("vs_normal_runs")
+            each = f" (rounds: {', '.join(f'{x:.2f}' for x in runs)})" if runs else ""
+            lines.append(f"| {n} | adaptive / normal | | {ratio:.2f}x{each} | | | |")
         vt = g.get("normal", {}).get("vt_ms")
         if vt:
             v1 = vt["1"]  # the children's JSON: string keys
@@ -158,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runners", default=",".join(RUNNERS), help=f"a subset of {', '.join(RUNNERS)}")
     ap.add_argument("--vt", type=int, default=0, help="repeats of V(T) for T = 1..4 after guild normal's reply")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of every runner per size, alternated (medians; adaptive/normal pair by pair)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--child", choices=RUNNERS, help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -165,8 +201,8 @@ def main(argv=None) -> int:
     try:
         if a.cache_type not in GGML_TYPE or a.cache_type not in KV_TYPES:
             raise BadFlagError(f"--cache-type must be one of {', '.join(GGML_TYPE)}, got '{a.cache_type}'")
-        if a.tokens < 2 or a.threads < 1 or a.vt < 0 or a.rope_scale < 1:
-            raise BadFlagError("--tokens must be >= 2, --threads >= 1, --vt >= 0 and --rope-scale >= 1")
+        if a.tokens < 2 or a.threads < 1 or a.vt < 0 or a.rope_scale < 1 or a.repeat < 1:
+            raise BadFlagError("--tokens must be >= 2, --threads >= 1, --vt >= 0, --rope-scale >= 1 and --repeat >= 1")
         if not set(a.runners.split(",")) <= set(RUNNERS):
             raise BadFlagError(f"--runners must name some of {', '.join(RUNNERS)}, got '{a.runners}'")
         try:

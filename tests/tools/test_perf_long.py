@@ -34,7 +34,7 @@ def test_parity_failure_stops_the_run(monkeypatch):
 
 
 @pytest.mark.parametrize("flags", [["--cache-type", "q4_0"], ["--sizes", "4k"], ["--sizes", "32"],
-                                   ["--runners", "normal,vllm"], ["--tokens", "1"]])
+                                   ["--runners", "normal,vllm"], ["--tokens", "1"], ["--repeat", "0"]])
 def test_bad_flags_are_one_line_errors(flags, capsys):
     assert perf_long.main(flags) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -48,3 +48,40 @@ def test_without_llama_cpp_guild_runs_alone(monkeypatch):
     a = perf_long.argparse.Namespace(sizes="64", runners="normal,llama.cpp")
     assert list(perf_long.measure(a, progress=said.append)[64]) == ["normal"]
     assert ran == ["normal"] and any("not installed" in s for s in said)
+
+
+def _fake_runs(monkeypatch, decode: dict, tokens: dict | None = None) -> list:
+    """_run_child replaced: each runner's decode tok/s in turn (and tokens, else [1, 2]); returns the calls."""
+    calls, dec = [], {r: iter(v) for r, v in decode.items()}
+    toks = {r: iter(v) for r, v in (tokens or {}).items()}
+
+    def run(a, r, n):
+        calls.append(r)
+        return {"tokens": next(toks[r]) if r in toks else [1, 2], "prompt": 64, "prefill": 100.0 + len(calls),
+                "decode": next(dec[r]), "rss_mb": 5.0, "accepted": 1, "drafted": 2}
+
+    monkeypatch.setattr(perf_long, "_run_child", run)
+    return calls
+
+
+def test_repeat_alternates_the_runners_and_reports_medians_and_pair_ratios(monkeypatch):
+    calls = _fake_runs(monkeypatch, {"normal": [10.0, 14.0, 11.0], "adaptive": [12.0, 14.0, 16.5]})
+    a = perf_long.argparse.Namespace(sizes="64", runners="normal,adaptive", repeat=3, cache_type="f16",
+                                     rope_scale=4.0, threads=2, tokens=8)
+    res = perf_long.measure(a, progress=lambda s: None)
+    assert calls == ["normal", "adaptive", "adaptive", "normal", "normal", "adaptive"]  # A B, B A, A B
+    g = res[64]
+    assert g["normal"]["decode"] == 11.0 and g["normal"]["decode_runs"] == [10.0, 14.0, 11.0]
+    assert g["adaptive"]["decode"] == 14.0 and g["normal"]["prefill_runs"] == [101.0, 104.0, 105.0]
+    assert g["adaptive"]["vs_normal_runs"] == [1.2, 1.0, 1.5] and g["adaptive"]["vs_normal"] == 1.2
+    md = perf_long.markdown(res, a)
+    assert "medians of 3 alternated rounds" in md
+    assert "| 64 | adaptive / normal | | 1.20x (rounds: 1.20, 1.00, 1.50)" in md
+
+
+def test_repeat_checks_parity_in_every_round(monkeypatch):
+    _fake_runs(monkeypatch, {"normal": [1.0, 1.0], "adaptive": [1.0, 1.0]},
+               tokens={"normal": [[1, 2], [1, 2]], "adaptive": [[1, 2], [1, 3]]})
+    a = perf_long.argparse.Namespace(sizes="64", runners="normal,adaptive", repeat=2)
+    with pytest.raises(GuildError, match="parity failure at 64 tokens"):
+        perf_long.measure(a, progress=lambda s: None)
