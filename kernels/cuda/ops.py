@@ -139,11 +139,13 @@ def kv_type(op) -> str:
     return "f16" if op.dtype == np.uint16 else "f32"
 
 
-def _kv_args(op) -> tuple:
+def _kv_args(op, hd: int) -> tuple:
     """(values or quants, scale bits) of an operand; a float operand passes itself as its (unread) scales."""
     parts = op if isinstance(op, tuple) else (op, op)
     if not all(a.flags.c_contiguous for a in parts):
         raise ValueError("the KV cache arrays must be contiguous")
+    if isinstance(op, tuple) and hd % 32:  # a q8_0 block is 32 values along head_dim (a warp in kv_write)
+        raise ValueError(f"a q8_0 KV cache needs a head_dim that is a multiple of 32, got {hd}")
     return parts
 
 
@@ -152,8 +154,8 @@ def attention(q, kt, vc, pos0, scale, out, scores=None) -> None:
     vc [Hkv, ctx, hd] of any stored type (kv_type); out [T, H, hd]. `scores` (the CPU kernel's scratch) is not
     needed here."""
     T, H, hd = q.shape
-    kq, ks = _kv_args(kt)
-    vq, vs = _kv_args(vc)
+    kq, ks = _kv_args(kt, hd)
+    vq, vs = _kv_args(vc, hd)
     Hkv, _, ctx = kq.shape
     if hd > ATT_THREADS:
         raise ValueError(f"attention: head_dim {hd} > {ATT_THREADS} is not supported on the GPU")
@@ -183,8 +185,8 @@ def kv_write(kt, vc, k, v, pos0) -> None:
     """One layer's cache: keys kt [Hkv, hd, ctx] and values vc [Hkv, ctx, hd] (operands of any stored type,
     kv_type) get the window's k, v [T, Hkv, hd] at pos0.., converted as the host cache converts them."""
     T, Hkv, hd = k.shape
-    kq, ks = _kv_args(kt)
-    vq, vs = _kv_args(vc)
+    kq, ks = _kv_args(kt, hd)
+    vq, vs = _kv_args(vc, hd)
     if T:
         kernel("attention", f"kv_write_{kv_type(kt)}_{kv_type(vc)}")(
             (-(-Hkv * hd // 256), T), (256,),

@@ -239,6 +239,18 @@ def test_kv_write_rounds_halves_as_numpy(gpu):
     assert np.array_equal(gpu.h(vop), want[::-1].transpose(1, 0, 2))
 
 
+def test_a_q8_0_cache_needs_whole_blocks_of_32(gpu):
+    """A kernel never sees a q8_0 operand whose head_dim is not whole blocks (the engine checks the flag first)."""
+    cp, g = gpu.cp, gpu.g
+    op = (cp.zeros((1, 48, 8), np.int8), cp.zeros((1, 1, 8), np.uint16))
+    with pytest.raises(ValueError, match="multiple of 32, got 48"):
+        g.attention(cp.zeros((1, 1, 48), cp.float32), op, cp.zeros((1, 8, 48), np.uint16), 0, 0.1,
+                    cp.zeros((1, 1, 48), cp.float32))
+    with pytest.raises(ValueError, match="multiple of 32, got 48"):
+        g.kv_write(cp.zeros((1, 48, 8), cp.float32), op, cp.zeros((1, 1, 48), cp.float32),
+                   cp.zeros((1, 1, 48), cp.float32), 0)
+
+
 def test_emulator_checks_kernel_arguments(gpu):
     """The emulator refuses launches whose arguments do not match the kernel's parameters (CuPy would not)."""
     if not gpu.emu:
