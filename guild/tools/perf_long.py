@@ -97,10 +97,10 @@ def child(a) -> None:
     print(json.dumps(out))
 
 
-def _run_child(a, runner: str, n: int) -> dict:
+def _run_child(a, runner: str, n: int, vt: int) -> dict:
     cmd = [sys.executable, "-m", "guild.tools.perf_long", "--child", runner, "--size", str(n), "--model", a.model,
            "--cache-type", a.cache_type, "--rope-scale", str(a.rope_scale), "--tokens", str(a.tokens),
-           "--threads", str(a.threads), "--vt", str(a.vt)]
+           "--threads", str(a.threads), "--vt", str(vt)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -118,13 +118,13 @@ def measure(a, progress=print) -> dict:
     if "llama.cpp" in runners and importlib.util.find_spec("llama_cpp") is None:
         progress("perf_long: llama-cpp-python is not installed: guild alone (pip install llama-cpp-python==0.3.36)")
         runners.remove("llama.cpp")
-    rounds = getattr(a, "repeat", 1)
+    rounds = a.repeat
     for n in sizes:
         runs: dict[str, list[dict]] = {r: [] for r in runners}
         for i in range(rounds):
             for r in runners if i % 2 == 0 else runners[::-1]:
                 progress(f"perf_long: {r} at {n} tokens" + (f" (round {i + 1} of {rounds})" if rounds > 1 else ""))
-                o = _run_child(a, r, n)
+                o = _run_child(a, r, n, a.vt if i == 0 else 0)  # V(T) once: the first round's is reported
                 runs[r].append(o)
                 if "decode" in o:
                     progress(f"perf_long: {r} at {n} tokens: prefill {o['prefill']:.1f}, "
@@ -157,8 +157,7 @@ def _summary(runs: list[dict]) -> dict:
 
 
 def markdown(res: dict, a) -> str:
-    n_rounds = getattr(a, "repeat", 1)
-    rounds = f", medians of {n_rounds} alternated rounds" if n_rounds > 1 else ""
+    rounds = f", medians of {a.repeat} alternated rounds" if a.repeat > 1 else ""
     lines = [f"KV {a.cache_type}, YaRN x{a.rope_scale:g}, {a.threads} threads, {a.tokens} tokens decoded{rounds}", "",
              "| size | runner | prefill tok/s | decode tok/s | RSS added, MB | acceptance | vs llama.cpp |",
              "|---|---|---|---|---|---|---|"]

@@ -22,11 +22,11 @@ from gguf import GGMLQuantizationType as Q
 
 from guild.engine.device import fake_gpu_requested, probe_cuda
 from guild.engine.kvtypes import KVTypes
-from guild.engine.state import KVCache
 from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
 from guild.kernels.rope import rope_tables
+from tests.helpers.kv import kv_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -172,15 +172,6 @@ def test_router_vs_twin(gpu):
         assert np.array_equal(h(ids), cid)
 
 
-def _host_cache(kv: KVTypes, k, v):
-    """The host cache (guild/engine/state.py KVCache) holding k, v [ctx, Hkv, hd]: its layer's operands."""
-    c = KVCache(1, k.shape[1], k.shape[2], k.shape[0], kv)
-    c.begin(k.shape[0])
-    c.write(0, k, v)
-    c.commit(k.shape[0])
-    return c.kv_layer(0)
-
-
 def _parts(op) -> tuple:
     return op if isinstance(op, tuple) else (op,)
 
@@ -206,7 +197,7 @@ def test_kv_write_and_attention_vs_twins(gpu, hd, kt, vt):
     v_all = rng.standard_normal((ctx, Hkv, hd)).astype(np.float32)
     k_all[7, 1, 32:64] = v_all[9, 0, :32] = 0.0  # all-zero q8_0 blocks: scale 0, quants 0
     kop, vop = _filled(gpu, kv, k_all, v_all, ((0, 300), (300, 305), (305, 600)))
-    hk, hv = _host_cache(kv, k_all[:600], v_all[:600])
+    hk, hv = kv_layer(kt, vt, k_all[:600], v_all[:600])
     for dev, host in zip(_parts(kop), _parts(hk), strict=True):  # keys: [Hkv, X, ctx] beside the host's tiles
         assert dev.dtype == host.dtype and np.array_equal(h(dev)[:, :, :600], cpu_ops.get_keys(host, 0, 600))
     for dev, host in zip(_parts(vop), _parts(hv), strict=True):

@@ -9,6 +9,7 @@ from guild.kernels import ref
 from guild.kernels.cpu import ops
 from guild.kernels.cpu.moe import combine_groups
 from guild.kernels.rope import rope_tables
+from tests.helpers.kv import kv_layer
 
 rng = np.random.default_rng(0)
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -147,24 +148,12 @@ KV_PAIRS = [("f16", "f16", 16, 6), ("f16", "f16", 64, 6), ("q8_0", "q8_0", 64, 6
 Q8_PAIRS = [(a, b) for a in ("f32", "f16", "q8_0") for b in ("f32", "f16", "q8_0") if "q8_0" in (a, b)]
 
 
-def _kv_layer(kt, vt, k, v):
-    """A one-layer cache in the stored types holding k, v [ctx, Hkv, hd]: its kernel operands."""
-    from guild.engine.kvtypes import KVTypes
-    from guild.engine.state import KVCache
-
-    c = KVCache(1, k.shape[1], k.shape[2], k.shape[0], KVTypes(kt, vt))
-    c.begin(k.shape[0])
-    c.write(0, k, v)
-    c.commit(k.shape[0])
-    return c.kv_layer(0)
-
-
 def test_f32_windows_take_the_window_passes(monkeypatch):
     """A float32 window of two rows or more reads the cache once (scores_kv, values_kv); one row, or operands
     that are not stride-1, run the one-pass kernel."""
     pos0, H, hd = 40, 4, 16
     q, k, v, _, _ = _attn_inputs(4, pos0, H, 2, hd, 50)
-    kop, vop = _kv_layer("f32", "f32", k, v)
+    kop, vop = kv_layer("f32", "f32", k, v)
     calls = []
     for name in ("attention", "scores_kv", "values_kv"):
         monkeypatch.setattr(ops, name, lambda *a, f=getattr(ops, name), n=name: calls.append((n, a[0].shape)) or f(*a))
@@ -210,7 +199,7 @@ def test_q8_0_attention_is_f32_attention_over_the_stored_values(kt, vt, threads)
     ctx, Hkv, hd = 150, 2, 64
     for H in (6, 8):
         q, k, v, _, _ = _attn_inputs(20, ctx - 20, H, Hkv, hd, ctx)
-        kop, vop = _kv_layer(kt, vt, k, v)
+        kop, vop = kv_layer(kt, vt, k, v)
         kf, vf = _f32_layer(kop, vop)
         def run(kk, vv, qq, p0):
             out = np.empty_like(qq)
@@ -257,7 +246,7 @@ def test_q8_0_operands_that_are_not_stride_1_take_the_scalar_loops(kt, vt, threa
     per type, ~10 s each: the float types' scalar loops are held by the head size 24 cases of KV_PAIRS)."""
     ctx, Hkv, hd, H, pos0 = 90, 2, 32, 6, 82
     q, k, v, _, _ = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
-    kop, vop = _kv_layer(kt, vt, k, v)
+    kop, vop = kv_layer(kt, vt, k, v)
     ks = tuple(_strided(a) for a in kop) if kt == "q8_0" else kop
     vs = tuple(_strided(a) for a in vop) if vt == "q8_0" else vop
 
@@ -282,7 +271,7 @@ def test_the_value_pass_in_halves_is_the_value_pass(vt, threads):
     what one task per head gives: windows past six pairs a head, rows ending inside a tile and past it."""
     H, Hkv, hd, ctx = 9, 3, 64, 150
     _, k, v, _, _ = _attn_inputs(1, 0, H, Hkv, hd, ctx)
-    _, vop = _kv_layer("f32", vt, k, v)
+    _, vop = kv_layer("f32", vt, k, v)
     for n in THREAD_COUNTS:
         threads(n)
         for T, pos0 in ((3, 60), (4, 124), (8, 142), (5, 0)):
@@ -304,7 +293,7 @@ def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd, H, threads
     # 90 positions: score tiles of 64 and a partial one
     pos0, Hkv, ctx = 70, 2, 90
     q, k, v, _, _ = _attn_inputs(8, pos0, H, Hkv, hd, ctx)
-    kop, vop = _kv_layer(kt, vt, k, v)
+    kop, vop = kv_layer(kt, vt, k, v)
     assert (isinstance(kop, tuple), isinstance(vop, tuple)) == (kt == "q8_0", vt == "q8_0")
 
     def run(qq, p0):

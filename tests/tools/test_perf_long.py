@@ -27,8 +27,8 @@ def test_guild_runners_measure_w10_and_agree(capsys):
 
 def test_parity_failure_stops_the_run(monkeypatch):
     got = {"normal": [1, 2, 3], "adaptive": [1, 2, 4]}
-    monkeypatch.setattr(perf_long, "_run_child", lambda a, r, n: {"tokens": got[r], "prompt": 512})
-    a = perf_long.argparse.Namespace(sizes="512", runners="normal,adaptive")
+    monkeypatch.setattr(perf_long, "_run_child", lambda a, r, n, vt: {"tokens": got[r], "prompt": 512})
+    a = perf_long.argparse.Namespace(sizes="512", runners="normal,adaptive", repeat=1, vt=0)
     with pytest.raises(GuildError, match="parity failure at 512 tokens"):
         perf_long.measure(a, progress=lambda s: None)
 
@@ -44,8 +44,8 @@ def test_bad_flags_are_one_line_errors(flags, capsys):
 def test_without_llama_cpp_guild_runs_alone(monkeypatch):
     ran, said = [], []
     monkeypatch.setattr(perf_long.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(perf_long, "_run_child", lambda a, r, n: ran.append(r) or {"tokens": [1], "prompt": 64})
-    a = perf_long.argparse.Namespace(sizes="64", runners="normal,llama.cpp")
+    monkeypatch.setattr(perf_long, "_run_child", lambda a, r, n, vt: ran.append(r) or {"tokens": [1], "prompt": 64})
+    a = perf_long.argparse.Namespace(sizes="64", runners="normal,llama.cpp", repeat=1, vt=0)
     assert list(perf_long.measure(a, progress=said.append)[64]) == ["normal"]
     assert ran == ["normal"] and any("not installed" in s for s in said)
 
@@ -55,8 +55,8 @@ def _fake_runs(monkeypatch, decode: dict, tokens: dict | None = None) -> list:
     calls, dec = [], {r: iter(v) for r, v in decode.items()}
     toks = {r: iter(v) for r, v in (tokens or {}).items()}
 
-    def run(a, r, n):
-        calls.append(r)
+    def run(a, r, n, vt):
+        calls.append((r, vt))
         return {"tokens": next(toks[r]) if r in toks else [1, 2], "prompt": 64, "prefill": 100.0 + len(calls),
                 "decode": next(dec[r]), "rss_mb": 5.0, "accepted": 1, "drafted": 2}
 
@@ -66,10 +66,11 @@ def _fake_runs(monkeypatch, decode: dict, tokens: dict | None = None) -> list:
 
 def test_repeat_alternates_the_runners_and_reports_medians_and_pair_ratios(monkeypatch):
     calls = _fake_runs(monkeypatch, {"normal": [10.0, 14.0, 11.0], "adaptive": [12.0, 14.0, 16.5]})
-    a = perf_long.argparse.Namespace(sizes="64", runners="normal,adaptive", repeat=3, cache_type="f16",
+    a = perf_long.argparse.Namespace(sizes="64", runners="normal,adaptive", repeat=3, vt=5, cache_type="f16",
                                      rope_scale=4.0, threads=2, tokens=8)
     res = perf_long.measure(a, progress=lambda s: None)
-    assert calls == ["normal", "adaptive", "adaptive", "normal", "normal", "adaptive"]  # A B, B A, A B
+    assert [r for r, _ in calls] == ["normal", "adaptive", "adaptive", "normal", "normal", "adaptive"]  # AB BA AB
+    assert [vt for _, vt in calls] == [5, 5, 0, 0, 0, 0]  # V(T) in the first round only: the one reported
     g = res[64]
     assert g["normal"]["decode"] == 11.0 and g["normal"]["decode_runs"] == [10.0, 14.0, 11.0]
     assert g["adaptive"]["decode"] == 14.0 and g["normal"]["prefill_runs"] == [101.0, 104.0, 105.0]
@@ -82,6 +83,6 @@ def test_repeat_alternates_the_runners_and_reports_medians_and_pair_ratios(monke
 def test_repeat_checks_parity_in_every_round(monkeypatch):
     _fake_runs(monkeypatch, {"normal": [1.0, 1.0], "adaptive": [1.0, 1.0]},
                tokens={"normal": [[1, 2], [1, 2]], "adaptive": [[1, 2], [1, 3]]})
-    a = perf_long.argparse.Namespace(sizes="64", runners="normal,adaptive", repeat=2)
+    a = perf_long.argparse.Namespace(sizes="64", runners="normal,adaptive", repeat=2, vt=0)
     with pytest.raises(GuildError, match="parity failure at 64 tokens"):
         perf_long.measure(a, progress=lambda s: None)
