@@ -26,7 +26,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_layers():
     """The engine, models and drafters never import the application, calibration or tools; calibration never
-    imports the application; nothing but the CLI imports the tools; kernels import kernels (and guild.errors,
+    imports the application; nothing but the CLI imports the tools and benchmarks; kernels import kernels (and guild.errors,
     guild.formats.files); no library module imports the CLI (the options its flags become are the library's,
     guild.engine.options and guild.text.options): only `python -m guild` (guild.__main__) does."""
     app = ("guild.cli", "guild.text.chat", "guild.serve", "guild.load")
@@ -35,11 +35,11 @@ def test_layers():
     for a, b, _, line in edges:
         where = f"{a} imports {b} (line {line})"
         if a.startswith(("guild.engine", "guild.models", "guild.speculative", "guild.kernels")):
-            assert not b.startswith(("guild.calib", "guild.tools") + app), where
+            assert not b.startswith(("guild.calib", "guild.tools", "guild.bench") + app), where
         if a.startswith("guild.calib"):
-            assert not b.startswith(("guild.tools",) + app), where
-        if b.startswith("guild.tools"):
-            assert a.startswith(("guild.tools", "guild.cli")), where
+            assert not b.startswith(("guild.tools", "guild.bench") + app), where
+        if b.startswith(("guild.tools", "guild.bench")):
+            assert a.startswith(("guild.tools", "guild.bench", "guild.cli")), where
         if b.startswith("guild.cli"):
             assert a.startswith("guild.cli") or a == "guild.__main__", where
         if a.startswith("guild.kernels"):

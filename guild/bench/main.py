@@ -1,0 +1,95 @@
+"""`python -m guild.bench CASE [flags]`: one harness, every benchmark a case of it.
+
+    python -m guild.bench list                          the cases
+    python -m guild.bench decode --rounds 3             a case; --json prints its records as JSON Lines
+    python -m guild.bench report results/*.jsonl        the current-figures table (docs/benchmarks.md)
+
+Flags every case shares: --threads, --rounds (alternated: the runners' order reverses every other round), --out
+(CASE.jsonl and CASE.md written there), --json. The rest are the case's own (`python -m guild.bench CASE -h`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from ..errors import GuildError
+from . import output
+from .harness import CHILD_FLAG, child_main, in_child, measure
+from .host import provenance
+
+# case name -> module under guild.bench.cases; a new benchmark is a module there and one line here
+CASES = {
+    "decode": "decode",
+    "shapes": "shapes",
+    "windows": "windows",
+    "long": "long",
+}
+REPORT_FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "rss_added_mb")
+
+
+def case_module(name: str):
+    if name not in CASES:
+        raise GuildError(f"unknown case '{name}' (choose from {', '.join(CASES)}, or list, report)")
+    return importlib.import_module(f"{__package__}.cases.{CASES[name]}")
+
+
+def parser(name: str, mod) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=f"python -m guild.bench {name}", description=mod.__doc__.split("\n\n")[0])
+    ap.add_argument("-t", "--threads", type=int, default=getattr(mod, "THREADS", None) or os.cpu_count(),
+                    help="threads for every runner (default: %(default)s)")
+    ap.add_argument("-r", "--rounds", type=int, default=getattr(mod, "ROUNDS", 3),
+                    help="alternated rounds; figures are medians over them (default: %(default)s)")
+    ap.add_argument("--out", default=None, help="folder for CASE.jsonl and CASE.md")
+    ap.add_argument("--json", action="store_true", help="the records as JSON Lines on stdout")
+    ap.add_argument(CHILD_FLAG, help=argparse.SUPPRESS)
+    ap.add_argument("--point", help=argparse.SUPPRESS)
+    mod.add_args(ap)
+    return ap
+
+
+def run_case(name: str, argv: list[str]) -> int:
+    mod = case_module(name)
+    a = parser(name, mod).parse_args(argv)
+    if a.threads < 1 or a.rounds < 1:
+        raise GuildError("--threads and --rounds must be >= 1")
+    mod.check(a)
+    runners = mod.runners(a)
+    if a.child:  # one measurement in this fresh process (harness.in_child)
+        child_main(next(r for r in runners if r.name == a.child), json.loads(a.point))
+        return 0
+    if getattr(mod, "CHILD", False):
+        passed = [x for x in argv if x != "--json"]
+        runners = [in_child(r, name, passed) for r in runners]
+    meta = provenance(a.threads)
+    records = measure(name, mod.points(a), runners, a.rounds, meta, progress=lambda s: print(s, file=sys.stderr,
+                                                                                             flush=True))
+    meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    md = "\n".join([output.markdown(records, getattr(mod, "BASELINE", None)), *getattr(mod, "notes", lambda r, a: [])(
+        records, a), "", output.footer(meta)])
+    if a.out:
+        output.write(records, a.out, name, md)
+    print(output.jsonl(records) if a.json else md, end="" if a.json else "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if not argv or argv[0] in ("-h", "--help"):
+            print(__doc__)
+            return 0 if argv else 1
+        if argv[0] == "list":
+            for name in CASES:
+                print(f"{name:12s} {case_module(name).__doc__.splitlines()[0]}")
+            return 0
+        if argv[0] == "report":
+            print(output.current(output.read(argv[1:]), REPORT_FIGURES))
+            return 0
+        return run_case(argv[0], argv[1:])
+    except GuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

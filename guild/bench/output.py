@@ -1,0 +1,106 @@
+"""Records out: a table on a terminal (markdown), JSON Lines for machines, and the current-figures table that
+docs/benchmarks.md opens with (`python -m guild.bench report FILE.jsonl ...`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ..errors import BadFlagError
+from ..formats.files import write_bytes
+from .record import FIGURES, Record
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def _cell(fig: dict) -> str:
+    if "series" in fig:
+        return " ".join(_fmt(s["median"]) for s in fig["series"].values())
+    spread = f" ({_fmt(fig['min'])}–{_fmt(fig['max'])})" if len(fig["runs"]) > 1 else ""
+    return _fmt(fig["median"]) + spread
+
+
+def markdown(records: Sequence[Record], baseline: str | None = None) -> str:
+    """One row per record: its point, runner, every figure's median (spread over rounds in brackets, a curve's
+    medians by T) and, beside a baseline runner at the same point, the ratio of each scalar figure."""
+    if not records:
+        return "(no records)"
+    names = [n for n in FIGURES if any(n in r.figures for r in records)]
+    base = {json.dumps(r.point, sort_keys=True): r for r in records if r.runner == baseline}
+    head = ["point", "runner", *(f"{FIGURES[n].label} {FIGURES[n].unit}".strip() for n in names)]
+    if base:
+        head.append(f"vs {baseline}")
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for r in records:
+        cells = [" ".join(f"{k}={v}" for k, v in r.point.items()), r.runner + (" ≠" if r.parity is False else "")]
+        cells += [_cell(r.figures[n]) if n in r.figures else "–" for n in names]
+        b = base.get(json.dumps(r.point, sort_keys=True))
+        if base:
+            vs = [] if b is None or b is r else [
+                f"{FIGURES[n].label} {r.median(n) / b.median(n):.2f}×" for n in names
+                if n in r.figures and n in b.figures and "series" not in r.figures[n] and b.median(n)]
+            cells.append(", ".join(vs) or "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def footer(meta: dict) -> str:
+    h = meta["host"]
+    return (f"{h['cpu']} ({h['isa']}), {h['threads']} threads of {h['cores']} cores · commit {meta['commit']} · "
+            f"load {meta['load'][0]:.2f} at start · `{meta['command']}`")
+
+
+def jsonl(records: Iterable[Record]) -> str:
+    return "".join(json.dumps(r.to_json()) + "\n" for r in records)
+
+
+def write(records: Sequence[Record], folder: str | Path, case: str, md: str) -> None:
+    """FOLDER/CASE.jsonl (one record a line) and FOLDER/CASE.md (the table)."""
+    out = Path(folder)
+    write_bytes(out / f"{case}.jsonl", jsonl(records).encode(), f"the {case} records")
+    write_bytes(out / f"{case}.md", (md + "\n").encode(), f"the {case} table")
+
+
+def read(paths: Sequence[str]) -> list[Record]:
+    out = []
+    for p in paths:
+        try:
+            lines = Path(p).read_text().splitlines()
+        except OSError as e:
+            raise BadFlagError(f"{p}: {e.strerror}") from None
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                meta = {k: d[k] for k in ("commit", "host", "versions", "command", "date", "load") if k in d}
+                out.append(Record(d["case"], d["point"], d["runner"], d["figures"], d.get("parity"), meta))
+            except (ValueError, KeyError, TypeError) as e:
+                raise BadFlagError(f"{p}:{i}: not a benchmark record ({e})") from None
+    return out
+
+
+def current(records: Sequence[Record], figures: Sequence[str], baseline: str = "llama.cpp") -> str:
+    """The current figures: per (case, point, figure), each guild runner beside the baseline, the ratio, where
+    (host, ISA, threads), the commit and the command that measured it."""
+    lines = ["| case | point | figure | runner | guild | " + baseline + " | ratio | host | commit | command |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    base = {(r.case, json.dumps(r.point, sort_keys=True)): r for r in records if r.runner == baseline}
+    for r in records:
+        if r.runner == baseline:
+            continue
+        b = base.get((r.case, json.dumps(r.point, sort_keys=True)))
+        for n in figures:
+            if n not in r.figures or "series" in r.figures[n]:
+                continue
+            ours, theirs = r.median(n), (b.median(n) if b and n in b.figures else None)
+            ratio = f"{ours / theirs:.2f}×" if theirs else "–"
+            h = r.meta.get("host", {})
+            lines.append(f"| {r.case} | {' '.join(f'{k}={v}' for k, v in r.point.items())} | {n} | {r.runner} | "
+                         f"{_fmt(ours)} | {_fmt(theirs) if theirs else '–'} | {ratio} | "
+                         f"{h.get('cpu', '?')} {h.get('isa', '')} {h.get('threads', '?')}t | "
+                         f"{r.meta.get('commit', '?')} | `{r.meta.get('command', '?')}` |")
+    return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""The engines a case measures, each one way: guild in this process (a loaded model), llama.cpp through
+llama-cpp-python, and any llama.cpp-family `llama-bench` binary given by path (mainline or ik_llama.cpp).
+
+Each returns plain numbers (tok/s, ms) and the tokens it generated; cases turn them into Runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..engine.session import GuildSession
+from ..engine.timing import time_windows
+from ..errors import BadFlagError, GuildError
+
+MAX_T = 8
+
+
+# -- guild ------------------------------------------------------------------------------------------------------
+def guild_decode(model, ids: Sequence[int], n: int) -> tuple[float, float, list[int]]:
+    """(decode tok/s, prefill tok/s, tokens) of one greedy reply of n tokens to ids, on a fresh session."""
+    toks, st = GuildSession(model, n_ctx=len(ids) + n + 8).generate(list(ids), n)
+    return st.decode_tok_s, st.prefill_tok_s, [int(t) for t in toks]
+
+
+def guild_ttft(model, ids: Sequence[int]) -> float:
+    """ms from a fresh session to the first token of ids' reply (the prefill and one sample)."""
+    t0 = time.perf_counter()
+    GuildSession(model, n_ctx=len(ids) + 8).generate(list(ids), 1)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def guild_windows(model, ids: Sequence[int], repeats: int = 7, max_T: int = MAX_T, text=None) -> tuple[dict, dict]:
+    """Median ms of one verification window of T rows at ids' context and the mean distinct experts per MoE layer,
+    T = 1..max_T. Every round runs each T in turn (after one unmeasured round), so a slow spell hits all T alike;
+    windows are random tokens, or cut from `text` (real text routes to fewer distinct experts)."""
+    s = GuildSession(model, n_ctx=len(ids) + max_T + 16)
+    s.prefill(list(ids))
+    rng = np.random.default_rng(0)
+    vocab = model.args.vocab_size
+
+    def window(r: int, T: int):
+        if text is not None and len(text) > T:
+            j = (7 * r) % (len(text) - T)
+            return np.asarray(text[j: j + T], np.int64)
+        return rng.integers(min(100, vocab // 2), min(20000, vocab), T)
+
+    Ts = range(1, max_T + 1)
+    t = time_windows(model, s.state, window, Ts, repeats, warmup=1)
+    return ({T: statistics.median(t.forward_ms[T]) for T in Ts},
+            {T: float(np.mean(t.distinct[T])) for T in Ts})
+
+
+# -- llama.cpp through llama-cpp-python --------------------------------------------------------------------------
+def open_llama_cpp(path, **kwargs):
+    """A llama_cpp.Llama with ggml's "extra" buffer types off: on AMX-capable CPUs llama-cpp-python 0.3.36 places
+    Q4/Q8 weights in the AMX buffer, whose matmul segfaults here; the plain CPU kernels run instead.
+    ImportError without llama-cpp-python."""
+    import llama_cpp  # optional: the llama.cpp anchor
+    import llama_cpp.llama_cpp as C
+
+    default = C.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    C.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
+    finally:
+        C.llama_model_default_params = default
+
+
+def llama_decode(llm, ids: Sequence[int], n: int, stop_eos: bool = False) -> tuple[float, float, list[int]]:
+    """(decode tok/s, prefill tok/s, tokens) of llama.cpp's greedy reply of up to n tokens (fewer at its end of
+    sequence with stop_eos), its prompt cache cleared first."""
+    llm.reset()
+    toks: list[int] = []
+    t0, t1 = time.perf_counter(), None
+    for tok in llm.generate(list(ids), temp=0.0, top_k=1, reset=True):
+        t1 = t1 or time.perf_counter()
+        toks.append(int(tok))
+        if len(toks) == n or (stop_eos and tok == llm.token_eos()):
+            break
+    t2 = time.perf_counter()
+    return ((len(toks) - 1) / (t2 - t1) if len(toks) > 1 else 0.0), len(ids) / (t1 - t0), toks
+
+
+def llama_ttft(llm, ids: Sequence[int]) -> float:
+    llm.reset()
+    t0 = time.perf_counter()
+    for _ in llm.generate(list(ids), temp=0.0, top_k=1, reset=True):
+        break
+    return (time.perf_counter() - t0) * 1e3
+
+
+def llama_windows(llm, ids: Sequence[int], repeats: int, vocab: int, max_T: int = MAX_T) -> dict:
+    """Median ms of one llama.cpp batch of T tokens after ids, T = 1..max_T (the cache cut back after each:
+    llama-cpp-python's eval drops the cells past n_tokens)."""
+    llm.reset()
+    llm.eval(list(ids))
+    n0 = llm.n_tokens
+    rng = np.random.default_rng(0)
+    res: dict[int, list[float]] = {T: [] for T in range(1, max_T + 1)}
+    for r in range(repeats + 1):
+        for T in res:
+            win = [int(t) for t in rng.integers(100, vocab - 100, T)]
+            llm.n_tokens = n0
+            t0 = time.perf_counter()
+            llm.eval(win)
+            if r:
+                res[T].append((time.perf_counter() - t0) * 1e3)
+    llm.n_tokens = n0
+    return {T: statistics.median(v) for T, v in res.items()}
+
+
+# -- a llama-bench binary (llama.cpp or ik_llama.cpp) -------------------------------------------------------------
+def check_llama_bench(binary: str) -> str:
+    path = shutil.which(binary) or (binary if Path(binary).is_file() else None)
+    if path is None:
+        raise BadFlagError(f"--llama-bench: no such binary: {binary}")
+    return path
+
+
+def llama_bench(binary: str, model: str, n_prompt: int, n_gen: int, threads: int, reps: int = 1,
+                extra: Sequence[str] = ()) -> list[dict]:
+    """Run `llama-bench -o json` once for a prompt of n_prompt and a generation of n_gen tokens (0 for none):
+    one dict per test it reports, {"n_prompt", "n_gen", "tok_s": [one per repetition]}."""
+    cmd = [binary, "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads), "-r", str(reps),
+           "-o", "json", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        tail = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        raise GuildError(f"{Path(binary).name} failed: {tail}")
+    try:
+        tests = json.loads(p.stdout[p.stdout.index("["):])
+    except ValueError:
+        raise GuildError(f"{Path(binary).name}: no JSON in its output") from None
+    return [{"n_prompt": int(t.get("n_prompt", 0)), "n_gen": int(t.get("n_gen", 0)),
+             "tok_s": [float(x) for x in t.get("samples_ts") or [t["avg_ts"]]]} for t in tests]
