@@ -73,7 +73,7 @@ bench-full: setup
 	for m in smollm2-135m smollm2-135m-moe; do \
 		$(BIN)/guild bench $$m --workloads W10 --strategies normal,adaptive -c $$(( $(W10_MAX) + 128 )) \
 			--rope-scaling yarn --rope-scale $(W10_ROPE) --out results/w10-long-$$m || exit 1; done
-	$(BIN)/python -m guild.tools.perf_long --sizes 4096,8192,16384,$(W10_MAX) --rope-scale $(W10_ROPE) --vt 5
+	$(BIN)/python -m guild.bench long --sizes 4096,8192,16384,$(W10_MAX) --rope-scale $(W10_ROPE) --vt 5 --out results
 
 # guild serve under 1/2/4/8 streaming clients (normal, adaptive; W2, W7), beside llama.cpp's own llama-server
 # (continuous batching, one slot per client) on the same GGUF, threads and requests: aggregate and per-request

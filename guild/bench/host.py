@@ -6,9 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import shlex
 import subprocess
-import sys
 import time
 from functools import cache
 from pathlib import Path
@@ -82,10 +80,7 @@ def host(threads: int) -> dict:
             "memory_gb": mem_gb, "os": platform.system().lower()}
 
 
-def provenance(threads: int, argv: list[str] | None = None) -> dict:
-    """What every record carries besides its figures."""
-    argv = sys.argv if argv is None else argv
-    return {"commit": commit(), "host": host(threads), "versions": versions(),
-            "command": " ".join(["python -m guild.bench" if argv[0].endswith(("__main__.py", "-c")) else
-                                 Path(argv[0]).name, *map(shlex.quote, argv[1:])]),
+def provenance(threads: int, command: str) -> dict:
+    """What every record carries besides its figures; `command` is the one that reproduces it."""
+    return {"commit": commit(), "host": host(threads), "versions": versions(), "command": command,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load": [round(x, 2) for x in os.getloadavg()]}

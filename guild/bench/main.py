@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import os
+import shlex
 import sys
 
 from ..errors import GuildError
@@ -27,6 +28,8 @@ CASES = {
     "shapes": "shapes",
     "windows": "windows",
     "long": "long",
+    "step": "step",
+    "agreement": "agreement",
 }
 REPORT_FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "rss_added_mb")
 
@@ -56,20 +59,24 @@ def run_case(name: str, argv: list[str]) -> int:
     a = parser(name, mod).parse_args(argv)
     if a.threads < 1 or a.rounds < 1:
         raise GuildError("--threads and --rounds must be >= 1")
+    a.notices = []  # what a case wants said: a runner left out, and why
     mod.check(a)
     runners = mod.runners(a)
+    for n in a.notices if not a.child else ():
+        print(f"{name}: {n}", file=sys.stderr)
     if a.child:  # one measurement in this fresh process (harness.in_child)
         child_main(next(r for r in runners if r.name == a.child), json.loads(a.point))
         return 0
     if getattr(mod, "CHILD", False):
         passed = [x for x in argv if x != "--json"]
         runners = [in_child(r, name, passed) for r in runners]
-    meta = provenance(a.threads)
+    meta = provenance(a.threads, shlex.join(["python", "-m", "guild.bench", name, *argv]))
     records = measure(name, mod.points(a), runners, a.rounds, meta, progress=lambda s: print(s, file=sys.stderr,
                                                                                              flush=True))
     meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
-    md = "\n".join([output.markdown(records, getattr(mod, "BASELINE", None)), *getattr(mod, "notes", lambda r, a: [])(
-        records, a), "", output.footer(meta)])
+    notes = getattr(mod, "notes", lambda r, a: [])(records, a)
+    md = "\n".join([output.markdown(records, getattr(mod, "BASELINE", None)), *notes, *a.notices, "",
+                    output.footer(meta)])
     if a.out:
         output.write(records, a.out, name, md)
     print(output.jsonl(records) if a.json else md, end="" if a.json else "\n")

@@ -17,8 +17,9 @@ def _fmt(x: float) -> str:
 
 
 def _cell(fig: dict) -> str:
-    if "series" in fig:
-        return " ".join(_fmt(s["median"]) for s in fig["series"].values())
+    if "series" in fig:  # a curve by T shows its medians in order; named parts (ops) show their names
+        return " ".join(_fmt(s["median"]) if k.isdigit() else f"{k} {_fmt(s['median'])}"
+                        for k, s in fig["series"].items())
     spread = f" ({_fmt(fig['min'])}–{_fmt(fig['max'])})" if len(fig["runs"]) > 1 else ""
     return _fmt(fig["median"]) + spread
 

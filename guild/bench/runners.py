@@ -5,6 +5,7 @@ Each returns plain numbers (tok/s, ms) and the tokens it generated; cases turn t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import statistics
@@ -58,6 +59,19 @@ def guild_windows(model, ids: Sequence[int], repeats: int = 7, max_T: int = MAX_
 
 
 # -- llama.cpp through llama-cpp-python --------------------------------------------------------------------------
+NO_LLAMA_CPP = "llama-cpp-python is not installed: guild alone (make setup-oracle installs it)"
+
+
+def llama_cpp_wanted(a) -> bool:
+    """Whether a case runs llama.cpp: asked for and importable; where asked for and missing, a notice says so."""
+    if getattr(a, "no_llama", False):
+        return False
+    if importlib.util.find_spec("llama_cpp") is None:
+        a.notices.append(NO_LLAMA_CPP)
+        return False
+    return True
+
+
 def open_llama_cpp(path, **kwargs):
     """A llama_cpp.Llama with ggml's "extra" buffer types off: on AMX-capable CPUs llama-cpp-python 0.3.36 places
     Q4/Q8 weights in the AMX buffer, whose matmul segfaults here; the plain CPU kernels run instead.

@@ -13,7 +13,6 @@ greedy tokens are compared with llama.cpp's (≠ marks a difference; their numer
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 
 from ...errors import BadFlagError
@@ -109,6 +108,6 @@ def _bench(a, name: str, binary: str) -> Runner:
 
 def runners(a) -> list[Runner]:
     out = [_guild(a, m) for m in a.modes]
-    if not a.no_llama and importlib.util.find_spec("llama_cpp") is not None:
+    if R.llama_cpp_wanted(a):
         out.append(_llama(a))
     return out + [_bench(a, n, p) for n, p in a.benches.items()]

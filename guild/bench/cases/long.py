@@ -10,7 +10,6 @@ normal's V(T) for T = 1..4 at the populated context after its reply.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 
 import numpy as np
@@ -109,7 +108,7 @@ def _llama(a) -> Runner:
 
 def runners(a) -> list[Runner]:
     want = a.runners.split(",")
-    if "llama.cpp" in want and importlib.util.find_spec("llama_cpp") is None:
+    if "llama.cpp" in want and not R.llama_cpp_wanted(a):
         want.remove("llama.cpp")
     return [_guild(a, s) if s != "llama.cpp" else _llama(a) for s in RUNNERS if s in want]
 

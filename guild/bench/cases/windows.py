@@ -8,8 +8,6 @@ KV cache) over this machine's measured copy bandwidth (guild.bench.peaks), and t
 
 from __future__ import annotations
 
-import importlib.util
-
 from .. import runners as R
 from ..harness import Run, Runner
 from ..peaks import machine_peaks, window_bound
@@ -63,8 +61,7 @@ def _llama(a) -> Runner:
 
 
 def runners(a) -> list[Runner]:
-    use_llama = not a.no_llama and importlib.util.find_spec("llama_cpp") is not None
-    return [_guild(a)] + ([_llama(a)] if use_llama else [])
+    return [_guild(a)] + ([_llama(a)] if R.llama_cpp_wanted(a) else [])
 
 
 def notes(records, a) -> list[str]:
