@@ -55,9 +55,9 @@ W10_ROPE ?= 4
 bench-full: setup
 	$(BIN)/python -m guild.tools.perf --full
 	$(BIN)/python -m guild.tools.perf --spec
-	$(BIN)/python -m guild.tools.perf_hybrid
-	$(BIN)/python -m guild.tools.perf_scale
-	$(BIN)/python -m guild.tools.quant_compare
+	$(BIN)/python -m guild.bench hybrid --out results
+	$(BIN)/python -m guild.bench scale --out results
+	$(BIN)/python -m guild.bench quant --out results
 	$(BIN)/python -m guild.tools.perf_shapes --synth qwen3-30b-a3b --layers 4 --dir results/shapes \
 		--types Q4_K_M,Q3_K,Q2_K,IQ4_XS,IQ3_XXS,IQ2_XXS,MXFP4_MOE,Q8_0
 	$(BIN)/python -m guild.tools.perf_shapes --synth qwen3.5-35b-a3b --layers 4 --dir results/shapes --types Q4_K_M
@@ -69,7 +69,7 @@ bench-full: setup
 	$(BIN)/python -m guild.tools.replay record --workloads W1,W3,W5,W7,W8,W10 --max-tokens 512 \
 		-o results/replay-trace-512.json
 	$(BIN)/python -m guild.tools.replay run results/replay-trace-512.json
-	$(BIN)/python -m guild.tools.perf_json
+	$(BIN)/python -m guild.bench json_schema --out results
 	for m in smollm2-135m smollm2-135m-moe; do \
 		$(BIN)/guild bench $$m --workloads W10 --strategies normal,adaptive -c $$(( $(W10_MAX) + 128 )) \
 			--rope-scaling yarn --rope-scale $(W10_ROPE) --out results/w10-long-$$m || exit 1; done

@@ -6,6 +6,8 @@
 
 Flags every case shares: --threads, --rounds (alternated: the runners' order reverses every other round), --out
 (CASE.jsonl and CASE.md written there), --json. The rest are the case's own (`python -m guild.bench CASE -h`).
+Exit status: 2 on a bad flag or a parity failure; 1 when the case's failed(a) says so after its report (e.g. a
+json_schema reply that does not validate).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ CASES = {
     "long": "long",
     "step": "step",
     "agreement": "agreement",
+    "hybrid": "hybrid",
+    "scale": "scale",
+    "quant": "quant",
+    "kernels": "kernels",
+    "json_schema": "json_schema",
 }
 REPORT_FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "rss_added_mb")
 
@@ -80,7 +87,7 @@ def run_case(name: str, argv: list[str]) -> int:
     if a.out:
         output.write(records, a.out, name, md)
     print(output.jsonl(records) if a.json else md, end="" if a.json else "\n")
-    return 0
+    return 1 if getattr(mod, "failed", lambda a: False)(a) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,14 @@ FIGURES: dict[str, Figure] = {
     "max_abs": Figure("", False, "largest difference"),
     "rel_rms": Figure("", False, "relative RMS difference"),
     "same_tokens": Figure("", True, "same greedy tokens"),
+    "commit_ms": Figure("ms", False, "commit (rollback included)"),
+    "recurrence_ms": Figure("ms", False, "Gated-DeltaNet recurrence"),
+    "recurrence_share": Figure("", False, "the recurrence's share of a window"),
+    "valid": Figure("", True, "schema-valid replies"),
+    "forced": Figure("drafts", True, "drafts the grammar forced"),
+    "mask_us": Figure("µs", False, "grammar mask per token"),
+    "mask_p90_us": Figure("µs", False, "grammar mask per token, 90th percentile"),
+    "allowed_us": Figure("µs", False, "mask as the sampler's vector per token"),
 }
 
 

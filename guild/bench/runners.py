@@ -23,6 +23,20 @@ from ..errors import BadFlagError, GuildError
 MAX_T = 8
 
 
+def median_seconds(fn, budget: float, min_reps: int = 5, max_reps: int = 2000) -> float:
+    """Median seconds of fn() over as many calls as fit `budget` (min_reps..max_reps of them), after a warm-up one."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    reps = int(min(max(min_reps, budget / max(time.perf_counter() - t0, 1e-7)), max_reps))
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
 # -- guild ------------------------------------------------------------------------------------------------------
 def guild_decode(model, ids: Sequence[int], n: int) -> tuple[float, float, list[int]]:
     """(decode tok/s, prefill tok/s, tokens) of one greedy reply of n tokens to ids, on a fresh session."""
@@ -134,6 +148,32 @@ def llama_windows(llm, ids: Sequence[int], repeats: int, vocab: int, max_T: int 
                 res[T].append((time.perf_counter() - t0) * 1e3)
     llm.n_tokens = n0
     return {T: statistics.median(v) for T, v in res.items()}
+
+
+def llama_cpp_module():
+    """The `llama_cpp` module, or None without llama-cpp-python."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp
+
+
+def quantize(llama_cpp, src: Path, out: Path, ftype: str, threads: int) -> Path:
+    """`src` requantised by llama.cpp into `ftype` (a LLAMA_FTYPE_MOSTLY_* name) at `out`, unless made before."""
+    if out.is_file():
+        return out
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = threads
+    params.allow_requantize = True  # the source may itself be quantised (the embedded model is Q4_1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+    if rc != 0:
+        raise GuildError(f"llama.cpp could not quantize to {ftype}: llama_model_quantize returned {rc}")
+    tmp.replace(out)
+    return out
 
 
 # -- a llama-bench binary (llama.cpp or ik_llama.cpp) -------------------------------------------------------------

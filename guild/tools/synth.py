@@ -70,12 +70,12 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 
+from ..bench.runners import llama_cpp_module, quantize
 from ..errors import BadFlagError, GuildError
 from ..formats.files import atomic_path, check_writable, temp_beside
 from ..formats.gguf import SUPPORTED_QTYPES, GGUFFile
 from ..kernels.ref_quant import dequantize, random_raw
 from ..upcycle import _progress_bar, embedded_dense_path
-from .quant_compare import llama_cpp_module, quantize
 from .tiny import _layer, _norm, file_type, llama_keys
 from .tiny_hybrid import hybrid_keys, hybrid_layer
 
@@ -449,8 +449,6 @@ def synth(preset: str, out: str | os.PathLike, *, layers: int | None = None, typ
             with atomic_path(out, "the synthetic model") as tmp:
                 try:
                     quantize(llama_cpp, src, tmp, type_name, os.cpu_count() or 1)
-                except RuntimeError as e:
-                    raise GuildError(f"llama.cpp could not quantize to {type_name}: {e}") from None
                 finally:
                     tmp.with_name(tmp.name + ".part").unlink(missing_ok=True)
         finally:

@@ -1,15 +1,11 @@
-"""The bench-full tools that cannot run in full here: the scale benchmark (perf_scale: its probes and
-report on a tiny model) and the llama.cpp quantizer comparison (quant_compare: everything but llama.cpp)."""
+"""guild.tools.perf's building blocks on a tiny model: the one window-timing routine (guild.engine.timing) its
+window costs are built on, the per-op split of a window, and the machine's peaks."""
 
 from __future__ import annotations
-
-import sys
 
 import numpy as np
 import pytest
 
-import guild.upcycle as up
-from guild.tools import perf_scale, quant_compare
 from guild.tools.tiny import write_tiny_model
 
 
@@ -20,70 +16,14 @@ def tiny(tmp_path_factory):
                                 vocab=512))
 
 
-def test_scale_tag_is_registered():
-    assert up.MOE_TAGS[up.TAG_MOE128] == (128, 8) and up.TAG_MOE128 in up.TAGS
-    assert up.moe_cache_path(up.TAG_MOE128).name == "smollm2-135m-moe128.gguf"
-    assert up.moe_cache_path().name == up.MOE_FILENAME
-
-
-def test_scale_probes_and_report(tiny, monkeypatch, tmp_path):
-    monkeypatch.setenv("GUILD_CACHE_DIR", str(tmp_path / "c"))
-    loads = [perf_scale.probe_guild_load(tiny), perf_scale.probe_guild_load(tiny)]
-    assert [ld["how"] for ld in loads] == ["built", "cache"]
-    run = perf_scale.probe_guild_run(tiny, tokens=4, repeats=1, threads=1)
-    assert len(run["tokens"]) == 4 and sorted(run["window_ms"]) == list(range(1, 9))
-    assert all(1 <= v <= 8 for v in run["distinct_experts"].values())
-    llama = {"load_s": 0.2, "load_peak_rss": 10**8, "threads": 1, "decode_tok_s": run["decode_tok_s"] / 2,
-             "prefill_tok_s": 100.0, "tokens": run["tokens"], "peak_rss": 2 * 10**8}
-    md = perf_scale.report(tiny, 10**6, loads, run, llama)
-    assert "| guild | first (built) |" in md and "| guild | second (cache) |" in md and "| llama.cpp | mmap |" in md
-    assert "decode: 2.00×" in md and "same greedy tokens: 4/4" in md and "| V(T)/V(1) | 1.00 |" in md
-    assert "not measured" in perf_scale.report(tiny, 10**6, loads, run, None)
-
-
-def test_llama_probe_without_llama_cpp(tiny, monkeypatch):
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError, installed or not
-    assert quant_compare.llama_cpp_module() is None
-    assert perf_scale.probe_llama(tiny, 4, 1, 1) is None
-    assert quant_compare.main(["--types", "Q2_K"]) == 0  # says it skipped, writes nothing
-
-
-def test_logit_stats():
-    rng = np.random.default_rng(0)
-    b = rng.normal(size=(6, 50)).astype(np.float32)
-    s = quant_compare.logit_stats(b, b)
-    assert s == {"rows": 6, "top1_agree": 1.0, "max_abs": 0.0, "rel_rms": 0.0}
-    a = b.copy()
-    a[0] = -a[0]
-    s = quant_compare.logit_stats(a, b)
-    assert s["top1_agree"] == pytest.approx(5 / 6) and s["max_abs"] > 0 and s["rel_rms"] > 0
-    with pytest.raises(ValueError):
-        quant_compare.logit_stats(a[:2], b)
-
-
-def test_guild_side_and_compare(tiny):
-    """The guild half of the comparison on a tiny model, compared with itself: all tokens agree, logits equal;
-    the teacher-forced logits' argmax reproduces the greedy tokens."""
-    runs = quant_compare.guild_side(tiny, ("hello world", "abc"), 5)
-    for r in runs:
-        assert len(r["tokens"]) == 5 and r["logits"].shape[0] == len(r["seq"]) == len(r["ids"]) + 4
-        assert r["logits"][len(r["ids"]) - 1 :].argmax(1).tolist() == r["tokens"]
-    c = quant_compare.compare(runs, [{"tokens": r["tokens"], "logits": r["logits"]} for r in runs])
-    assert c["same_tokens"] == c["tokens"] == 10 and c["top1_agree"] == 1.0 and c["max_abs"] == 0.0
-    assert "| Q2_K | 10/10 | 100.0% |" in quant_compare.table({"Q2_K": c})
-    floor = {"top1_agree": 0.9, "max_abs": 1.0, "rel_rms": 0.03}  # llama.cpp's f16 KV against its f32 KV
-    assert quant_compare.table({"Q2_K": {**c, "llama_f16_kv": floor}}).endswith("| 90.0%, 0.03 |")
-
-
-def test_one_window_timing_routine_times_the_host_kernels(tiny, tmp_path):
+def test_one_window_timing_routine_times_the_host_kernels(tiny):
     """guild.engine.timing: windows of every T, warm-up rounds unrecorded, the experts' and the recurrence's
     time from the host's clock (detached afterwards), the state where it was unless the commit keeps rows; and
-    the benchmarks' window costs built on it run."""
+    perf's window costs built on it run (the hybrid case's: tests/bench/test_hybrid.py)."""
     from guild.engine.backends import HOST
     from guild.engine.timing import time_windows
     from guild.models import load_model
-    from guild.tools import perf, perf_hybrid
-    from guild.tools.tiny_hybrid import write_tiny_hybrid
+    from guild.tools import perf
 
     m = load_model(tiny)
     st = m.new_state(64)
@@ -99,11 +39,6 @@ def test_one_window_timing_routine_times_the_host_kernels(tiny, tmp_path):
     assert st.pos == 10
     ms, distinct = perf.window_costs(m, list(range(16)), repeats=1, max_T=3)
     assert set(ms) == set(distinct) == {1, 2, 3} and all(v > 0 for v in ms.values())
-
-    h = load_model(str(write_tiny_hybrid(tmp_path / "h.gguf", seed=2)))
-    w = perf_hybrid.window_costs(h, 1, np.random.default_rng(0))
-    assert all(0 < w["recurrence_ms"][T] < w["V_ms"][T] for T in range(1, 9))
-    assert set(w["rollback_T5"]["replay"]["commit_ms"]) == {1, 2, 3, 4, 5}
 
 
 def test_the_per_op_split_of_a_window_sums_within_it(tiny, tmp_path):
