@@ -22,7 +22,7 @@ from ..kernels.cpu import ops as cpu_ops
 from ..kernels.cpu import quant as cpu_quant
 from ..kernels.cpu.moe import experts_ffn, moe_ffn
 from ..kernels.cuda import ops as kops
-from .kvtypes import F32_KV, KVTypes
+from ..kvtypes import F32_KV, KVTypes
 
 _ALIGN = 256  # staging buffer sections start on this many bytes
 PARALLEL_ROWS = 16  # row-wise host ops (rmsnorm) run on one thread below this many rows: waking the others costs more

@@ -50,11 +50,11 @@ import numpy as np
 
 from ..errors import GpuPathError
 from ..formats.gguf import Tensor
+from ..kvtypes import F32_KV, KVTypes
 from ..models import GPU_ARCHS
 from ..models.llama import Linear
 from ..plans.machine import fake_gpu_mib
 from .backends import HOST, CudaBackend, HostBackend, Layout
-from .kvtypes import F32_KV, KVTypes
 from .placement import VRAM_RESERVE, VRAM_SHARE, GpuSplit, Parts, default_placement, spill_report
 
 __all__ = ["build", "describe", "device_backend", "place_head", "split_onto_device"]

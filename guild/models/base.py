@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..engine.backends import Layout
-from ..engine.kvtypes import F32_KV, KVTypes
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile
 from ..kernels.rope import NO_SCALING, RopeScaling, rope_tables
+from ..kvtypes import F32_KV, KVTypes
 
 # ModelArgs field -> the GGUF metadata key (under the architecture's prefix) it comes from, for error messages
 _KEYS = {"n_layers": "block_count", "dim": "embedding_length", "n_heads": "attention.head_count",

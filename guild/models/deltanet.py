@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.state import DeviceHybridState, HybridState
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import pack
+from ..kvtypes import F32_KV, KVTypes
 from ..window import MAX_WINDOW
 from .base import Architecture, ForwardResult, ModelArgs
 from .llama import Linear, Window, _expert, output_logits

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.backends import HOST, DeviceRows, Layout
-from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.state import DeviceKVCache, KVCache
 from ..errors import UnsupportedQuantTypeError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import matmul, pack
+from ..kvtypes import F32_KV, KVTypes
 from .base import Architecture, ForwardResult, ModelArgs, check_finite
 from .validate import llama_layer_rules
 

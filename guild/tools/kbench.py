@@ -21,10 +21,10 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from ..engine.kvtypes import KV_TYPES
 from ..kernels import ref_quant
 from ..kernels.blocks import QUANT_TYPES
 from ..kernels.cpu import quant as kq
+from ..kvtypes import KV_TYPES
 
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
 ATT_HEADS = (9, 3, 64)  # query heads, KV heads, head_dim
@@ -89,9 +89,9 @@ def run(types, threads, rows, seconds: float) -> list[dict]:
 
 def attention_run(contexts, kv_names, threads, rows, seconds: float) -> list[dict]:
     """One layer's attention over a cache of n random positions, for a window of T rows at its end."""
-    from ..engine.kvtypes import KVTypes
     from ..engine.state import KVCache
     from ..kernels.cpu import ops
+    from ..kvtypes import KVTypes
 
     rng = np.random.default_rng(0)
     H, Hkv, hd = ATT_HEADS

@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from guild.engine.kvtypes import KVTypes
 from guild.kernels.cpu.ops import get_keys
+from guild.kvtypes import KVTypes
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model
 from tests.helpers.reference import reference_forward
