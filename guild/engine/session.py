@@ -17,10 +17,10 @@ import numpy as np
 from ..errors import ContextOverflowError, GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
 from ..kvtypes import F32_KV, KVTypes
-from ..models.base import ForwardResult
 from ..speculative.base import Drafter, NoDrafter
 from ..window import MAX_DRAFT, MAX_WINDOW
 from .constraint import Constraint
+from .forward import ForwardResult
 from .sampling import GREEDY, SamplingParams, TokenLogprob
 from .verify import Verifier
 
