@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.sampling import GREEDY
 from ..engine.state import DeviceKVCache, KVCache
 from ..engine.timing import time_windows
 from ..engine.verify import Verifier
+from ..kvtypes import F32_KV, KVTypes
 from ..plans.plan import MAX_T, DraftCalibration
 from ..speculative.build import make_drafter
 from ..speculative.registry import DRAFTERS

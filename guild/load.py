@@ -15,13 +15,13 @@ from .engine import experts
 from .engine.backends import PARALLEL_ROWS
 from .engine.device import place_model, resolve_device
 from .engine.gpu import describe as describe_placement
-from .engine.kvtypes import F32_KV, KVTypes
 from .engine.options import DecodeOptions, RopeOptions
 from .engine.session import GuildSession
 from .errors import BadFlagError, GuildError
 from .formats.gguf import GGUFFile
 from .formats.repack_cache import cache_path, load_cached
 from .kernels.cpu import quant
+from .kvtypes import F32_KV, KVTypes
 from .models import load_model
 from .models.mtp import find_mtp_head, load_mtp_head
 from .models.validate import check_context

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import __version__
-from ..engine.kvtypes import KVTypes
 from ..errors import BadFlagError, ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError, PlanError
 from ..formats.files import check_writable
+from ..kvtypes import KVTypes
 from ..speculative.options import MTP_K, MTP_VOCAB, MtpOptions
 from ..text.inputs import conversation_turns, prompt_source
 from .last_resort import run_cli

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import typer
 
-from ..engine.kvtypes import KV_TYPES
 from ..engine.options import DEVICES, MAX_SESSIONS
+from ..kvtypes import KV_TYPES
 
 SAMPLING = "Sampling (llama.cpp names; chain: penalties → top-k → top-p → min-p → temperature)"
 MODEL_HELP = "GGUF path or tag: smollm2-135m-moe (default, built once from the embedded model) or smollm2-135m."

@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import BadFlagError, DeviceUnavailableError, GuildError
+from ..kvtypes import F32_KV, KVTypes
 from ..plans.machine import FAKE_GPU_NAME, fake_gpu_mib
 from .gpu import build
-from .kvtypes import F32_KV, KVTypes
 from .options import DEVICES
 from .placement import placement_from_plan
 

@@ -30,13 +30,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import BadFlagError, GuildError
 from ..kernels.cpu import ops
 from ..kernels.cpu.quant import ExpertTable, PackedMatrix, matmul
+from . import memory
 
 PAGE = mmap.PAGESIZE
 IO_THREADS = 4  # reads in flight at once: an SSD serves several in parallel
@@ -45,7 +45,6 @@ UNION_DECAY = 0.99  # per window: the measured growth of a window's union of exp
 # the router's ranks whose experts the pre-gating reads ahead: on the 128-expert upcycle, ranks 1-4 predicted
 # before attention were used 97-85% of the time, ranks 5-8 78-47%; a wrong guess costs the disk a whole expert
 PREFETCH_RANKS = 4
-AUTO_HEADROOM = 0.25  # share of the available memory `auto` leaves to the rest of the process and the system
 
 # the process default (the CLI's --expert-cache-mem, guild.cli.options): "auto", "off" or a size in bytes
 _DEFAULT: list = ["auto"]
@@ -58,48 +57,6 @@ def set_default(setting: str | int) -> None:
 
 def default() -> str | int:
     return _DEFAULT[0]
-
-
-def available_memory() -> int:
-    """Bytes this process may still take: the system's MemAvailable, lowered by a cgroup (v2) memory limit less
-    what the group's processes hold besides reclaimable page cache."""
-    avail = _meminfo("MemAvailable")
-    for limit, used in _cgroup_limits():
-        avail = min(avail, max(0, limit - used))
-    return avail
-
-
-def _meminfo(key: str) -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def _cgroup_limits():
-    """(memory.max, memory.current less file pages) of this process's cgroup and each of its ancestors."""
-    try:
-        rel = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
-    except (OSError, StopIteration):
-        return
-    d = Path("/sys/fs/cgroup") / rel.lstrip("/")
-    root = Path("/sys/fs/cgroup")
-    while True:
-        try:
-            mx = (d / "memory.max").read_text().strip()
-            if mx != "max":
-                cur = int((d / "memory.current").read_text())
-                stat = dict(line.split() for line in (d / "memory.stat").read_text().splitlines())
-                yield int(mx), cur - int(stat.get("file", 0))
-        except (OSError, ValueError):
-            pass
-        if d == root or d.parent == d:
-            return
-        d = d.parent
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
@@ -121,11 +78,11 @@ def expert_cache_mem(text: str) -> str | int:
 
 def wanted(setting: str | int, model_bytes: int) -> bool:
     """Whether a model of model_bytes streams its experts under `setting`: a size always, `auto` when the
-    model does not fit in the available memory with AUTO_HEADROOM to spare."""
+    model does not fit in the memory budget (memory.budget)."""
     if setting == "off":
         return False
     if setting == "auto":
-        return model_bytes > available_memory() * (1 - AUTO_HEADROOM)
+        return model_bytes > memory.budget()
     return True
 
 
@@ -280,7 +237,7 @@ class Stats:
 
 class ExpertCache:
     """The bounded resident set of a model's experts (see the module docstring). `bound`: bytes of slots at
-    most, or "auto" (the available memory less AUTO_HEADROOM and the file's non-expert part, which the process
+    most, or "auto" (the memory budget, memory.budget, less the file's non-expert part, which the process
     maps and reads like any file page); `resident_bytes`: what the slots take (<= bound)."""
 
     def __init__(self, model, path: str | os.PathLike, bound: int | str, prefetch: bool = True,
@@ -297,7 +254,7 @@ class ExpertCache:
         self.slot_bytes = -(-max(L.slot_bytes for L in self.layers.values()) // PAGE) * PAGE
         self.expert_bytes = sum(L.slot_of.size * (L.gu.span + L.down.span) for L in self.layers.values())
         if bound == "auto":
-            bound = int(available_memory() * (1 - AUTO_HEADROOM)) - (os.path.getsize(self.path) - self.expert_bytes)
+            bound = memory.budget() - (os.path.getsize(self.path) - self.expert_bytes)
         self.bound = int(bound)
         n_experts = sum(L.slot_of.size for L in self.layers.values())
         n = min(self.bound // self.slot_bytes, n_experts)  # more slots than experts would never be used

@@ -50,11 +50,9 @@ import numpy as np
 
 from ..errors import GpuPathError
 from ..formats.gguf import Tensor
-from ..models import GPU_ARCHS
-from ..models.llama import Linear
+from ..kvtypes import F32_KV, KVTypes
 from ..plans.machine import fake_gpu_mib
-from .backends import HOST, CudaBackend, HostBackend, Layout
-from .kvtypes import F32_KV, KVTypes
+from .backends import HOST, CudaBackend, HostBackend, Layout, Linear
 from .placement import VRAM_RESERVE, VRAM_SHARE, GpuSplit, Parts, default_placement, spill_report
 
 __all__ = ["build", "describe", "device_backend", "place_head", "split_onto_device"]
@@ -62,6 +60,12 @@ __all__ = ["build", "describe", "device_backend", "place_head", "split_onto_devi
 
 # ---------------------------------------------------------------------------------------------------------
 # device twins
+def _check_arch(model) -> None:
+    """The architecture class declares whether the GPU path can place it (Architecture.GPU)."""
+    if not getattr(model, "GPU", False):
+        raise GpuPathError(f"the GPU path cannot place '{model.args.arch}': its forward calls ops kernels/cuda lacks")
+
+
 def _twin(obj, be, g, prefix: str):
     """A copy of a layer object with its weights on be: float32 arrays uploaded, Linear matrices packed for be
     (from their GGUF tensors), the router from the file; routed experts (lists) stay on the CPU."""
@@ -91,8 +95,7 @@ def split_onto_device(cpu_model, device, split: GpuSplit, host: HostBackend = HO
     forward, with device twins of its blocks, a device Layout and `placement` set (which makes new_state build
     its state where each layer runs)."""
     a = cpu_model.args
-    if a.arch not in GPU_ARCHS:
-        raise GpuPathError(f"the GPU path supports {', '.join(GPU_ARCHS)}, not '{a.arch}'")
+    _check_arch(cpu_model)
     if a.head_dim > 256:
         raise GpuPathError(f"head_dim {a.head_dim} > 256 is not supported on the GPU")
     if not 0 <= split.gpu_layers <= a.n_layers:
@@ -175,8 +178,7 @@ def build(cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | No
     """The model placed on a CUDA device (guild.engine.device.Device) with a plan's placement or the default
     one for the VRAM free now, its KV caches in the stored types kv."""
     a = cpu_model.args
-    if a.arch not in GPU_ARCHS:
-        raise GpuPathError(f"the GPU path supports {', '.join(GPU_ARCHS)}, not '{a.arch}'")
+    _check_arch(cpu_model)
     if isinstance(placement, Mapping):
         placement = GpuSplit.from_section(placement, a.n_layers)
     if placement is None:

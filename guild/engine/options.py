@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import BadFlagError
 from ..kernels.rope import ROPE_SCALING_TYPES, RopeScaling
+from ..kvtypes import F32_KV, KVTypes
 from ..speculative.options import DraftOptions
-from .kvtypes import F32_KV, KVTypes
 from .sampling import GREEDY, SamplingParams
 
 DEVICES = ("auto", "cpu", "cuda")  # --device

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import GuildError
+from ..kvtypes import F32_KV, KVTypes
 from ..plans.plan import GpuInfo, Placement, PlacementGroup, group_of
-from .kvtypes import F32_KV, KVTypes
 
 VRAM_SHARE = 0.90
 VRAM_RESERVE = 256 * 2**20

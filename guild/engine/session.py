@@ -16,13 +16,15 @@ import numpy as np
 
 from ..errors import ContextOverflowError, GuildError
 from ..kernels.cpu.quant import ROW_INVARIANT_ROWS
-from ..models.base import ForwardResult
-from ..speculative.base import Drafter, NoDrafter
+from ..kvtypes import F32_KV, KVTypes
+from ..speculative.base import Draft, Drafter, NoDrafter
 from ..window import MAX_DRAFT, MAX_WINDOW
 from .constraint import Constraint
-from .kvtypes import F32_KV, KVTypes
+from .forward import ForwardResult
 from .sampling import GREEDY, SamplingParams, TokenLogprob
 from .verify import Verifier
+
+NO_DRAFT = Draft(np.empty(0, np.int32))  # a window with no room for drafts: the drafter is not asked
 
 
 @dataclass(frozen=True)
@@ -237,25 +239,25 @@ class Generation:
         return bool(self.st.stop_reason)
 
     def window(self) -> list[int]:
-        """[root, d1..dk]: the drafter's proposal cropped to the remaining tokens and context."""
+        """[root, d1..dk]: the drafter's draft under the window's one cap, `room` (the remaining tokens, the
+        context, max_draft), cut where a grammar refuses it."""
         s = self.s
         room = min(self.max_tokens - len(self.out) - 1, s.n_ctx - s.state.pos - 1, self.max_draft)
         td = time.perf_counter()
         cache = getattr(s.model, "expert_cache", None)
         if cache is not None and room > 0:  # drafts whose rows would read experts from disk cost that much more
             self.drafter.observe_residency(cache.cold_ms(MAX_WINDOW))
-        draft = np.asarray(self.drafter.propose(s.tokens, room), np.int64)[:room] if room > 0 else ()
+        dr = self.drafter.draft(s.tokens, room) if room > 0 else NO_DRAFT
+        draft = np.asarray(dr.tokens, np.int64)[:room]
         if self.constraint is not None and len(draft):  # a draft the grammar refuses could never be accepted
             draft = draft[: self.constraint.valid_prefix(draft)]
         window = [s.tokens[-1], *(int(d) for d in draft)]
-        decision = self.drafter.last_decision if room > 0 else None
-        forced = min(self.drafter.last_forced, len(draft)) if room > 0 else 0
-        self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3, decision, forced)
+        self._pending = (window, s.state.pos, (time.perf_counter() - td) * 1e3, dr, min(dr.forced, len(draft)))
         return window
 
     def finish(self, out: ForwardResult, t_forward: float) -> None:
         """Verify the window's forward (logits [T, vocab]; started at perf_counter() == t_forward), commit."""
-        window, pos0, draft_ms, decision, forced = self._pending
+        window, pos0, draft_ms, dr, forced = self._pending
         s, d = self.s, self.drafter
         res = self.verifier.verify(out.logits, window, s.tokens, pos0, self.max_tokens - len(self.out))
         emitted, stopped = 0, False
@@ -274,12 +276,12 @@ class Generation:
             d.observe_hidden(pos0, out.hidden[:emitted])
         verify_ms = (time.perf_counter() - t_forward) * 1e3
         k = len(window) - 1
-        strategy = (d.last_strategy or self.strategy) if k else "normal"
-        d.observe(k, draft_ms, verify_ms, len(res.tokens))  # the adaptive scheduler learns from measured windows
+        strategy = (dr.strategy or self.strategy) if k else "normal"
+        d.observe(strategy, k, draft_ms, verify_ms, len(res.tokens))  # the adaptive scheduler learns from them
         d.observe_logits(out.logits[res.keep - 1])
         self.st.windows.append(WindowRecord(
             strategy, k, draft_ms, verify_ms, emitted, emitted,
-            tuple(int(x) for x in out.distinct_experts), decision, forced,
+            tuple(int(x) for x in out.distinct_experts), dr.decision, forced,
         ))
         if stopped:
             self.st.stop_reason = "stop"

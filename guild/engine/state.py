@@ -6,9 +6,9 @@ import numpy as np
 
 from ..errors import ContextOverflowError, GpuPathError
 from ..kernels.cpu import ops as cpu_ops
+from ..kvtypes import F32_KV, KVTypes
 from ..window import MAX_WINDOW
 from .backends import HOST
-from .kvtypes import F32_KV, KVTypes
 
 KV_FIRST_ROWS = 256  # positions a host cache holds before it first grows
 
@@ -21,7 +21,7 @@ def tile_rows(rows: int) -> int:
 class KVCache:
     """Keys as [n_layers, n_kv_heads, rows/KV_TILE, head_dim, KV_TILE] (tiles of positions, transposed within a
     tile, for the attention kernels: kernels/cpu/ops.KV_TILE), values as [n_layers, n_kv_heads, rows, head_dim], in
-    the stored types of `kv` (guild/engine/kvtypes.py): float32, float16, or q8_0 as int8 quants in those shapes
+    the stored types of `kv` (guild/kvtypes.py): float32, float16, or q8_0 as int8 quants in those shapes
     with an f16 scale per 32 values along head_dim in `k_scale` [n_layers, n_kv_heads, rows/KV_TILE, head_dim/32,
     KV_TILE] and `v_scale` [n_layers, n_kv_heads, rows, head_dim/32] (llama.cpp's block_q8_0 in two arrays, its 34
     bytes per 32 values; its q8_0 V is laid out per position the same way, the layout its flash attention reads).

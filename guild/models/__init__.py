@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UnsupportedArchitectureError
 from ..formats.gguf import GGUFFile
-from .base import ForwardResult, ModelArgs
+from .base import ModelArgs
 from .llama import Llama
 from .qwen3 import Qwen3
 from .qwen3moe import Qwen3Moe
@@ -13,8 +13,7 @@ from .qwen35moe import Qwen35Moe
 from .validate import validate_file
 
 REGISTRY = {"llama": Llama, "qwen3": Qwen3, "qwen3moe": Qwen3Moe, "qwen3next": Qwen3Next, "qwen35moe": Qwen35Moe}
-GPU_ARCHS = tuple(name for name, cls in REGISTRY.items() if cls.GPU)  # what guild.engine.gpu can place
-__all__ = ["GPU_ARCHS", "REGISTRY", "ForwardResult", "ModelArgs", "load_model"]
+__all__ = ["REGISTRY", "ModelArgs", "load_model"]
 
 
 def load_model(path_or_file, **overrides):

@@ -1,6 +1,6 @@
-"""What every architecture shares: its hyperparameters (ModelArgs, from GGUF metadata), what a forward
-returns (ForwardResult), and what an architecture class declares for the loader, the validator and the GPU
-placement (Architecture)."""
+"""What every architecture shares: its hyperparameters (ModelArgs, from GGUF metadata) and what an architecture
+class declares for the loader, the validator and the GPU placement (Architecture). What a forward returns is the
+engine's (guild.engine.forward.ForwardResult)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..engine.backends import Layout
-from ..engine.kvtypes import F32_KV, KVTypes
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile
 from ..kernels.rope import NO_SCALING, RopeScaling, rope_tables
+from ..kvtypes import F32_KV, KVTypes
 
 # ModelArgs field -> the GGUF metadata key (under the architecture's prefix) it comes from, for error messages
 _KEYS = {"n_layers": "block_count", "dim": "embedding_length", "n_heads": "attention.head_count",
@@ -131,17 +131,6 @@ def rope_scaling_from_gguf(g: GGUFFile) -> RopeScaling:
                            ext_factor=None if ext < 0 else ext)  # negative: unset, as llama.cpp reads it
     except GuildError as e:
         raise MetadataError(f"{g.path}: {a}.{e}") from None
-
-
-@dataclass(frozen=True)
-class ForwardResult:
-    """One window's output: what the session verifies and what its consumers read (MTP head, calibration)."""
-
-    logits: np.ndarray  # [T, vocab] ([1, vocab] with last_only)
-    # [T, dim] final residual rows before the output norm: an array, or a guild.engine.backends.DeviceRows when
-    # they end on a device (moved to the host only when a consumer reads them: np.asarray, slicing stays put)
-    hidden: object
-    distinct_experts: np.ndarray  # [n_layers] union of routed experts over the forward's rows (zeros: dense)
 
 
 class NumericsError(GuildError):

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.kvtypes import F32_KV, KVTypes
+from ..engine.backends import Linear
+from ..engine.forward import ForwardResult
 from ..engine.state import DeviceHybridState, HybridState
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..kernels.cpu.quant import pack
+from ..kvtypes import F32_KV, KVTypes
 from ..window import MAX_WINDOW
-from .base import Architecture, ForwardResult, ModelArgs
-from .llama import Linear, Window, _expert, output_logits
+from .base import Architecture, ModelArgs
+from .llama import Window, _expert, output_logits
 from .validate import hybrid_layer_rules
 
 

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.backends import Layout, rows_on
+from ..engine.backends import Layout, Linear, rows_on
 from ..engine.gpu import place_head
 from ..engine.state import DeviceKVCache, KVCache
 from ..errors import GuildError
 from ..formats.gguf import GGUFFile, f32
 from ..kernels.cpu.quant import pack
 from .base import check_finite
-from .llama import Linear, Window
+from .llama import Window
 from .validate import check_mtp_head
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped for the embedded models

@@ -19,9 +19,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 from numba import njit
 
-from ..engine.kvtypes import F32_KV, KVTypes
 from ..errors import GuildError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
 from ..kernels.blocks import F16_SCALES
+from ..kvtypes import F32_KV, KVTypes
 from .base import NumericsError, check_finite  # noqa: F401  (re-exported)
 
 

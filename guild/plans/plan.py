@@ -34,7 +34,6 @@ from typing import Any
 
 import yaml
 
-from ..engine.kvtypes import KV_TYPES, KVTypes
 from ..errors import (
     KVTypeMismatch,
     ModelMismatch,
@@ -44,6 +43,7 @@ from ..errors import (
 from ..formats import safe_yaml
 from ..formats.files import read_capped, write_bytes
 from ..formats.gguf import GGUFFile
+from ..kvtypes import KV_TYPES, KVTypes
 from ..speculative.costs import DraftCosts
 from ..window import MAX_WINDOW
 from . import schema

@@ -9,8 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..window import MAX_DRAFT
-from .base import Drafter
+from .base import Draft, Drafter
 from .costs import DraftCosts
 from .registry import drafter
 from .scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
@@ -43,20 +42,19 @@ def with_forced(p: Proposal, forced: tuple[int, ...], c, k: int) -> Proposal:
 
 
 class AdaptiveDrafter(Drafter):
-    """Drafter protocol over several drafters and one scheduler. `clock` times each drafter's propose (the
-    scheduler itself reads no clock); the session reports each window through `observe`."""
+    """Drafter protocol over several drafters and one scheduler: `draft` asks each drafter's propose and hands
+    back the scheduler's choice. `clock` times each drafter's propose (the scheduler itself reads no clock); the
+    session reports each window through `observe`."""
 
     name = "adaptive"
 
-    def __init__(self, drafters: Sequence, costs: DraftCosts | None = None, max_draft: int = MAX_DRAFT,
+    def __init__(self, drafters: Sequence, costs: DraftCosts | None = None,
                  clock: Callable[[], float] = time.perf_counter, mtp_cap_k: int = 3):
         self.drafters = list(drafters)
         self.follows_rows = any(d.follows_rows for d in self.drafters)
-        self.scheduler = AdaptiveScheduler(SchedulerConfig(max_draft=max_draft, mtp_cap_k=mtp_cap_k), costs)
+        self.scheduler = AdaptiveScheduler(SchedulerConfig(mtp_cap_k=mtp_cap_k), costs)
         self.clock = clock
         self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
-        self.last_strategy = "normal"
-        self.last_decision = None
         self.constraint = None  # the grammar the generation follows (observe_constraint)
 
     def ingest(self, tokens) -> None:
@@ -91,7 +89,8 @@ class AdaptiveDrafter(Drafter):
     def observe_constraint(self, constraint) -> None:
         self.constraint = constraint
 
-    def propose(self, history: Sequence[int], k: int) -> np.ndarray:
+    def draft(self, history: Sequence[int], k: int) -> Draft:
+        """Every drafter's proposal of at most k tokens (k: the window's one draft cap), the scheduler's pick."""
         self._resolve(history)
         c = self.constraint
         forced = c.forced((), k) if c is not None and k > 0 else ()
@@ -122,18 +121,14 @@ class AdaptiveDrafter(Drafter):
                 if name is not None:
                     cands.append(Proposal(name, forced, {}, (True,) * len(forced)))
         dec = self.scheduler.decide(cands, k)
-        self.last_decision = dec
-        self.last_strategy = dec.strategy
-        self.last_forced = 0
         if dec.k == 0:
-            return np.empty(0, np.int32)
+            return Draft(np.empty(0, np.int32), dec.strategy, dec)
         chosen = next(p for p in cands if p.strategy == dec.strategy)
-        self.last_forced = sum(chosen.certain[: dec.k])
-        return np.asarray(chosen.tokens[: dec.k], np.int32)
+        return Draft(np.asarray(chosen.tokens[: dec.k], np.int32), dec.strategy, dec, sum(chosen.certain[: dec.k]))
 
     def observe_residency(self, cold_ms) -> None:
         self.scheduler.observe_residency(cold_ms)
 
-    def observe(self, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
+    def observe(self, strategy: str, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
         """The session's measurement of the window just verified."""
-        self.scheduler.observe_window(self.last_strategy, k, draft_ms, verify_ms, emitted)
+        self.scheduler.observe_window(strategy, k, draft_ms, verify_ms, emitted)

@@ -1,7 +1,8 @@
 """The Drafter interface: a plain object with no I/O and no clock, owned by one session.
 
 The session calls `start` when a generation starts (history[prompt_start:] is the new prompt, earlier tokens are
-previous turns), `propose` before every window, `observe` after it with the measured times, and
+previous turns), `draft` before every window (a Draft: the tokens `propose` returns, and what chose them),
+`observe` after it with the strategy that ran and the measured times, and
 `observe_hidden` with the base model's final hidden rows of everything it commits when `follows_rows` is set,
 and `observe_logits` with the target's logits of the row that sampled the next window's root;
 `observe_constraint` with the grammar a generation follows (or None) before its first proposal.
@@ -17,8 +18,20 @@ these attributes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Draft:
+    """A drafter's answer for one window, handed back to the session as a value (nothing is read off the drafter
+    after the call)."""
+
+    tokens: np.ndarray  # up to k draft ids (int32); empty: a plain one-token step
+    strategy: str | None = None  # whose tokens they are (None: the drafter's own name); a pool's choice
+    decision: object | None = None  # the adaptive scheduler's Decision: candidates and choice (--trace)
+    forced: int = 0  # how many of the tokens a grammar forces
 
 
 class Drafter:
@@ -30,6 +43,7 @@ class Drafter:
     uses_corpus = False  # ingests --retrieval-corpus
     priors: dict[str, float] = {}  # the adaptive scheduler's prior acceptance per signal bucket
     weights: dict[str, float] = {}  # prior means of the weights of `features` (absent: 0)
+    catchup_rows = 0  # set by propose: the committed rows it caught up on first (not a proposal's steady cost)
 
     @classmethod
     def build(cls, o, head, n_ctx: int) -> Drafter:
@@ -59,6 +73,11 @@ class Drafter:
         empty = a plain one-token step this window."""
         return np.empty(0, np.int32)
 
+    def draft(self, history: Sequence[int], k: int) -> Draft:
+        """The session's call before a window, k its one draft cap: `propose`'s tokens as a Draft (a drafter
+        over drafters overrides it to say which one it chose and why)."""
+        return Draft(self.propose(history, k))
+
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         pass
 
@@ -68,8 +87,8 @@ class Drafter:
     def observe_hidden(self, pos0: int, rows: np.ndarray) -> None:
         pass
 
-    def observe(self, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
-        pass
+    def observe(self, strategy: str, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
+        """The window just verified: k drafts of `strategy` ("normal" when k == 0), its measured times."""
 
     def observe_residency(self, cold_ms) -> None:
         """Before a proposal: the expected ms of expert reads a window of T = 1.. rows would wait for (a model
@@ -86,14 +105,6 @@ class Drafter:
     def signals(self) -> dict:
         """What the last proposal rested on (match length, confidence, probability), for the scheduler."""
         return {}
-
-    # set by propose: the strategy whose tokens it returned (None: this drafter's own name; a drafter over
-    # drafters picks one), the adaptive scheduler's decision (candidates and choice), the committed rows it
-    # caught up on first (not the steady cost of a proposal), and how many of its tokens a grammar forces
-    last_strategy: str | None = None
-    last_decision = None
-    catchup_rows = 0
-    last_forced = 0
 
 
 class NoDrafter(Drafter):

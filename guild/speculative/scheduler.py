@@ -56,8 +56,7 @@ TEXT = ("bias", "deep")  # the weights that say how this text differs from the p
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_draft: int = 4  # k at most of the drafters that do not use the MTP head
-    mtp_cap_k: int = 3  # k at most of those that do
+    mtp_cap_k: int = 3  # k at most of the drafters that use the MTP head (every window's cap is its `room`)
     hysteresis: float = 0.05  # switch only for >= 5% expected improvement
     min_dwell: int = 0  # windows in a mode before switching away (backing off to normal is always allowed)
     backoff_after: int = 2  # consecutive zero-acceptance windows that send the mode back to normal
@@ -71,7 +70,7 @@ class SchedulerConfig:
     probe_max: int = 64  # finds nothing worth drafting doubles that gap, up to probe_max windows
 
     def __post_init__(self):
-        if not 0 <= self.max_draft <= MAX_T - 1 or not 0 <= self.mtp_cap_k <= MAX_T - 1:
+        if not 0 <= self.mtp_cap_k <= MAX_T - 1:
             raise ValueError(f"draft lengths must be in 0..{MAX_T - 1}")
         if not 0 <= self.hysteresis < 1 or self.min_dwell < 0 or self.backoff_after < 1:
             raise ValueError("hysteresis in [0, 1), min_dwell >= 0, backoff_after >= 1")
@@ -326,8 +325,10 @@ class AdaptiveScheduler:
         return out
 
     def _kmax(self, strategy: str, n_tokens: int, room: int) -> int:
-        cap = self.cfg.mtp_cap_k if drafter(strategy).uses_head else self.cfg.max_draft
-        return min(n_tokens, cap, room, MAX_T - 1)
+        """The most drafts of `strategy` a window may take: `room` is the one draft cap (the session's: tokens
+        and context left, --spec-max-draft); a drafter on the MTP head also stops at mtp_cap_k."""
+        k = min(n_tokens, room, MAX_T - 1)
+        return min(k, self.cfg.mtp_cap_k) if drafter(strategy).uses_head else k
 
     def acceptance(self, p: Proposal, k: int) -> list[float]:
         """The predicted a_1..a_k of a proposal's drafts (each given its predecessors were accepted)."""

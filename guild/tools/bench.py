@@ -33,11 +33,11 @@ from rich.progress import (
 )
 
 from .. import __version__
-from ..engine.kvtypes import F32_KV, KVTypes
 from ..engine.options import DecodeOptions, RopeOptions
 from ..engine.sampling import SamplingParams
 from ..errors import BadFlagError, GuildError
 from ..formats.files import write_bytes
+from ..kvtypes import F32_KV, KVTypes
 from ..load import load_for, slots
 from ..speculative import registry
 from ..speculative.options import MtpOptions

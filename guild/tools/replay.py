@@ -30,7 +30,7 @@ from ..errors import GuildError
 from ..formats.files import write_bytes
 from ..load import load_for, slots
 from ..speculative.adaptive import AdaptiveDrafter, agree
-from ..speculative.base import Drafter, top1
+from ..speculative.base import Draft, Drafter, top1
 from ..speculative.options import MTP_K
 from ..speculative.registry import DRAFTERS
 from ..speculative.scheduler import Acceptance, Proposal, features
@@ -56,7 +56,7 @@ class Recorder(AdaptiveDrafter):
         super().start(history, prompt_start)
         self.turns.append({"prompt": [int(t) for t in history], "prompt_start": prompt_start, "windows": {}})
 
-    def propose(self, history: Sequence[int], k: int) -> np.ndarray:
+    def draft(self, history: Sequence[int], k: int) -> Draft:
         rec = {}
         for d in self.drafters:
             t = time.perf_counter()
@@ -65,7 +65,7 @@ class Recorder(AdaptiveDrafter):
             rec[d.name] = {"tokens": [int(x) for x in toks], "signals": d.signals(), "ms": ms,
                            "lazy": d.lazy, "rows": int(d.catchup_rows)}
         self.turns[-1]["windows"][len(history)] = {"room": int(k), "proposals": rec, "root": self.root}
-        return np.empty(0, np.int32)
+        return Draft(np.empty(0, np.int32))
 
     def observe_logits(self, row: np.ndarray) -> None:
         self.root = top1(row)[1]
@@ -167,8 +167,7 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: 
     rho = _rho(wl, flatten)
     fakes = [_Replayed(name, lazy[name], ms[name], clock) for name in ms]
 
-    ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, max_draft=max_draft, mtp_cap_k=MTP_K)))(
-        fakes, lambda: clock[0])
+    ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, mtp_cap_k=MTP_K)))(fakes, lambda: clock[0])
     t_plain = t_ad = t_draft = 0.0
     n_win = drafted = accepted = 0
     ks: list[int] = []
@@ -184,7 +183,8 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: 
         while n < end:
             room = min(turn["max_tokens"] - (n - n0 + 1) - 1, max_draft)
             c0 = clock[0]
-            draft = list(ad.propose(h[:n], room))[:room] if room > 0 else []
+            dr = ad.draft(h[:n], room) if room > 0 else None
+            draft = list(dr.tokens)[:room] if dr is not None else []
             d_ms = (clock[0] - c0) * 1e3 + OVERHEAD_MS
             for p, pos in ad.pending:
                 if pos == n:
@@ -193,7 +193,7 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: 
             a = _accepted(h, n, end, draft)
             e = min(a + 1, end - n)
             v_ms = v1 * rho[len(draft)]
-            ad.observe(len(draft), d_ms, v_ms, e)
+            ad.observe(dr.strategy if draft else "normal", len(draft), d_ms, v_ms, e)
             t_ad += d_ms + v_ms
             t_draft += d_ms
             n_win, drafted, accepted = n_win + 1, drafted + len(draft), accepted + a
@@ -287,7 +287,7 @@ def fitted(wl: dict, max_draft: int = 4, flatten: float = 1.0) -> float:
     weights = {s: fit(rows) for s, rows in outcomes(wl, max_draft).items()}
 
     def make(ds, clock):
-        ad = AdaptiveDrafter(ds, clock=clock, max_draft=max_draft, mtp_cap_k=MTP_K)
+        ad = AdaptiveDrafter(ds, clock=clock, mtp_cap_k=MTP_K)
         ad.scheduler.acc = _Fitted(ad.scheduler.cfg, weights)
         return ad
     return replay(wl, make, max_draft, flatten)["speedup"]

@@ -5,7 +5,7 @@ slots' memory within the bound; auto on only when the model does not fit; bad --
 import numpy as np
 import pytest
 
-from guild.engine import experts
+from guild.engine import experts, memory
 from guild.engine.experts import expert_cache_mem
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
@@ -194,7 +194,7 @@ def test_a_bound_below_one_expert_is_refused(moe_path):
 
 
 def test_auto_is_off_when_the_model_fits(monkeypatch):
-    monkeypatch.setattr(experts, "available_memory", lambda: 8 << 30)
+    monkeypatch.setattr(memory, "available_memory", lambda: 8 << 30)
     assert not experts.wanted("auto", 1 << 30)
     assert experts.wanted("auto", 7 << 30)
     assert experts.wanted(3 << 30, 1 << 30) and not experts.wanted("off", 64 << 30)

@@ -9,8 +9,8 @@ import pytest
 
 from guild.engine.backends import HostBackend
 from guild.engine.gpu import split_onto_device
-from guild.engine.kvtypes import KVTypes
 from guild.engine.placement import GpuSplit
+from guild.kvtypes import KVTypes
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid

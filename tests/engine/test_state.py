@@ -6,10 +6,10 @@ the commit(keep) semantics."""
 import numpy as np
 import pytest
 
-from guild.engine.kvtypes import KVTypes
 from guild.engine.state import KV_FIRST_ROWS, KVCache, tile_rows
 from guild.errors import BadFlagError, ContextOverflowError
 from guild.kernels.cpu.ops import KV_TILE, get_keys
+from guild.kvtypes import KVTypes
 
 
 def _rows(c):

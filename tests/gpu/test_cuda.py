@@ -21,11 +21,11 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from guild.engine.device import fake_gpu_requested, probe_cuda
-from guild.engine.kvtypes import KVTypes
 from guild.kernels import ref
 from guild.kernels.cpu import ops as cpu_ops
 from guild.kernels.ref_quant import dequantize, matmul_ref, random_raw
 from guild.kernels.rope import rope_tables
+from guild.kvtypes import KVTypes
 from tests.helpers.kv import kv_layer
 
 pytestmark = pytest.mark.gpu

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from guild.engine.kvtypes import KV_TYPES
 from guild.errors import GuildError
+from guild.kvtypes import KV_TYPES
 
 nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="cupy-cuda12x not installed (pip install .[test])")
 

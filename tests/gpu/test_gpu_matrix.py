@@ -20,10 +20,10 @@ import pytest
 
 from guild.engine.backends import DeviceRows, HostBackend
 from guild.engine.gpu import split_onto_device
-from guild.engine.kvtypes import F32_KV, KVTypes
 from guild.engine.placement import GpuSplit
 from guild.engine.sampling import SamplingParams
 from guild.engine.session import GuildSession
+from guild.kvtypes import F32_KV, KVTypes
 from guild.models import load_model
 from guild.models.mtp import find_mtp_head
 from guild.speculative.build import make_drafter

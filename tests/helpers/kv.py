@@ -1,8 +1,8 @@
 """A one-layer host KV cache holding given rows: the stored operands the attention kernels take, and the bytes a
 device cache must equal."""
 
-from guild.engine.kvtypes import KVTypes
 from guild.engine.state import KVCache
+from guild.kvtypes import KVTypes
 
 
 def kv_layer(kt: str, vt: str, k, v):

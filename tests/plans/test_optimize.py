@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from guild.calib.optimize import local_plan_path, optimize
 from guild.cli import app
-from guild.engine.kvtypes import KVTypes
 from guild.errors import BadFlagError, GuildError, KVTypeMismatch, PlanSealError
+from guild.kvtypes import KVTypes
 from guild.load import load
 from guild.plans.plan import MAX_T, CpuTuning, DraftCalibration, GpuInfo, KernelTuning, Placement, load_plan, read_plan
 from guild.plans.plan import write_plan as write

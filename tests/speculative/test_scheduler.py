@@ -34,8 +34,8 @@ def simulate(sched, n, v, accept, signals=None, noise=0.0, seed=0, strategy="loo
 
 
 def test_high_acceptance_converges_to_lookup_at_max_k():
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
-    ds = simulate(s, 80, linear_v(10, 0.3), lambda i, r: 7)
+    s = AdaptiveScheduler()
+    ds = simulate(s, 80, linear_v(10, 0.3), lambda i, r: 7, room=4)
     tail = ds[-30:]
     assert all(d.strategy == "lookup" and d.k == 4 for d in tail), [(d.strategy, d.k) for d in tail]
 
@@ -45,21 +45,20 @@ def test_cold_experts_of_the_drafts_shrink_the_draft():
     20 ms per extra row here) make long windows dear: the scheduler drafts less than with every expert resident,
     while a cold cost every window pays alike (the root's own experts) leaves k at its maximum."""
     v = linear_v(10, 0.3)
-    warm = simulate(AdaptiveScheduler(SchedulerConfig(max_draft=4)), 80, v, lambda i, r: 7)[-30:]
-    steep = simulate(AdaptiveScheduler(SchedulerConfig(max_draft=4)), 80, v, lambda i, r: 7,
-                     cold=[20.0 * t for t in range(8)])[-30:]
-    flat = simulate(AdaptiveScheduler(SchedulerConfig(max_draft=4)), 80, v, lambda i, r: 7, cold=[30.0] * 8)[-30:]
+    warm = simulate(AdaptiveScheduler(), 80, v, lambda i, r: 7, room=4)[-30:]
+    steep = simulate(AdaptiveScheduler(), 80, v, lambda i, r: 7, room=4, cold=[20.0 * t for t in range(8)])[-30:]
+    flat = simulate(AdaptiveScheduler(), 80, v, lambda i, r: 7, room=4, cold=[30.0] * 8)[-30:]
     assert all(d.k == 4 for d in warm) and all(d.k == 4 for d in flat)
     assert all(d.k < 4 for d in steep) and sum(d.k for d in steep) < sum(d.k for d in warm) / 2
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
-    simulate(s, 20, v, lambda i, r: 7, cold=[20.0 * t for t in range(8)])
+    s = AdaptiveScheduler()
+    simulate(s, 20, v, lambda i, r: 7, room=4, cold=[20.0 * t for t in range(8)])
     assert s.costs.verify(3) == pytest.approx(s.costs.warm(3) + 40.0)  # the reads are priced apart, not learnt
 
 
 def test_low_acceptance_backs_off_to_normal_quickly():
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    s = AdaptiveScheduler()
     # long matches (prior 0.85) that never verify
-    ds = simulate(s, 200, linear_v(10, 0.6), lambda i, r: 0)
+    ds = simulate(s, 200, linear_v(10, 0.6), lambda i, r: 0, room=4)
     executed = [i for i, d in enumerate(ds) if d.k]
     assert len(executed) <= 4, executed
     assert all(d.strategy == "normal" for d in ds[20:])
@@ -69,18 +68,18 @@ def test_isolated_distant_trigrams_are_not_drafted():
     """An isolated 3-gram matched 2,000 tokens back (prior acceptance about 0.5: short and far) does not pay on a
     steep V(T) with a plan that says so: no window is spent on it."""
     steep = DraftCosts(verify_ms=tuple(10 * (1 + 0.6 * t) for t in range(8)))
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4), steep)
+    s = AdaptiveScheduler(costs=steep)
     sig = {"match_len": 3, "freq": 1, "dist": 2000}
     assert 0.3 < s.acc.probs("lookup", sig, 1)[0] < 0.6
-    ds = simulate(s, 100, linear_v(10, 0.6), lambda i, r: 0, signals=sig)
+    ds = simulate(s, 100, linear_v(10, 0.6), lambda i, r: 0, signals=sig, room=4)
     assert all(d.k == 0 for d in ds)
 
 
 def test_no_flip_flop_around_a_tie():
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    s = AdaptiveScheduler()
     # acceptance 0.5 per token with V(T) slope 0.5: lookup's expected ms/token ~ normal's
     v = linear_v(10, 0.5)
-    ds = simulate(s, 400, v, lambda i, r: int(r.geometric(0.5) - 1), noise=0.1, seed=3)
+    ds = simulate(s, 400, v, lambda i, r: int(r.geometric(0.5) - 1), noise=0.1, seed=3, room=4)
     chosen = [d.strategy for d in ds[10:]]
     switches = sum(a != b for a, b in zip(chosen, chosen[1:], strict=False))
     modes = [d.mode for d in ds[10:]]
@@ -90,9 +89,9 @@ def test_no_flip_flop_around_a_tie():
 
 
 def test_reprobes_after_fallback():
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    s = AdaptiveScheduler()
     phase = lambda i, r: 7 if i < 60 or i >= 90 else 0  # noqa: E731
-    ds = simulate(s, 130, linear_v(10, 0.3), phase)
+    ds = simulate(s, 130, linear_v(10, 0.3), phase, room=4)
     assert ds[59].strategy == "lookup"
     # the bad stretch: back to normal within a few windows
     assert all(d.strategy == "normal" for d in ds[72:90])
@@ -103,7 +102,7 @@ def test_reprobes_after_fallback():
 
 
 def _mean_k(slope):
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=7))
+    s = AdaptiveScheduler()
     ds = simulate(s, 300, linear_v(10, slope), lambda i, r: int(min(r.geometric(0.2) - 1, 7)), seed=5)
     ks = [d.k for d in ds[100:] if d.k]
     return np.mean(ks) if ks else 0.0
@@ -134,7 +133,7 @@ def test_plan_costs_shape_predictions():
     p = Proposal("lookup", tuple(range(7)), {"match_len": 6})
     ks = []
     for plan in (flat, steep):
-        s = AdaptiveScheduler(SchedulerConfig(max_draft=7), plan)
+        s = AdaptiveScheduler(costs=plan)
         s.observe_window("normal", 0, 0.0, 10.0, 1)
         ks.append(s.decide([p], 7).k)
     assert ks[0] > ks[1]
@@ -185,29 +184,29 @@ def test_buckets_follow_signals():
 
 def test_muted_strategy_returns():
     """A back-off mutes a strategy for clamp(2r, 2, 6) windows only: it is never latched off."""
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
-    ds = simulate(s, 40, linear_v(10, 0.3), lambda i, r: 0 if i in (20, 21, 22, 23) else 7)
+    s = AdaptiveScheduler()
+    ds = simulate(s, 40, linear_v(10, 0.3), lambda i, r: 0 if i in (20, 21, 22, 23) else 7, room=4)
     assert any(d.reason == "only" or d.strategy == "normal" for d in ds[21:26])
     assert ds[-1].strategy == "lookup"
 
 
 # ------------------------------------------------------------------ MTP: lazy asking, four-way arbitration
 def test_mtp_is_asked_only_when_it_could_pay():
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4, mtp_cap_k=1, probe_every=8, probe_max=32, default_slope=0.3))
+    s = AdaptiveScheduler(SchedulerConfig(mtp_cap_k=1, probe_every=8, probe_max=32, default_slope=0.3))
     s.observe_window("normal", 0, 0.0, 10.0, 1)  # seeds V(1)
     s.observe_draft_ms("mtp", 1.0)
     strong = Proposal("lookup", tuple(range(7)), {"match_len": 12, "freq": 3})
     # deep lookup at its 0.95 prior beats one MTP draft in every bucket: the head runs only as a probe, and each
     # probe that finds nothing worth drafting doubles the gap to the next (8, 16, 32, then 32)
-    asked = [s.ask("mtp", [strong], 7) for _ in range(100)]
+    asked = [s.ask("mtp", [strong], 4) for _ in range(100)]
     assert [i for i, a in enumerate(asked) if a] == [7, 23, 55, 87]
-    assert s.ask("mtp", [], 7)  # nothing else on the table: at its prior shares the head is worth its forward
+    assert s.ask("mtp", [], 4)  # nothing else on the table: at its prior shares the head is worth its forward
     for _ in range(60):
         s.observe_lazy("mtp", {"prob": 0.05})  # the head has been unsure for a while: its T=2 window would not pay
-    assert s.ask_value("mtp", s.costs.verify(1), 7) < 0
-    assert not s.ask("mtp", [], 7)
+    assert s.ask_value("mtp", s.costs.verify(1), 4) < 0
+    assert not s.ask("mtp", [], 4)
     s.muted["mtp"] = 3
-    assert not any(s.ask("mtp", [], 7) for _ in range(20))  # never while muted
+    assert not any(s.ask("mtp", [], 4) for _ in range(20))  # never while muted
     assert not s.ask("mtp", [], 0)  # no room
     s0 = AdaptiveScheduler(SchedulerConfig(mtp_cap_k=0))
     s0.observe_window("normal", 0, 0.0, 10.0, 1)
@@ -218,7 +217,7 @@ def test_mtp_confident_part_of_the_time_is_asked_every_window():
     """A head that is sure (and right) on half the tokens and unsure (and wrong) on the rest: its mean
     confidence says a draft would not pay, but drafting only when it is sure does, so asking is worth its
     forward (the option value, docs/adaptive.md "MTP confidence"). Accepted drafts reset the probe gap."""
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4, mtp_cap_k=1, default_slope=0.5))
+    s = AdaptiveScheduler(SchedulerConfig(mtp_cap_k=1, default_slope=0.5))
     s.observe_window("normal", 0, 0.0, 10.0, 1)
     s.observe_draft_ms("mtp", 1.0)
     for i in range(40):
@@ -226,8 +225,8 @@ def test_mtp_confident_part_of_the_time_is_asked_every_window():
         s.observe_lazy("mtp", {"prob": p})
         s.observe_proposal(Proposal("mtp", (1,), {"prob": p}), int(p > 0.5))
     assert (1.0 + s.costs.verify(2)) / (1 + 0.5) > s.costs.verify(1)  # at the mean, one draft costs more
-    assert s.ask_value("mtp", s.costs.verify(1), 7) > 0
-    assert all(s.ask("mtp", [], 7) for _ in range(10))
+    assert s.ask_value("mtp", s.costs.verify(1), 4) > 0
+    assert all(s.ask("mtp", [], 4) for _ in range(10))
     s.probe_gap["mtp"] = 64
     s.observe_window("mtp", 1, 1.0, 15.0, 2)
     assert "mtp" not in s.probe_gap
@@ -246,14 +245,14 @@ def _arbitrate(s, n_tokens, segment, v, rng, fixed=None):
             props.append(Proposal("lookup", tuple(range(7)), {"match_len": 16, "freq": 3}))
         mtp_ok = rng.random() < (0.3 if seg == "copy" else 0.8)
         draft_ms = 0.0
-        if fixed == "mtp" or (fixed is None and s.ask("mtp", props, 7)):
+        if fixed == "mtp" or (fixed is None and s.ask("mtp", props, 4)):
             prob = 0.4 if seg == "copy" else 0.9
             s.observe_draft_ms("mtp", 1.0)
             s.observe_lazy("mtp", {"prob": prob})
             props.append(Proposal("mtp", (1,), {"prob": prob}))
             draft_ms = 1.0
         if fixed is None:
-            d = s.decide(props, 7)
+            d = s.decide(props, 4)
             strategy, k = d.strategy, d.k
         else:
             strategy, k = (props[0].strategy, min(len(props[0].tokens), 4)) if props else ("normal", 0)
@@ -274,7 +273,7 @@ def test_four_way_arbitration_follows_the_text():
     def segment(pos):
         return "copy" if (pos // 150) % 2 == 0 else "novel"
 
-    cfg = SchedulerConfig(max_draft=4, mtp_cap_k=1)
+    cfg = SchedulerConfig(mtp_cap_k=1)
     ch, adaptive = _arbitrate(AdaptiveScheduler(cfg), 1200, segment, v, np.random.default_rng(1))
     copy = [c for g, c in ch if g == "copy"]
     novel = [c for g, c in ch if g == "novel"]
@@ -345,14 +344,14 @@ def test_adaptive_drafter_marks_agreement_and_does_not_ask_muted_drafters():
     a, b, c = Fixed("lookup", [5, 6]), Fixed("retrieval", [5, 9]), Fixed("mtp", [5])
     ad = AdaptiveDrafter([a, b, c])
     ad.start([1, 2, 3], 0)
-    ad.propose([1, 2, 3], 4)
+    ad.draft([1, 2, 3], 4)
     assert [p.signals["agree"] for p, _ in ad.pending] == [1.0, 1.0, 1.0]
     c.toks = [7]
-    ad.propose([1, 2, 3, 4], 4)
+    ad.draft([1, 2, 3, 4], 4)
     assert [p.signals["agree"] for p, _ in ad.pending[-3:]] == [-1.0, -1.0, -1.0]
     ad.scheduler.muted["mtp"] = 3
     asked = c.asked
-    ad.propose([1, 2, 3, 4, 5], 4)
+    ad.draft([1, 2, 3, 4, 5], 4)
     assert c.asked == asked and a.asked == b.asked == asked + 1
     assert all("agree" not in p.signals for p, _ in ad.pending[-2:])  # no drafter of the other kind proposed
 
@@ -362,7 +361,7 @@ def test_grammar_forced_runs_are_drafted_at_full_length():
     """Tokens a grammar forces are accepted with probability 1 once their predecessors are: on a text where the
     drafter's own token after the forced run never verifies, every window still drafts the whole forced run and
     learns to stop before the drafter's token; a muted drafter's forced-only proposal still runs whole."""
-    s = AdaptiveScheduler(SchedulerConfig(max_draft=4))
+    s = AdaptiveScheduler()
     v = linear_v(10, 0.3)
     sig = {"match_len": 6, "freq": 1}
     ds = []
@@ -414,12 +413,24 @@ def test_adaptive_drafter_carries_proposals_through_forced_tokens():
     ad = AdaptiveDrafter([Fixed([])])
     ad.observe_constraint(g)
     ad.start([1, 2, 3], 0)
-    ad.propose([1, 2, 3], 4)  # unseeded: the first window is a plain step
-    ad.observe(0, 0.0, 10.0, 1)
-    assert ad.propose([1, 2, 3, 4], 4).tolist() == [7, 8] and ad.last_forced == 2
+    first = ad.draft([1, 2, 3], 4)  # unseeded: the first window is a plain step
+    assert first.tokens.size == 0 and first.decision.reason == "unseeded"
+    ad.observe("normal", 0, 0.0, 10.0, 1)
+    d = ad.draft([1, 2, 3, 4], 4)
+    assert d.tokens.tolist() == [7, 8] and d.forced == 2 and d.strategy == "lookup" == d.decision.strategy
     ad.drafters[0].toks = [7, 8, 9]
-    assert ad.propose([1, 2, 3, 4, 5], 4).tolist()[:2] == [7, 8]
+    assert ad.draft([1, 2, 3, 4, 5], 4).tokens.tolist()[:2] == [7, 8]
     assert ad.pending[-1][0].tokens == (7, 8, 9)  # learnt from as the drafter proposed it
     ad.observe_constraint(None)
     ad.drafters[0].toks = []
-    assert ad.propose([1, 2, 3, 4, 5, 6], 4).size == 0 and ad.last_forced == 0
+    d = ad.draft([1, 2, 3, 4, 5, 6], 4)
+    assert d.tokens.size == 0 and d.forced == 0
+
+
+def test_the_draft_cap_is_the_room_it_is_given():
+    """One cap, passed one way: the room of each decision (the session's: tokens and context left,
+    --spec-max-draft). The scheduler has none of its own, so a drafter proposing more than the room is cut to it,
+    and a wider room lets it draft deeper."""
+    for room in (2, 5):
+        ds = simulate(AdaptiveScheduler(), 80, linear_v(10, 0.1), lambda i, r: 7, room=room)
+        assert max(d.k for d in ds) == room and all(d.k == room for d in ds[-30:]), [d.k for d in ds]

@@ -16,13 +16,13 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from ...engine.kvtypes import KV_TYPES, KVTypes
 from ...engine.state import KVCache
 from ...errors import BadFlagError
 from ...kernels import ref_quant
 from ...kernels.blocks import QUANT_TYPES
 from ...kernels.cpu import ops
 from ...kernels.cpu import quant as kq
+from ...kvtypes import KV_TYPES, KVTypes
 from .. import runners as R
 from ..harness import Run, Runner
 

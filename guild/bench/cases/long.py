@@ -14,10 +14,10 @@ import statistics
 
 import numpy as np
 
-from ...engine.kvtypes import KV_TYPES, KVTypes
 from ...engine.options import DecodeOptions, RopeOptions
 from ...engine.timing import time_windows
 from ...errors import BadFlagError
+from ...kvtypes import KV_TYPES, KVTypes
 from ...load import load_for, slots
 from ...text.chat import run_turn
 from ...text.tokenizer import Tokenizer

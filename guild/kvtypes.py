@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import BadFlagError
+from .errors import BadFlagError
 
 
 @dataclass(frozen=True)
