@@ -82,10 +82,17 @@ def host(threads: int) -> dict:
             "memory_gb": mem_gb, "os": platform.system().lower()}
 
 
+def _program(argv0: str) -> str:
+    """How the command was started: `python -m PACKAGE` (guild or guild.bench) or the script's name."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if argv0.endswith("__main__.py") and spec is not None:
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    return "python -m guild.bench" if argv0 in ("-c", "-m") else Path(argv0).name
+
+
 def provenance(threads: int, argv: list[str] | None = None) -> dict:
     """What every record carries besides its figures."""
     argv = sys.argv if argv is None else argv
     return {"commit": commit(), "host": host(threads), "versions": versions(),
-            "command": " ".join(["python -m guild.bench" if argv[0].endswith(("__main__.py", "-c")) else
-                                 Path(argv[0]).name, *map(shlex.quote, argv[1:])]),
+            "command": " ".join([_program(argv[0]), *map(shlex.quote, argv[1:])]),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load": [round(x, 2) for x in os.getloadavg()]}

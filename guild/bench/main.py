@@ -27,6 +27,7 @@ CASES = {
     "shapes": "shapes",
     "windows": "windows",
     "long": "long",
+    "workloads": "workloads",
 }
 REPORT_FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "rss_added_mb")
 
@@ -57,23 +58,31 @@ def run_case(name: str, argv: list[str]) -> int:
     if a.threads < 1 or a.rounds < 1:
         raise GuildError("--threads and --rounds must be >= 1")
     mod.check(a)
-    runners = mod.runners(a)
     if a.child:  # one measurement in this fresh process (harness.in_child)
-        child_main(next(r for r in runners if r.name == a.child), json.loads(a.point))
+        child_main(next(r for r in mod.runners(a) if r.name == a.child), json.loads(a.point))
         return 0
+    records, md = run(name, mod, a, argv)
+    print(output.jsonl(records) if a.json else md, end="" if a.json else "\n")
+    return 0
+
+
+def run(name: str, mod, a, argv: list[str], stem: str | None = None,
+        progress=lambda s: print(s, file=sys.stderr, flush=True)) -> tuple[list, str]:
+    """A checked case measured: its records and its table (the case's own `table`, else output.markdown), both
+    written to --out as STEM.jsonl and STEM.md (STEM: the case's name). `a.settings`, where the case sets it, is
+    what it ran under (model, options) and goes into every record."""
+    runners = mod.runners(a)
     if getattr(mod, "CHILD", False):
         passed = [x for x in argv if x != "--json"]
         runners = [in_child(r, name, passed) for r in runners]
-    meta = provenance(a.threads)
-    records = measure(name, mod.points(a), runners, a.rounds, meta, progress=lambda s: print(s, file=sys.stderr,
-                                                                                             flush=True))
+    meta = {**provenance(a.threads), **({"settings": a.settings} if getattr(a, "settings", None) else {})}
+    records = measure(name, mod.points(a), runners, a.rounds, meta, progress, getattr(mod, "SPEEDUP_OF", None))
     meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
-    md = "\n".join([output.markdown(records, getattr(mod, "BASELINE", None)), *getattr(mod, "notes", lambda r, a: [])(
-        records, a), "", output.footer(meta)])
+    table = getattr(mod, "table", lambda r, a: output.markdown(r, getattr(mod, "BASELINE", None)))
+    md = "\n".join([table(records, a), *getattr(mod, "notes", lambda r, a: [])(records, a), "", output.footer(meta)])
     if a.out:
-        output.write(records, a.out, name, md)
-    print(output.jsonl(records) if a.json else md, end="" if a.json else "\n")
-    return 0
+        output.write(records, a.out, stem or name, md)
+    return records, md
 
 
 def main(argv: list[str] | None = None) -> int:
