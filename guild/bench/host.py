@@ -84,9 +84,9 @@ def host(threads: int) -> dict:
 
 def _program(argv0: str) -> str:
     """How the command was started: `python -m PACKAGE` (guild or guild.bench) or the script's name."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if argv0.endswith("__main__.py") and spec is not None:
-        return f"python -m {spec.name.removesuffix('.__main__')}"
+    parts = Path(argv0).parent.parts
+    if argv0.endswith("__main__.py") and "guild" in parts:
+        return "python -m " + ".".join(parts[len(parts) - 1 - parts[::-1].index("guild"):])
     return "python -m guild.bench" if argv0 in ("-c", "-m") else Path(argv0).name
 
 

@@ -37,6 +37,7 @@ def test_isa_level(flags, level):
 def test_provenance_names_commit_host_and_command():
     p = host.provenance(2, ["guild/bench/__main__.py", "decode", "--models", "a b.gguf"])
     assert p["command"] == "python -m guild.bench decode --models 'a b.gguf'"
+    assert host.provenance(2, ["/x/guild/__main__.py", "bench", "-n", "4"])["command"] == "python -m guild bench -n 4"
     assert p["host"]["threads"] == 2 and p["host"]["cores"] >= 1 and p["host"]["isa"]
     assert len(p["commit"].split("+")[0]) == 12 or p["commit"] == "unknown"
     assert {"guild", "numpy", "numba"} <= set(p["versions"])
