@@ -45,6 +45,7 @@ FIGURES: dict[str, Figure] = {
     "gb_s": Figure("GB/s", True, "bandwidth"),
     "gmacs": Figure("G/s", True, "multiply-adds per second"),
     "hit_rate": Figure("", True, "cache hit rate"),
+    "draft_rate": Figure("", True, "proposals that drafted"),
     "agreement": Figure("", True, "top-1 agreement"),
     "max_abs": Figure("", False, "largest difference"),
     "rel_rms": Figure("", False, "relative RMS difference"),
