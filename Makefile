@@ -54,7 +54,8 @@ W10_ROPE ?= 4
 
 bench-full: setup
 	$(BIN)/python -m guild.tools.perf --full
-	$(BIN)/python -m guild.tools.perf --spec
+	$(BIN)/python -m guild.bench workloads smollm2-135m-moe --workloads W2,W7 --strategies lookup,retrieval \
+		--max-draft 1,2,3,4 --rounds 3 --out results/spec
 	$(BIN)/python -m guild.bench hybrid --out results
 	$(BIN)/python -m guild.bench scale --out results
 	$(BIN)/python -m guild.bench quant --out results

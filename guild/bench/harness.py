@@ -46,6 +46,7 @@ class Runner:
     exact: bool = False  # its tokens must equal the reference's
     reference: bool = False  # the runner whose tokens the exact ones are held to
     warmup: Callable[[dict], None] | None = None  # unmeasured, once per point before the rounds
+    once: bool = False  # measured in the first round only (a deterministic figure, costly to repeat)
 
 
 def alternate(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
@@ -95,9 +96,18 @@ def parity(case: str, point: dict, runs: dict[str, list[Run]], runners: Sequence
     return out
 
 
+def paired(runs: list[Run], ref: list[Run], name: str) -> dict | None:
+    """stats() of a runner's figure over the reference's in the same round, pair by pair."""
+    xs = [a.figures[name] / b.figures[name] for a, b in zip(runs, ref, strict=False)
+          if a.figures.get(name) and b.figures.get(name)]
+    return stats(xs) if xs else None
+
+
 def measure(case: str, points: Sequence[dict], runners: Sequence[Runner], rounds: int, meta: dict,
-            progress: Callable[[str], None] = lambda s: None) -> list[Record]:
-    """Every point: each runner's warm-up, then `rounds` alternated rounds; one Record per (point, runner)."""
+            progress: Callable[[str], None] = lambda s: None, speedup_of: str | None = None) -> list[Record]:
+    """Every point: each runner's warm-up, then `rounds` alternated rounds; one Record per (point, runner). With
+    `speedup_of` (a figure), each runner's record also carries `speedup`: that figure over the reference's, per
+    round."""
     if rounds < 1:
         raise GuildError(f"rounds must be >= 1, got {rounds}")
     by_name = {r.name: r for r in runners}
@@ -108,15 +118,21 @@ def measure(case: str, points: Sequence[dict], runners: Sequence[Runner], rounds
                 r.warmup(point)
         runs: dict[str, list[Run]] = {r.name: [] for r in runners}
         for i, name in alternate(list(by_name), rounds):
+            if i and by_name[name].once:
+                continue
             run = by_name[name].measure(point)
             runs[name].append(run)
             shown = ", ".join(f"{k} {v:.4g}" for k, v in run.figures.items() if not isinstance(v, dict))
             progress(f"{case} {_point_label(point)} · {name} · round {i + 1}/{rounds}"
                      + (f": {shown}" if shown else ""))
         same = parity(case, point, runs, runners)
+        ref = next((r.name for r in runners if r.reference), None)
         for r in runners:
             if runs[r.name]:
-                records.append(Record(case, point, r.name, aggregate(runs[r.name]), same[r.name], meta))
+                figs = aggregate(runs[r.name])
+                if speedup_of and ref and (x := paired(runs[r.name], runs[ref], speedup_of)):
+                    figs["speedup"] = x
+                records.append(Record(case, point, r.name, figs, same[r.name], meta))
     return records
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import shlex
 import subprocess
+import sys
 import time
 from functools import cache
 from pathlib import Path
@@ -80,7 +82,16 @@ def host(threads: int) -> dict:
             "memory_gb": mem_gb, "os": platform.system().lower()}
 
 
-def provenance(threads: int, command: str) -> dict:
-    """What every record carries besides its figures; `command` is the one that reproduces it."""
+def _program(argv0: str) -> str:
+    """How the command was started: `python -m PACKAGE` (guild or guild.bench) or the script's name."""
+    parts = Path(argv0).parent.parts
+    if argv0.endswith("__main__.py") and "guild" in parts:
+        return "python -m " + ".".join(parts[len(parts) - 1 - parts[::-1].index("guild"):])
+    return "python -m guild.bench" if argv0 in ("-c", "-m") else Path(argv0).name
+
+
+def provenance(threads: int, command: str | None = None) -> dict:
+    """What every record carries besides its figures; `command` reproduces it (default: this process's)."""
+    command = command or " ".join([_program(sys.argv[0]), *map(shlex.quote, sys.argv[1:])])
     return {"commit": commit(), "host": host(threads), "versions": versions(), "command": command,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load": [round(x, 2) for x in os.getloadavg()]}

@@ -27,9 +27,10 @@ from .host import provenance
 # case name -> module under guild.bench.cases; a new benchmark is a module there and one line here
 CASES = {
     "decode": "decode",
-    "shapes": "shapes",
     "windows": "windows",
     "long": "long",
+    "workloads": "workloads",
+    "drafters": "drafters",
     "step": "step",
     "agreement": "agreement",
     "hybrid": "hybrid",
@@ -68,26 +69,36 @@ def run_case(name: str, argv: list[str]) -> int:
         raise GuildError("--threads and --rounds must be >= 1")
     a.notices = []  # what a case wants said: a runner left out, and why
     mod.check(a)
-    runners = mod.runners(a)
-    for n in a.notices if not a.child else ():
-        print(f"{name}: {n}", file=sys.stderr)
     if a.child:  # one measurement in this fresh process (harness.in_child)
-        child_main(next(r for r in runners if r.name == a.child), json.loads(a.point))
+        child_main(next(r for r in mod.runners(a) if r.name == a.child), json.loads(a.point))
         return 0
+    records, md = run(name, mod, a, argv, command=shlex.join(["python", "-m", "guild.bench", name, *argv]))
+    print(output.jsonl(records) if a.json else md, end="" if a.json else "\n")
+    return 1 if getattr(mod, "failed", lambda a: False)(a) else 0
+
+
+def run(name: str, mod, a, argv: list[str], stem: str | None = None,
+        progress=lambda s: print(s, file=sys.stderr, flush=True), command: str | None = None) -> tuple[list, str]:
+    """A checked case measured: its records and its table (the case's own `table`, else output.markdown), both
+    written to --out as STEM.jsonl and STEM.md (STEM: the case's name). `a.settings`, where the case sets it, is
+    what it ran under (model, options) and goes into every record. `command` reproduces the run (default: this
+    process's command line)."""
+    runners = mod.runners(a)
+    notices = getattr(a, "notices", [])
+    for n in notices:
+        progress(f"{name}: {n}")
     if getattr(mod, "CHILD", False):
         passed = [x for x in argv if x != "--json"]
         runners = [in_child(r, name, passed) for r in runners]
-    meta = provenance(a.threads, shlex.join(["python", "-m", "guild.bench", name, *argv]))
-    records = measure(name, mod.points(a), runners, a.rounds, meta, progress=lambda s: print(s, file=sys.stderr,
-                                                                                             flush=True))
+    meta = {**provenance(a.threads, command), **({"settings": a.settings} if getattr(a, "settings", None) else {})}
+    records = measure(name, mod.points(a), runners, a.rounds, meta, progress, getattr(mod, "SPEEDUP_OF", None))
     meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    table = getattr(mod, "table", lambda r, a: output.markdown(r, getattr(mod, "BASELINE", None)))
     notes = getattr(mod, "notes", lambda r, a: [])(records, a)
-    md = "\n".join([output.markdown(records, getattr(mod, "BASELINE", None)), *notes, *a.notices, "",
-                    output.footer(meta)])
+    md = "\n".join([table(records, a), *notes, *notices, "", output.footer(meta)])
     if a.out:
-        output.write(records, a.out, name, md)
-    print(output.jsonl(records) if a.json else md, end="" if a.json else "\n")
-    return 1 if getattr(mod, "failed", lambda a: False)(a) else 0
+        output.write(records, a.out, stem or name, md)
+    return records, md
 
 
 def main(argv: list[str] | None = None) -> int:

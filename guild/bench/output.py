@@ -77,7 +77,8 @@ def read(paths: Sequence[str]) -> list[Record]:
                 continue
             try:
                 d = json.loads(line)
-                meta = {k: d[k] for k in ("commit", "host", "versions", "command", "date", "load") if k in d}
+                meta = {k: d[k] for k in ("commit", "host", "versions", "command", "date", "load", "load_end",
+                                          "settings") if k in d}
                 out.append(Record(d["case"], d["point"], d["runner"], d["figures"], d.get("parity"), meta))
             except (ValueError, KeyError, TypeError) as e:
                 raise BadFlagError(f"{p}:{i}: not a benchmark record ({e})") from None

@@ -1,5 +1,6 @@
-"""The engines a case measures, each one way: guild in this process (a loaded model), llama.cpp through
-llama-cpp-python, and any llama.cpp-family `llama-bench` binary given by path (mainline or ik_llama.cpp).
+"""The engines a case measures, each one way: guild in this process (a loaded model; a workload under a
+strategy), llama.cpp through llama-cpp-python, and any llama.cpp-family `llama-bench` binary given by path
+(mainline or ik_llama.cpp).
 
 Each returns plain numbers (tok/s, ms) and the tokens it generated; cases turn them into Runs."""
 
@@ -11,7 +12,9 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,9 @@ import numpy as np
 from ..engine.session import GuildSession
 from ..engine.timing import time_windows
 from ..errors import BadFlagError, GuildError
+from ..load import slots
+from ..text.chat import run_turn
+from .harness import ParityError
 
 MAX_T = 8
 
@@ -70,6 +76,57 @@ def guild_windows(model, ids: Sequence[int], repeats: int = 7, max_T: int = MAX_
     t = time_windows(model, s.state, window, Ts, repeats, warmup=1)
     return ({T: statistics.median(t.forward_ms[T]) for T in Ts},
             {T: float(np.mean(t.distinct[T])) for T in Ts})
+
+
+@dataclass
+class WorkloadRun:
+    tokens: list[int] = field(default_factory=list)  # every turn's reply, one after the other
+    generated: int = 0  # tokens the windows emitted (each turn's first comes from its prefill)
+    decode_s: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    windows: Counter = field(default_factory=Counter)  # by the strategy that drafted them
+    sizes: list[int] = field(default_factory=list)  # T of every window
+    emitted: list[int] = field(default_factory=list)  # tokens every window emitted
+    experts: list[float] = field(default_factory=list)  # per window: its distinct experts, the mean over layers
+    rounds_ms: list[float] = field(default_factory=list)  # concurrent sessions: each batched round's wall time
+
+    @property
+    def tok_s(self) -> float:
+        return self.generated / self.decode_s if self.decode_s else 0.0
+
+
+def guild_workload(lm, w, opts) -> WorkloadRun:
+    """One workload (guild.workloads, all its turns) on fresh sessions under opts' strategy, the workload's
+    documents as the drafter's corpus and its grammar, if any, on every reply; with opts.sessions > 1 that many
+    copies run concurrently (one batched forward per round) and must agree token for token."""
+    ss = slots(lm, opts, opts.sessions, corpus_texts=w.corpus_texts())
+    g = w.grammar(lm.tokenizer)
+    for s in ss if g is not None else ():
+        s.grammar = g
+    out = WorkloadRun()
+    for text in w.render_turns():
+        turns, cs = run_turn(ss, text, chat=w.chat, max_tokens=opts.max_tokens, max_draft=opts.max_draft)
+        if cs is None:
+            out.decode_s += turns[0].stats.decode_s
+            out.generated += max(turns[0].stats.generated_tokens - 1, 0)
+        else:
+            out.rounds_ms += cs.rounds_ms
+            out.decode_s += cs.decode_s
+            out.generated += cs.generated_tokens
+        for i, t in enumerate(turns[1:], 1):
+            if t.tokens != turns[0].tokens:
+                raise ParityError(f"parity failure: {w.key} {opts.strategy}: concurrent session {i} differs from "
+                                  "session 0")
+        out.tokens += [int(x) for x in turns[0].tokens]
+        for r in (r for t in turns for r in t.stats.windows):
+            out.drafted, out.accepted = out.drafted + r.k, out.accepted + r.emitted - 1
+            out.windows[r.strategy] += 1
+            out.sizes.append(r.k + 1)
+            out.emitted.append(r.emitted)
+            if r.distinct_experts:
+                out.experts.append(sum(r.distinct_experts) / len(r.distinct_experts))
+    return out
 
 
 # -- llama.cpp through llama-cpp-python --------------------------------------------------------------------------

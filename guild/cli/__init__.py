@@ -476,8 +476,8 @@ def bench(
     expert_cache: str = typer.Option("auto", "--expert-cache-mem", help=EXPERT_CACHE_HELP),
     sessions: int = typer.Option(1, "--sessions", help=f"Concurrent sessions per run ({SESSIONS_RANGE}), "
                                  "batched into one forward."),
-    out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.json."),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
+    out: Path = typer.Option(Path("results"), "--out", help="Folder for bench.md and bench.jsonl."),
+    as_json: bool = typer.Option(False, "--json", help="Print the records (JSON Lines) instead of the table."),
     gexec: Path | None = typer.Option(None, "--gexec", help=GEXEC_HELP),
     strict_plan: bool = typer.Option(False, "--strict-plan", help=STRICT_HELP),
     device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
@@ -501,12 +501,12 @@ def bench(
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table. Sampling flags
     change those settings of every workload (the rest stay each workload's own)."""
+    from ..bench.command import bench as run_bench
     from ..engine.sampling import SamplingParams  # deferred: see the module docstring
     from ..load import set_threads
-    from ..tools.bench import bench as run_bench
 
     try:
-        _writable(out / "bench.json", "--out")
+        _writable(out / "bench.jsonl", "--out")
         model = _model_arg(model, model_opt)
         _set_numerics(numerics)
         _set_expert_cache(expert_cache)
@@ -523,18 +523,18 @@ def bench(
                         gexec=None if gexec is None else str(gexec), strict_plan=strict_plan, device=device,
                         mtp=MtpOptions(None if mtp_head is None else str(mtp_head), mtp_k, vocab=mtp_vocab), kv=kv,
                         rope=rope_options(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx))
-    except OSError as e:  # writing bench.md / bench.json after the runs
+    except OSError as e:  # writing bench.md / bench.jsonl after the runs
         _fail(GuildError(f"--out {out}: cannot write ({e.strerror or e})"))
     except GuildError as e:
         _fail(e)
     if as_json:
-        print(json.dumps({k: v for k, v in rep.items() if k != "markdown"}, default=str))
+        print(rep["jsonl"], end="")
     else:
         print(rep["markdown"])
-        warning = rep["info"]["noise"].get("warning")
+        warning = rep["warning"]
         if warning:
             err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
-        err.print(f"[dim]written to {escape(str(out / 'bench.md'))} and {escape(str(out / 'bench.json'))}[/]")
+        err.print(f"[dim]written to {escape(str(out / 'bench.md'))} and {escape(str(out / 'bench.jsonl'))}[/]")
 
 
 @app.command()

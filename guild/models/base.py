@@ -94,7 +94,7 @@ class ModelArgs:
         return cls(**kw)
 
     def rope_settings(self) -> dict:
-        """The rope a run uses, recorded with its results (run --json, bench.json)."""
+        """The rope a run uses, recorded with its results (run --json, bench.jsonl)."""
         return {"freq_base": self.rope_base, **asdict(self.rope_scaling)}
 
     @property

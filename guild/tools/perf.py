@@ -10,7 +10,6 @@ import argparse
 import json
 import platform
 import sys
-import sysconfig
 import textwrap
 import time
 from pathlib import Path
@@ -25,8 +24,6 @@ from ..engine.timing import time_windows
 from ..engine.verify import Verifier
 from ..kernels.cpu import quant, simd
 from ..load import load, set_threads
-from ..speculative.build import make_drafter
-from ..text.chat import Conversation
 from ..upcycle import TAG_MOE128, embedded_dense_path, ensure_embedded_moe
 
 SHORT = "Write a short story about a robot who learns to paint."
@@ -287,53 +284,6 @@ def moe_agreement(dense, moe, tokenizer, n=64):
     return agree / total
 
 
-def summarise_document() -> str:
-    """A real document shipped with Python: the history section of its LICENSE (about 450 tokens)."""
-
-    path = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
-    text = path.read_text() if path.is_file() else long_prompt_text()
-    return text[: text.find("B. TERMS") if "B. TERMS" in text else 2000].strip()
-
-
-SPEC_PROMPTS = {
-    "summarise": lambda: "Summarise this document in a few sentences, quoting its key facts.\n\n"
-    + summarise_document(),
-    "story": lambda: "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-}
-
-
-def spec_table(model_tag="smollm2-135m-moe", n=128, repeats=3, ks=(1, 2, 3, 4), strategies=("lookup", "retrieval")):
-    """tok/s of lookup and retrieval (k = 1..4) vs normal on a summarise and a story prompt; every run's tokens
-    are checked against normal's (parity). Returns markdown rows."""
-
-    lm = load(model_tag)
-    rows = ["| prompt | strategy | k | tok/s | vs normal | acceptance | tokens/window |", "|---" * 7 + "|"]
-    for pname, make in SPEC_PROMPTS.items():
-        text = make()
-        configs = [("normal", 0)] + [(s, k) for s in strategies for k in ks]
-        speeds: dict = {c: [] for c in configs}
-        accept: dict = {}
-        truth = None
-        for _ in range(repeats):
-            for strat, k in configs:  # strategies interleaved per repeat
-                s = GuildSession(lm.model, n_ctx=2048, eos_ids=())
-                conv = Conversation(s, lm.tokenizer)
-                t = conv.say(text, n, drafter=make_drafter(strat), max_draft=k)
-                if truth is None:
-                    truth = t.tokens
-                if t.tokens != truth:
-                    raise SystemExit(f"PARITY FAILURE: {pname} {strat} k={k} differs from normal")
-                speeds[(strat, k)].append(t.stats.decode_tok_s)
-                accept[(strat, k)] = t.stats.summary()
-        base = median(speeds[("normal", 0)])
-        for (strat, k), v in speeds.items():
-            sm = accept[(strat, k)]
-            acc = f"{sm['acceptance'] * 100:.0f}%" if sm["acceptance"] is not None else "–"
-            rows.append(f"| {pname} | {strat} | {k} | {median(v):.1f} | {median(v) / base:.2f}× | {acc} | "
-                        f"{sm['tokens_per_window']:.2f} |")
-    return rows
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m guild.tools.perf", description=__doc__)
     ap.add_argument("--threads", type=int, default=None, help="threads for guild and llama.cpp (default: all)")
@@ -341,20 +291,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--full", action="store_true", help="more repeats")
     ap.add_argument("--out", default="results", help="folder for perf.json and perf.md")
-    ap.add_argument("--spec", action="store_true", help="only the lookup/retrieval vs normal table (MoE model)")
     ap.add_argument("--moe128", action="store_true", help="also the 128-expert top-8 upcycle (built on first use)")
     ap.add_argument("--numerics", choices=("i8", "f32"), default="i8", help="numeric mode of the CPU kernels")
     a = ap.parse_args(argv)
 
     threads = set_threads(a.threads)
     quant.set_default_numerics(a.numerics)
-    if a.spec:
-        md = (f"guild {threads} threads, {a.tokens} greedy tokens, median of {a.repeats}, parity checked\n\n"
-              + "\n".join(spec_table(n=a.tokens, repeats=a.repeats)))
-        print(md)
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "spec.md").write_text(md + "\n")
-        return 0
     repeats = a.repeats * (3 if a.full else 1)
     paths = {"dense": embedded_dense_path(), "moe 8x top-2": ensure_embedded_moe()}
     if a.moe128:

@@ -79,3 +79,16 @@ def test_failed_child_is_one_line(monkeypatch):
     r = harness.in_child(_runner("normal", [1]), "long", [])
     with pytest.raises(harness.GuildError, match="long: normal at size=3 failed: error: out of memory"):
         r.measure({"size": 3})
+
+
+def test_speedup_is_paired_by_round_and_a_once_runner_runs_once():
+    """speedup: a runner's figure over the reference's in the same round (not the ratio of medians); a `once`
+    runner is measured in the first round only."""
+    order = []
+    rs = [_runner("normal", [10, 20, 40], order=order, reference=True),
+          _runner("lookup", [20, 20, 20], order=order, exact=True),
+          _runner("oracle", [3], order=order, exact=True, once=True)]
+    n, lk, o = measure("c", [{}], rs, 3, {}, speedup_of="decode_tok_s")
+    assert order == ["normal", "lookup", "oracle", "lookup", "normal", "normal", "lookup"]
+    assert lk.figures["speedup"]["runs"] == [2.0, 1.0, 0.5] and n.median("speedup") == 1.0
+    assert o.figures["decode_tok_s"]["runs"] == [3.0] and o.parity is True

@@ -40,3 +40,10 @@ def test_provenance_names_commit_host_and_command():
     assert p["host"]["threads"] == 2 and p["host"]["cores"] >= 1 and p["host"]["isa"]
     assert len(p["commit"].split("+")[0]) == 12 or p["commit"] == "unknown"
     assert {"guild", "numpy", "numba"} <= set(p["versions"])
+
+
+def test_the_command_line_as_started(monkeypatch):
+    monkeypatch.setattr(host.sys, "argv", ["guild/bench/__main__.py", "decode", "--models", "a b.gguf"])
+    assert host.provenance(1)["command"] == "python -m guild.bench decode --models 'a b.gguf'"
+    monkeypatch.setattr(host.sys, "argv", ["/x/guild/__main__.py", "bench", "-n", "4"])
+    assert host.provenance(1)["command"] == "python -m guild bench -n 4"

@@ -275,11 +275,12 @@ def test_tampered_plan_is_always_an_error(plan, tiny, tmp_path):
 
 
 def test_bench_takes_the_plan(plan, tiny):
-    from guild.tools.bench import bench
+    from guild.bench.command import bench
 
     rep = bench(str(tiny), ["W9"], ["adaptive"], max_tokens=4, context=512, out=None, progress=False,
                 gexec=plan.path)
-    assert rep["info"]["plan"] == plan.path and {r["strategy"] for r in rep["rows"]} == {"normal", "adaptive"}
+    assert rep["records"][0].meta["settings"]["plan"] == plan.path
+    assert {r.runner for r in rep["records"]} >= {"normal", "adaptive"}
     with pytest.raises(GuildError, match="--strict-plan needs --gexec"):
         bench(str(tiny), ["W9"], ["adaptive"], out=None, progress=False, strict_plan=True)
 

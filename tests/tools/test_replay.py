@@ -74,9 +74,9 @@ def test_bad_traces_are_one_line_errors(tmp_path):
 def test_record_is_plain_decoding_on_the_embedded_model(tmp_path, moe_path):
     """Recording asks every drafter at every position but never drafts: the stream is plain decoding's, and the
     trace replays."""
+    from guild.bench.runners import guild_workload
     from guild.engine.options import DecodeOptions
     from guild.load import load_for
-    from guild.tools.bench import run_workload
     from guild.workloads import load_workloads
 
     tr = R.record(["W9"], moe_path, max_tokens=8)
@@ -87,8 +87,8 @@ def test_record_is_plain_decoding_on_the_embedded_model(tmp_path, moe_path):
     assert set(next(iter(turn["windows"].values()))["proposals"]) == {"lookup", "retrieval", "mtp"}
     lm = load_for(moe_path, DecodeOptions())
     w = load_workloads(["W9"])[0].instances(lm.tokenizer, 8192)[0]
-    plain = run_workload(lm, w, DecodeOptions(strategy="normal", max_tokens=8, sampling=w.sampling_params()))
-    assert turn["tokens"][turn["n0"] - 1 :] == plain.tokens[0]
+    plain = guild_workload(lm, w, DecodeOptions(strategy="normal", max_tokens=8, sampling=w.sampling_params()))
+    assert turn["tokens"][turn["n0"] - 1 :] == plain.tokens
     assert len(wl["rho"]) == 5 and wl["rho"][0] == 1.0
     (tmp_path / "t.json").write_text(json.dumps(tr))
     R.main(["run", str(tmp_path / "t.json")])
@@ -99,15 +99,15 @@ def test_a_constrained_workload_is_recorded_constrained(moe_path):
     so its tokens are constrained normal's, not the unconstrained model's."""
     import dataclasses
 
+    from guild.bench.runners import guild_workload
     from guild.engine.options import DecodeOptions
     from guild.load import load_for
-    from guild.tools.bench import run_workload
     from guild.workloads import load_workloads
 
     lm = load_for(moe_path, DecodeOptions())
     w = load_workloads(["W11"])[0]
     o = DecodeOptions(strategy="adaptive", max_tokens=6, sampling=w.sampling_params())
     turn = R.record_instance(lm, w, o)["turns"][0]
-    plain = run_workload(lm, w, dataclasses.replace(o, strategy="normal"))
-    free = run_workload(lm, dataclasses.replace(w, json_schema=None), dataclasses.replace(o, strategy="normal"))
-    assert turn["tokens"][turn["n0"] - 1 :] == plain.tokens[0] != free.tokens[0]
+    plain = guild_workload(lm, w, dataclasses.replace(o, strategy="normal"))
+    free = guild_workload(lm, dataclasses.replace(w, json_schema=None), dataclasses.replace(o, strategy="normal"))
+    assert turn["tokens"][turn["n0"] - 1 :] == plain.tokens != free.tokens
