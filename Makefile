@@ -44,7 +44,7 @@ fuzz-boundscheck: setup
 
 # reduced set (a few minutes on 2 cores): engine speed vs llama.cpp, then workloads x strategies (parity-checked)
 bench: setup
-	$(BIN)/python -m guild.tools.perf
+	$(BIN)/python -m guild.bench decode --out results
 	$(BIN)/guild bench --workloads W2,W4,W7,W8,W9 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 1
 
 # bench-full's long-context W10: every size up to W10_MAX tokens (16,384 and 32,768 by default; W10_MAX=65472
@@ -53,15 +53,21 @@ W10_MAX ?= 32768
 W10_ROPE ?= 4
 
 bench-full: setup
-	$(BIN)/python -m guild.tools.perf --full
+	$(BIN)/python -m guild.bench decode --rounds 9 --out results
+	$(BIN)/python -m guild.bench windows --models smollm2-135m,smollm2-135m-moe --out results
+	$(BIN)/python -m guild.bench step --out results
+	$(BIN)/python -m guild.bench agreement --out results
 	$(BIN)/python -m guild.bench workloads smollm2-135m-moe --workloads W2,W7 --strategies lookup,retrieval \
 		--max-draft 1,2,3,4 --rounds 3 --out results/spec
 	$(BIN)/python -m guild.bench hybrid --out results
 	$(BIN)/python -m guild.bench scale --out results
 	$(BIN)/python -m guild.bench quant --out results
-	$(BIN)/python -m guild.tools.perf_shapes --synth qwen3-30b-a3b --layers 4 --dir results/shapes \
-		--types Q4_K_M,Q3_K,Q2_K,IQ4_XS,IQ3_XXS,IQ2_XXS,MXFP4_MOE,Q8_0
-	$(BIN)/python -m guild.tools.perf_shapes --synth qwen3.5-35b-a3b --layers 4 --dir results/shapes --types Q4_K_M
+	$(BIN)/python -m guild.bench decode --models '' --synth qwen3-30b-a3b --layers 4 --numerics i8,f32 -t 2 \
+		--types Q4_K_M,Q3_K,Q2_K,IQ4_XS,IQ3_XXS,IQ2_XXS,MXFP4_MOE,Q8_0 --out results/shapes
+	$(BIN)/python -m guild.bench windows --models '' --synth qwen3-30b-a3b --layers 4 -t 2 \
+		--types Q4_K_M,Q3_K,Q2_K,IQ4_XS,IQ3_XXS,IQ2_XXS,MXFP4_MOE,Q8_0 --out results/shapes
+	$(BIN)/python -m guild.bench decode --models '' --synth qwen3.5-35b-a3b --layers 4 --numerics i8,f32 -t 2 \
+		--out results/shapes-35b
 	$(BIN)/python -m guild.tools.perf_shapes --fresh smollm2-135m-moe
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
 	$(BIN)/python -m guild.tools.replay record --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 -o results/replay-trace.json

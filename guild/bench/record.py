@@ -42,6 +42,7 @@ FIGURES: dict[str, Figure] = {
     "gweights_s": Figure("G/s", True, "weights per second"),
     "python_share": Figure("", False, "Python's share of a step"),
     "op_ms": Figure("ms", False, "ms per step by op"),
+    "latency_ms": Figure("ms", False, "one call"),
     "verifier_share": Figure("", False, "verifier's share of a T=5 window"),
     "gb_s": Figure("GB/s", True, "bandwidth"),
     "gmacs": Figure("G/s", True, "multiply-adds per second"),

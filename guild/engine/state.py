@@ -177,7 +177,7 @@ class HybridState:
     kernel (bitwise what `keep` single steps leave). Windows longer than MAX_SNAPSHOT_ROWS (prefill chunks)
     replay in both modes. Replaying costs a whole recurrence row per kept row where a snapshot costs one store
     per row, so snapshots are the default, at the price of up to 1 + MAX_SNAPSHOT_ROWS states per layer
-    (`python -m guild.tools.perf_hybrid` measures both). The conv history becomes the last K-1 of (history,
+    (`python -m guild.bench hybrid` measures both). The conv history becomes the last K-1 of (history,
     first `keep` conv inputs). Nothing of rows >= keep survives (docs/contracts.md "Window").
     """
 

@@ -1,5 +1,5 @@
 """Timing verification windows: the one loop behind `guild optimize`'s window costs V(T) (calib/draft_costs.py) and
-the benchmarks' (guild.tools.perf, guild.tools.perf_hybrid).
+the benchmarks' (guild.bench: the windows, step and hybrid cases).
 
 A window is one forward of T rows at the state's position, then `state.commit(keep)`. Each round runs every T
 once (rotated per round if asked, so no T always runs first and a slow spell of a shared machine hits all T

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bench.runners import guild_windows
 from ..engine.options import DecodeOptions
 from ..errors import GuildError
 from ..formats.files import write_bytes
@@ -36,7 +37,6 @@ from ..speculative.registry import DRAFTERS
 from ..speculative.scheduler import Acceptance, Proposal, features
 from ..text.chat import run_turn
 from ..workloads import load_workloads
-from .perf import window_costs
 
 CATCHUP_MS_PER_ROW = 0.12  # MTP catch-up per extra lagging row (64-row catch-ups on the embedded MoE: ~0.1-0.13 ms)
 OVERHEAD_MS = 0.14  # the adaptive drafter's own work per window (its process time over a replay: 0.12-0.14 ms)
@@ -73,7 +73,7 @@ class Recorder(AdaptiveDrafter):
 
 def _window_rho(model, tokens: list[int], n0: int, max_T: int, repeats: int = 20) -> list[float]:
     """V(T)/V(1) for T = 1..max_T at the turn's context, windows cut from the turn's own output."""
-    ms, _ = window_costs(model, tokens[: n0 - 1], repeats, max_T, text=tokens[n0 - 1 :])
+    ms, _ = guild_windows(model, tokens[: n0 - 1], repeats, max_T, text=tokens[n0 - 1 :])
     return [ms[T] / ms[1] for T in ms]
 
 

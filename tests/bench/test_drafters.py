@@ -15,7 +15,7 @@ def test_every_operation_is_timed():
     D.check(a)
     recs = measure("drafters", D.points(a), D.runners(a), 1, {})
     assert [(r.point["drafter"], r.point["op"]) for r in recs] == [(d, op) for d in D.OPS for op in D.OPS[d]]
-    assert all(r.median("ms") > 0 for r in recs)
+    assert all(r.median("latency_ms") > 0 for r in recs)
     assert all(0 <= r.median("draft_rate") <= 1 for r in recs if r.point["op"] == "propose")
     assert D.text_like(300, 0) == D.text_like(300, 0) and len(D.text_like(300, 0)) == 300  # seeded, cached
 

@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
 
 def _llama_cpp_logits(path: str, tokens) -> np.ndarray:
     installed("llama_cpp")
-    from guild.tools.perf import open_llama_cpp
+    from guild.bench.runners import open_llama_cpp
 
     # the pinned llama-cpp-python (make setup-oracle) runs both architectures: failing to load them is a failure
     llm = open_llama_cpp(path, logits_all=True, n_ctx=64, n_threads=2, type_k=0, type_v=0, flash_attn=False)

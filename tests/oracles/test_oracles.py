@@ -35,8 +35,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
+from guild.bench.runners import open_llama_cpp
 from guild.models import load_model
-from guild.tools.perf import open_llama_cpp
 from guild.tools.tiny import write_tiny_model
 from tests.helpers.optional import installed
 

@@ -76,13 +76,13 @@ def _lookup(a, op: str) -> Run:
     if op.startswith("append"):  # ms per token; compacting: through 4 n tokens, the window halved as it fills
         src, step = (toks[n:], 1) if op == "append compacting" else (toks[:n], 4 if "4" in op else 1)
         calls = [src[i] if step == 1 else src[i: i + step] for i in range(0, len(src), step)]
-        return Run({"ms": _timed(lambda: [d.append(c) for c in calls]) / len(src)})
+        return Run({"latency_ms": _timed(lambda: [d.append(c) for c in calls]) / len(src)})
     hist = (toks[:500] * (n // 500 + 1))[:n] if op == "propose repetitive" else toks[: n - 3 * a.steps]
     d.start(hist, 0)
     if op == "propose":
         lat, hits, _ = replay(d, hist, toks, len(hist), a.steps, 0)
-        return Run({"ms": statistics.median(lat) * 1e3, "draft_rate": hits / len(lat)})
-    return Run({"ms": statistics.median(_timed(d.propose, hist, 4) for _ in range(a.steps))})
+        return Run({"latency_ms": statistics.median(lat) * 1e3, "draft_rate": hits / len(lat)})
+    return Run({"latency_ms": statistics.median(_timed(d.propose, hist, 4) for _ in range(a.steps))})
 
 
 def _retrieval(a, op: str) -> Run:
@@ -95,17 +95,17 @@ def _retrieval(a, op: str) -> Run:
     d = RetrievalDrafter()
     ms = _timed(lambda: [d.ingest(corpus[s: s + 4096]) for s in range(0, a.corpus, 4096)])  # 4096-token documents
     if op == "ingest":
-        return Run({"ms": ms / a.corpus})
+        return Run({"latency_ms": ms / a.corpus})
     if op == "propose repetitive":  # a 4-symbol stream: every anchor has a long chain
         stream = rng.integers(0, 4, n + 3 * a.steps).tolist()
     hist = stream[: n - 3 * a.steps] if op != "propose repetitive" else stream[:n]
     ms = _timed(d.start, hist, 0)
     if op == "start":
-        return Run({"ms": ms})
+        return Run({"latency_ms": ms})
     if op == "start moving the stream":  # the next turn: the stream moves into the corpus
-        return Run({"ms": _timed(d.start, hist, len(hist))})
+        return Run({"latency_ms": _timed(d.start, hist, len(hist))})
     lat, hits, _ = replay(d, hist, stream, len(hist), a.steps, 0)
-    return Run({"ms": statistics.median(lat) * 1e3, "draft_rate": hits / len(lat)})
+    return Run({"latency_ms": statistics.median(lat) * 1e3, "draft_rate": hits / len(lat)})
 
 
 def runners(a) -> list[Runner]:

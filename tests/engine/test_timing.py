@@ -1,11 +1,14 @@
-"""guild.tools.perf's building blocks on a tiny model: the one window-timing routine (guild.engine.timing) its
-window costs are built on, the per-op split of a window, and the machine's peaks."""
+"""guild.engine.timing on a tiny model: the one window-timing routine the benchmarks' window costs are built on
+(guild.bench.runners.guild_windows), the per-op split of a window (the step case's Python share), and the
+machine's peaks (guild.bench.peaks)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from guild.bench.cases.step import python_share
+from guild.bench.runners import guild_windows
 from guild.tools.tiny import write_tiny_model
 
 
@@ -19,11 +22,10 @@ def tiny(tmp_path_factory):
 def test_one_window_timing_routine_times_the_host_kernels(tiny):
     """guild.engine.timing: windows of every T, warm-up rounds unrecorded, the experts' and the recurrence's
     time from the host's clock (detached afterwards), the state where it was unless the commit keeps rows; and
-    perf's window costs built on it run (the hybrid case's: tests/bench/test_hybrid.py)."""
+    the benchmarks' window costs built on it run (the hybrid case's: tests/bench/test_hybrid.py)."""
     from guild.engine.backends import HOST
     from guild.engine.timing import time_windows
     from guild.models import load_model
-    from guild.tools import perf
 
     m = load_model(tiny)
     st = m.new_state(64)
@@ -37,18 +39,17 @@ def test_one_window_timing_routine_times_the_host_kernels(tiny):
         assert t.window_ms(T)[0] == t.forward_ms[T][0] + t.commit_ms[T][0]
     time_windows(m, st, lambda r, T: np.arange(T), [2], 1, keep=lambda T: T)
     assert st.pos == 10
-    ms, distinct = perf.window_costs(m, list(range(16)), repeats=1, max_T=3)
+    ms, distinct = guild_windows(m, list(range(16)), repeats=1, max_T=3)
     assert set(ms) == set(distinct) == {1, 2, 3} and all(v > 0 for v in ms.values())
 
 
 def test_the_per_op_split_of_a_window_sums_within_it(tiny, tmp_path):
     """time_windows(ops=True) runs the forward on TimedBackends: the same logits bit for bit, every op the
     forward calls on the clock, the ops' and experts' ms summing to less than the forward (the rest is the
-    Python between them), nested spans counted once; perf.python_share reports that rest and the split."""
+    Python between them), nested spans counted once; the step case's python_share reports that rest and the split."""
     from guild.engine.backends import HOST, KernelClock
     from guild.engine.timing import time_windows
     from guild.models import load_model
-    from guild.tools import perf
     from guild.tools.tiny_hybrid import write_tiny_hybrid
 
     c = KernelClock()
@@ -74,7 +75,7 @@ def test_the_per_op_split_of_a_window_sums_within_it(tiny, tmp_path):
             assert 0 < sum(k.values()) < f
     assert all(x == sum(k.values()) for x, k in zip(t.kernels_total(1), t.kernel_ms[1], strict=True))
 
-    share, op_ms = perf.python_share(m, list(range(16)), steps=4)
+    share, op_ms = python_share(m, list(range(16)), steps=4)
     assert 0 < share < 1 and {"matmul", "experts"} <= set(op_ms)
 
     h = load_model(str(write_tiny_hybrid(tmp_path / "h.gguf", seed=2)))
@@ -86,7 +87,7 @@ def test_the_per_op_split_of_a_window_sums_within_it(tiny, tmp_path):
 
 def test_machine_peaks_are_rates_a_cpu_can_reach():
     """The peak loops really run: a rate a compiler folded away reads in the tens of thousands of G/s."""
-    from guild.tools.perf import machine_peaks
+    from guild.bench.peaks import machine_peaks
 
     p = machine_peaks(1, repeats=3)  # the best of three: a folded loop's rate is only bounded by the clock
     assert 0 < p["fp32_gmacs"] < 1000 and 0 < p["int8_gmacs"] < 3000 and p["copy_gbs"] > 0
