@@ -9,18 +9,11 @@ import typer
 from rich.markup import escape
 
 from ...engine.kvtypes import KVTypes
+from ...engine.options import RopeOptions
+from ...engine.sampling import SamplingParams
 from ...errors import GuildError
 from ...speculative.options import MtpOptions
-from ..options import (
-    BENCH_SAMPLING,
-    MODEL,
-    ROPE,
-    SESSIONS_RANGE,
-    flag,
-    model_arg,
-    set_process_flags,
-    takes,
-)
+from ..options import BENCH_SAMPLING, MODEL, ROPE, SESSIONS_RANGE, flag, model_arg, set_process_flags, takes
 from ..output import err, fail, writable
 
 
@@ -60,9 +53,7 @@ def command(
 ):
     """Run workloads x strategies in one process, check token parity with normal, write a table. Sampling flags
     change those settings of every workload (the rest stay each workload's own)."""
-    from ...engine.options import RopeOptions  # deferred: numba
-    from ...engine.sampling import SamplingParams
-    from ...load import set_threads
+    from ...load import set_threads  # deferred: the loader and the benchmarks pull in numba
     from ...tools.bench import bench as run_bench
 
     try:

@@ -12,21 +12,13 @@ import typer
 from rich.markup import escape
 
 from ...engine.kvtypes import KVTypes
+from ...engine.options import DecodeOptions, RopeOptions
+from ...engine.sampling import SamplingParams
 from ...errors import BadFlagError, GuildError
 from ...speculative.options import MtpOptions
 from ...text.inputs import conversation_turns, prompt_source
-from ..options import (
-    MODEL,
-    ROPE,
-    RUN_SAMPLING,
-    SESSIONS_RANGE,
-    SPEC,
-    TEXT,
-    flag,
-    model_arg,
-    set_process_flags,
-    takes,
-)
+from ...text.options import TextOptions
+from ..options import MODEL, ROPE, RUN_SAMPLING, SESSIONS_RANGE, SPEC, TEXT, flag, model_arg, set_process_flags, takes
 from ..output import err, fail, note, notes, writable
 
 
@@ -140,10 +132,7 @@ def command(
     rope: tuple,
 ):
     """Generate text, streaming it, then print decode statistics (greedy unless --temperature)."""
-    from ...engine.options import DecodeOptions, RopeOptions  # deferred: numba
-    from ...engine.sampling import SamplingParams
-    from ...text.options import TextOptions
-    from ..run import Runner, write_trace
+    from ..run import Runner, write_trace  # deferred: the loader pulls in numba
     from ..run import run as run_prompts
 
     def stream(s: str) -> None:

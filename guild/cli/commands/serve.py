@@ -7,18 +7,10 @@ from pathlib import Path
 import typer
 
 from ...engine.kvtypes import KVTypes
-from ...engine.options import MAX_SESSIONS
+from ...engine.options import MAX_SESSIONS, DecodeOptions, RopeOptions
+from ...engine.sampling import SamplingParams
 from ...errors import GuildError
-from ..options import (
-    MODEL,
-    ROPE,
-    SERVE_SAMPLING,
-    SPEC,
-    flag,
-    model_arg,
-    set_process_flags,
-    takes,
-)
+from ..options import MODEL, ROPE, SERVE_SAMPLING, SPEC, flag, model_arg, set_process_flags, takes
 from ..output import fail
 
 SERVE = "Serving"
@@ -61,9 +53,7 @@ def command(
     """Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus /health and
     /metrics (Prometheus). Requests are batched into one forward per round; each decodes exactly as `guild run`.
     Sampling flags are the defaults for requests that leave a field out."""
-    from ...engine.options import DecodeOptions, RopeOptions  # deferred: numba
-    from ...engine.sampling import SamplingParams
-    from ...serve import ServeOptions
+    from ...serve import ServeOptions  # deferred: the server pulls in numba
     from ...serve import serve as serve_model
 
     try:
