@@ -126,8 +126,6 @@ class Worker:
                 text = inputs.prompt_text(text, "-p/--prompt")
             turns = [text]
         else:
-            from guild.cli import _conversation
-
             p = self.d / "conv.yaml"
             if kind == "zeros":
                 p.unlink(missing_ok=True)
@@ -135,7 +133,7 @@ class Worker:
                     f.truncate(payload)
             else:
                 p.write_bytes(payload)
-            turns = _conversation(p)
+            turns = inputs.conversation_turns(p)[1]  # the user turns `guild run --conversation` reads
         for tx in turns:
             self.tok.encode(self.tok.apply_chat_template([{"role": "user", "content": tx}]))
         return "ok"

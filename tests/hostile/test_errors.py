@@ -84,7 +84,7 @@ def test_context_overflow(tiny):
 
 
 def _cli(*args):
-    """In-process: the commands' own error reporting is under test (test_cli runs the whole program's)."""
+    """In-process: the commands' own error reporting is under test (tests/cli/test_run.py runs the whole program's)."""
     from typer.testing import CliRunner
 
     from guild.cli import app

@@ -6,7 +6,7 @@ ggml. Every comparison feeds token ids (no tokenizer involved) and compares all 
 
 guild is also run in several window splits (one 12-row call, as a 12-token prompt is prefilled; windows of <= 8
 rows with the KV cache carried between them), and every split is held to the same bound. All of them take the
-row-invariant kernels (only a call of more than 64 rows takes BLAS, under f32: tests/cli/test_cli.py).
+row-invariant kernels (only a call of more than 64 rows takes BLAS, under f32: tests/cli/test_run.py).
 
 Measured on the reference machine (2 cores, AVX-512; torch 2.13 CPU, transformers 5.24, llama-cpp-python 0.3.36),
 identical for every window split:

@@ -249,7 +249,7 @@ def test_cli(models, tmp_path):
     from typer.testing import CliRunner
 
     from guild.cli import app
-    from guild.cli import train_mtp as cmd
+    from guild.cli.commands.train_mtp import command as cmd
     defaults = {k: v.default.default for k, v in inspect.signature(cmd).parameters.items() if k != "model"}
     assert (defaults["steps"], defaults["text_tokens"], defaults["gen_tokens"], defaults["seq_len"],
             defaults["batch"], defaults["lr"], defaults["seed"]) == (

@@ -17,7 +17,7 @@ DENSE = ["smollm2-135m", "-t", "1", "--device", "cpu"]
 @pytest.fixture(autouse=True, scope="module")
 def _load_once():
     """Load the model once for this file's in-process runs (guild.cli.run.load_for, cached): the flags are under test
-    here, the loader elsewhere (test_cli, test_repl_pty run the whole program)."""
+    here, the loader elsewhere (test_run, test_repl_pty run the whole program)."""
     import guild.cli.run as gr
 
     real, cache = gr.load_for, {}

@@ -1,0 +1,60 @@
+"""The command table and the shared flags (guild/cli/__init__.py, guild/cli/options.py): every command registered
+from its module, a shared flag the same wherever its help is shared, the flag groups handed over as one value."""
+
+import subprocess
+import sys
+
+import typer
+from typer.testing import CliRunner
+
+from guild.cli import COMMANDS, app
+from guild.cli import options as o
+
+
+def _params(name):
+    return {p.name: p for p in typer.main.get_command(app).commands[name].params}
+
+
+def test_every_command_comes_from_the_table():
+    group = typer.main.get_command(app)
+    assert list(group.commands) == [name for name, _ in COMMANDS]
+    for name, module in COMMANDS:
+        assert group.commands[name].callback.__module__ == module.__name__, name
+
+
+def test_the_cli_imports_no_numba():
+    code = "import sys, guild.cli; print('numba' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+# optimize's --context and --prefill-batch are its own (no -c, -b aliases); its --device help adds a sentence
+OWN_NAMES = {("optimize", "context"), ("optimize", "prefill_batch")}
+OWN_HELP = {("optimize", "device")}
+
+
+def test_a_shared_flag_reads_the_same_in_every_command():
+    for name, _ in COMMANDS:
+        for param, p in _params(name).items():
+            if param not in o._FLAGS or (name, param) in OWN_NAMES:
+                continue
+            names, _, h = o._FLAGS[param]
+            assert sorted(p.opts) == sorted(names), (name, param)
+            if h is not None and (name, param) not in OWN_HELP:
+                assert p.help == h, (name, param)
+
+
+def test_groups_are_handed_over_as_one_value():
+    got = {}
+    demo = typer.Typer()
+
+    @demo.command()
+    @o.takes(sampling=o.BENCH_SAMPLING, rope=o.ROPE)
+    def cmd(n: int = typer.Option(1, "-n"), *, sampling: dict, rope: tuple):
+        got.update(n=n, sampling=sampling, rope=rope)
+
+    r = CliRunner().invoke(demo, ["-n", "3", "--temp", "0.5", "--repeat-last-n", "8", "--rope-scale", "2"])
+    assert r.exit_code == 0, r.output
+    # flags not given stay out of the sampling keywords; repeat_last_n is SamplingParams' penalty_last_n
+    assert got == {"n": 3, "sampling": {"temperature": 0.5, "penalty_last_n": 8},
+                   "rope": (None, 2.0, None, None, None)}
