@@ -79,7 +79,7 @@ bench-full: setup
 # (continuous batching, one slot per client) on the same GGUF, threads and requests: aggregate and per-request
 # tok/s, time to first token
 bench-serve: setup llama-server
-	$(BIN)/python -m guild.tools.bench_serve --llama-server $(LLAMA_SERVER)
+	$(BIN)/python -m guild.bench serve --llama-server $(LLAMA_SERVER) --out results
 
 # llama.cpp's llama-server from the sources that llama-cpp-python's source package vendors (the version the oracles
 # pin), built once into the user cache (about 10 minutes on 2 cores, at the lowest priority) and reused

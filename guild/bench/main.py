@@ -27,6 +27,7 @@ CASES = {
     "shapes": "shapes",
     "windows": "windows",
     "long": "long",
+    "serve": "serve",
 }
 REPORT_FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "rss_added_mb")
 

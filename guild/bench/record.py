@@ -44,6 +44,8 @@ FIGURES: dict[str, Figure] = {
     "max_abs": Figure("", False, "largest difference"),
     "rel_rms": Figure("", False, "relative RMS difference"),
     "same_tokens": Figure("", True, "same greedy tokens"),
+    "aggregate_tok_s": Figure("tok/s", True, "all clients' tokens"),
+    "ttft_max_ms": Figure("ms", False, "slowest time to first token"),
 }
 
 
