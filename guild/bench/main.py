@@ -28,6 +28,7 @@ CASES = {
     "windows": "windows",
     "long": "long",
     "serve": "serve",
+    "beyond_ram": "beyond_ram",
 }
 REPORT_FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "rss_added_mb")
 

@@ -46,6 +46,10 @@ FIGURES: dict[str, Figure] = {
     "same_tokens": Figure("", True, "same greedy tokens"),
     "aggregate_tok_s": Figure("tok/s", True, "all clients' tokens"),
     "ttft_max_ms": Figure("ms", False, "slowest time to first token"),
+    "mb_per_token": Figure("MB", False, "read per token"),
+    "reads_in_flight": Figure("reads", True, "reads in flight"),
+    "events_per_token": Figure("/token", False, "events per token"),
+    "cap_peak_mb": Figure("MB", False, "peak in the memory cap, page cache included"),
 }
 
 
