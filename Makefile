@@ -86,7 +86,7 @@ bench-full: setup
 # (continuous batching, one slot per client) on the same GGUF, threads and requests: aggregate and per-request
 # tok/s, time to first token
 bench-serve: setup llama-server
-	$(BIN)/python -m guild.tools.bench_serve --llama-server $(LLAMA_SERVER)
+	$(BIN)/python -m guild.bench serve --llama-server $(LLAMA_SERVER) --out results
 
 # llama.cpp's llama-server from the sources that llama-cpp-python's source package vendors (the version the oracles
 # pin), built once into the user cache (about 10 minutes on 2 cores, at the lowest priority) and reused
@@ -115,7 +115,7 @@ $(LLAMA_SERVER): $(LLAMA_SDIST)
 # the 128-expert upcycle (6.4 GB, built under /tmp on first use) with its experts read from disk through a cache
 # bounded below the model's size, beside the disk's bound and llama.cpp (ARGS: e.g. --expert-cache-mem 3G -n 48 --json)
 bench-beyond-ram: setup
-	$(BIN)/python -m guild.tools.beyond_ram $(ARGS)
+	$(BIN)/python -m guild.bench beyond_ram $(ARGS)
 
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
 # an interrupted run resumes from guild/heads/*.ckpt/

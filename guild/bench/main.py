@@ -38,6 +38,8 @@ CASES = {
     "quant": "quant",
     "kernels": "kernels",
     "json_schema": "json_schema",
+    "serve": "serve",
+    "beyond_ram": "beyond_ram",
 }
 REPORT_FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "rss_added_mb")
 

@@ -60,6 +60,13 @@ FIGURES: dict[str, Figure] = {
     "mask_us": Figure("µs", False, "grammar mask per token"),
     "mask_p90_us": Figure("µs", False, "grammar mask per token, 90th percentile"),
     "allowed_us": Figure("µs", False, "mask as the sampler's vector per token"),
+    "aggregate_tok_s": Figure("tok/s", True, "all clients' tokens"),
+    "ttft_max_ms": Figure("ms", False, "slowest time to first token"),
+    "mb_per_token": Figure("MB", False, "read per token"),
+    "reads_in_flight": Figure("reads", True, "reads in flight"),
+    "events_per_token": Figure("/token", False, "events per token"),
+    "cap_peak_mb": Figure("MB", False, "peak in the memory cap, page cache included"),
+    "token_ms": Figure("ms", False, "a token's time by cause"),
 }
 
 

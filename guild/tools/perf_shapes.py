@@ -192,7 +192,7 @@ def _serve_ttft(path: str, runs: int, threads: int) -> tuple[float, float]:
     """Time to the first streamed token of the chat prompt from a fresh `guild serve` to one client: its first
     request (nothing to reuse), then the median of `runs` more, each about another subject (same length), so
     only the chat template's first tokens come from the server's prefix reuse."""
-    from .bench_serve import free_port, run_server, stream_chat
+    from ..bench.server import free_port, run_server, stream_chat
 
     port = free_port()
     asks = [CHAT_PROMPT.replace("sky", w) for w in _SUBJECTS[: runs + 1]]

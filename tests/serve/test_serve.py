@@ -16,11 +16,11 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from guild.bench.server import free_port, wait_ready  # noqa: E402
 from guild.engine.sampling import SamplingParams  # noqa: E402
 from guild.load import load  # noqa: E402
 from guild.speculative.options import DraftOptions  # noqa: E402
 from guild.text.chat import Conversation  # noqa: E402
-from guild.tools.bench_serve import free_port, wait_ready  # noqa: E402
 
 MODEL = "smollm2-135m-moe"
 CONTEXT = 512

@@ -13,7 +13,7 @@ from tests.helpers.first_use import since, snapshot, watch
 watch()
 from guild.engine.options import DecodeOptions
 from guild.serve import ServeOptions, serve
-from guild.tools.bench_serve import free_port
+from guild.bench.server import free_port
 
 port, out = free_port(), {}
 def client():
