@@ -68,7 +68,7 @@ bench-full: setup
 		--types Q4_K_M,Q3_K,Q2_K,IQ4_XS,IQ3_XXS,IQ2_XXS,MXFP4_MOE,Q8_0 --out results/shapes
 	$(BIN)/python -m guild.bench decode --models '' --synth qwen3.5-35b-a3b --layers 4 --numerics i8,f32 -t 2 \
 		--out results/shapes-35b
-	$(BIN)/python -m guild.tools.perf_shapes --fresh smollm2-135m-moe
+	$(BIN)/python -m guild.bench fresh --out results
 	$(BIN)/guild bench --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 --strategies normal,lookup,retrieval,mtp,adaptive --repeats 3
 	$(BIN)/python -m guild.tools.replay record --workloads W1,W2,W3,W4,W5,W6,W7,W8,W9,W10 -o results/replay-trace.json
 	$(BIN)/python -m guild.tools.replay run results/replay-trace.json

@@ -29,6 +29,7 @@ CASES = {
     "decode": "decode",
     "windows": "windows",
     "long": "long",
+    "fresh": "fresh",
     "workloads": "workloads",
     "drafters": "drafters",
     "step": "step",

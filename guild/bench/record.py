@@ -62,6 +62,7 @@ FIGURES: dict[str, Figure] = {
     "allowed_us": Figure("µs", False, "mask as the sampler's vector per token"),
     "aggregate_tok_s": Figure("tok/s", True, "all clients' tokens"),
     "ttft_max_ms": Figure("ms", False, "slowest time to first token"),
+    "ttft_later_ms": Figure("ms", False, "time to first token, later requests"),
     "mb_per_token": Figure("MB", False, "read per token"),
     "reads_in_flight": Figure("reads", True, "reads in flight"),
     "events_per_token": Figure("/token", False, "events per token"),

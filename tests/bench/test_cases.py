@@ -70,3 +70,13 @@ def test_llama_bench_binary_as_a_runner(small, tmp_path, capsys):
                     "--llama-bench", f"ik={fake}", "--json")
     ik = next(r for r in recs if r["runner"] == "ik")
     assert ik["figures"]["prefill_tok_s"]["median"] == 250.0 and ik["figures"]["decode_tok_s"]["median"] == 40.0
+
+
+@pytest.mark.slow
+def test_fresh_processes_time_to_first_token(small, capsys):
+    """A fresh `guild run` and a fresh `guild serve` (first request, later ones) each report a time to first
+    token; llama.cpp left out is said."""
+    recs = _records(capsys, "fresh", "--models", small, "-r", "1", "-t", "1", "--no-llama", "--json")
+    assert [r["runner"] for r in recs] == ["guild run", "guild serve"]
+    assert all(r["figures"]["ttft_ms"]["median"] > 0 for r in recs)
+    assert recs[1]["figures"]["ttft_later_ms"]["median"] > 0
