@@ -23,7 +23,7 @@ class QuantType:
     of its f16 scale fields in a block (d, then dmin where the type has one; none for the float types, MXFP4's
     E8M0 exponent and IQ1_M's d spread over its scale words). The validator's finite-scale scan, the random test
     blocks, the tiny-model writer, the kernel benchmark and the CUDA dispatch (kernels named `name.lower()`)
-    read these records; the kernels themselves are kernels/cpu/codecs.py, kernels/cpu/qdot.py and
+    read these records; the kernels themselves are kernels/cpu/codecs.py, kernels/cpu/qdot/ and
     kernels/cuda/quant.cu."""
 
     qtype: Q

@@ -64,7 +64,7 @@ ENV_SWITCH = "GUILD_REPACK_CACHE"
 
 # Source files that decide the packed bytes or the order in which a model packs its matrices: a change to any
 # of them retires every cache made before it (a change to this module's file format bumps FORMAT).
-_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu/qdot.py", "kernels/blocks.py",
+_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu/qdot/*.py", "kernels/blocks.py",
                    "kernels/cpu/drivers.py",
                    "guild/models/*.py")
 

@@ -5,12 +5,12 @@ CLI's --numerics):
 - "i8" (default): for the types in qdot.I8_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants Q2_K..Q6_K,
   IQ4_NL, IQ4_XS, MXFP4, the IQ1/IQ2/IQ3 grids), activations quantised per row in blocks of 32 and integer
   dot products at every row count, prefill included
-  (kernels/cpu/qdot.py; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with the
+  (kernels/cpu/qdot/; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with the
   activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/kernels/test_qdot.py). Other types: as "f32".
 - "f32": fp32 dequant-dot. Weights are dequantised to float32 in registers (or a per-thread scratch) and
   multiplied with float32 activations; every product is accumulated with a fused multiply-add (llvm.fma).
   Accuracy vs a float64 reference: |err| <= 1e-4 * (|W| @ |x|) elementwise (tests/kernels/test_quant.py).
-The rest of this docstring describes the f32 kernels; qdot.py describes its own layout and arithmetic.
+The rest of this docstring describes the f32 kernels; kernels/cpu/qdot/__init__.py describes the int8 ones.
 
 Layout ("feature tiles"). `pack` regroups the N output features into tiles of NT = 64 (N padded with zero
 rows) and stores each tile feature-minor: quant byte j of block b of the tile's 64 features is contiguous,
@@ -125,7 +125,7 @@ class PackedMatrix:
         self.qtype = int(qtype)
         self.n_rows = int(n_rows)
         self.n_cols = int(n_cols)
-        self.numerics = numerics_for(self.qtype, numerics)  # "i8": int8 activations (kernels/cpu/qdot.py)
+        self.numerics = numerics_for(self.qtype, numerics)  # "i8": int8 activations (kernels/cpu/qdot/)
         self.kind = qdot.I8_TYPES[self.qtype].kind if self.numerics == "i8" else _KIND[self.qtype]
         self.arrays = arrays
         flat = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
@@ -180,7 +180,7 @@ def _perm(qtype: int, n_cols: int) -> np.ndarray:
 
 
 # Numeric mode of the matrices packed in this context: "i8" (default: int8 activations and integer dot products
-# for the types kernels/cpu/qdot.py covers, fp32 dequant-dot for the rest) or "f32" (fp32 dequant-dot for all).
+# for the types kernels/cpu/qdot/ covers, fp32 dequant-dot for the rest) or "f32" (fp32 dequant-dot for all).
 NUMERICS = ("i8", "f32")
 _NUMERICS: ContextVar = ContextVar("guild_numerics", default=None)
 _DEFAULT_NUMERICS = ["i8"]  # the process default (the CLI's --numerics), under any `numerics` context

@@ -1,4 +1,4 @@
-"""The CUDA kernels with the CPU kernels' signatures (kernels/cpu/quant.py, kernels/cpu/ops.py), on CuPy arrays.
+"""The CUDA kernels with the CPU kernels' signatures (kernels/cpu/quant.py, kernels/cpu/ops/), on CuPy arrays.
 
 Arrays are float32 (int64 for ids/positions/rows) CuPy arrays whose innermost axis is contiguous; the first
 axis may have any stride (views of a fused q|k|v buffer need no copy). Kernels run on the current CuPy stream.

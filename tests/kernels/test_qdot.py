@@ -1,4 +1,4 @@
-"""The int8-activation path (kernels/cpu/qdot.py, numerics "i8") against its twins.
+"""The int8-activation path (kernels/cpu/qdot/, numerics "i8") against its twins.
 
 1. packing keeps the GGUF bits: get_rows is bit-exact with gguf.quants.dequantize;
 2. matmul is within 1e-6 * (|W| @ |x̂|) of the float64 product with the activations quantised by the twin
@@ -266,7 +266,7 @@ def test_isa_instructions_emitted(kernel):
 
     from guild.kernels.cpu.intrinsics import _KSIG
 
-    asm = cfunc(_KSIG)(getattr(qdot, kernel))._library.get_asm_str()  # a fresh compile (cached code: no asm)
+    asm = cfunc(_KSIG)(getattr(qdot.kernels, kernel))._library.get_asm_str()  # a fresh compile (cached code: no asm)
     n = len(re.findall(r"\bvpdpbusd\b", asm))
     assert (n > 0) == simd.VNNI512, f"{n} vpdpbusd instructions, VNNI512={simd.VNNI512}"
     if simd.AVX2 and not simd.VNNI512:
