@@ -12,13 +12,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from ...errors import UnsupportedQuantTypeError
-from ..blocks import QUANT_TYPES, row_bytes
+from ..quant_types import QUANT_TYPES, row_bytes
 from . import kernel
 
 ROWS = 8  # rows per block along y in quant.cu (ROWS)
 WARPS = 4  # features per block in quant.cu (WARPS)
 ATT_THREADS = 256  # attention.cu
-_SUFFIX = {q: q.name.lower() for q in QUANT_TYPES}  # kernels/cuda/quant.cu has every type's kernels
+_SUFFIX = {q: t.gpu for q, t in QUANT_TYPES.items() if t.gpu}  # kernels/cuda/quant.cu's `*_<suffix>`
 QTYPES = tuple(_SUFFIX)
 
 

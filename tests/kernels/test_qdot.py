@@ -22,11 +22,12 @@ from gguf import quants
 from numba import njit
 
 from guild.kernels import ref_quant
-from guild.kernels.blocks import BLOCK, KVALUES_IQ4NL, act_block
+from guild.kernels.blocks import KVALUES_IQ4NL
 from guild.kernels.cpu import qdot, simd
 from guild.kernels.cpu import quant as kq
+from guild.kernels.quant_types import BLOCK, QUANT_TYPES, act_block
 
-TYPES = [Q(t) for t in qdot.I8_TYPES]
+TYPES = [q for q, t in QUANT_TYPES.items() if t.i8]
 KQUANTS = {qt for qt in TYPES if BLOCK[qt][0] == 256}  # super-blocks of 256
 TOL = 1e-6
 

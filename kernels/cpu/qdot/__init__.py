@@ -49,7 +49,7 @@ dots.py (the block arithmetic), kernels.py (the C entry points).
 from .activations import ACT_EXTRA, act_bytes, act_group, quantize_acts, quantize_groups
 from .kernels import KERNELS
 from .pack import get_rows, pack
-from .types import GL, I8_TYPES, NJ, QB, SB, layout
+from .types import GL, NJ, QB, SB, layout
 
-__all__ = ["ACT_EXTRA", "GL", "I8_TYPES", "KERNELS", "NJ", "QB", "SB", "act_bytes", "act_group", "get_rows", "layout",
+__all__ = ["ACT_EXTRA", "GL", "KERNELS", "NJ", "QB", "SB", "act_bytes", "act_group", "get_rows", "layout",
            "pack", "quantize_acts", "quantize_groups"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ...blocks import act_block
+from ...quant_types import act_block
 from ..simd import abs_f, hmax_f, hsum_i, ld_f32, max_f, mul_f, rint_i, splat_f, st_i8
 from .types import ACT_EXTRA, QB
 

@@ -469,7 +469,9 @@ def _sfin(kind, p1, p2, p3, p4, g, nb, b, j, acc, macc, xd, y):
     dx = splat_f(xd)
     pd = p2 if kind == Q4_K or kind == Q2_K or kind == IQ4_XS or kind == IQ1_S else p3  # the field d
     d = mul_f(ld_h2f(pd + _hsoff(g, nb, b, j)), dx)
-    if kind >= IQ2_XXS:  # ggml's (0.5 + s)·c factors: 1/8 (IQ2_*, IQ1_*), 1/4 (IQ3_XXS), 1 (IQ3_S)
+    # ggml's (0.5 + s)·c factors of the grid types: 1/8 (IQ2_*, IQ1_*), 1/4 (IQ3_XXS), 1 (IQ3_S)
+    if (kind == IQ2_XXS or kind == IQ2_XS or kind == IQ2_S or kind == IQ3_XXS or kind == IQ3_S or kind == IQ1_S
+            or kind == IQ1_M):
         f = 0.25 if kind == IQ3_XXS else (1.0 if kind == IQ3_S else 0.125)
         d = mul_f(d, splat_f(np.float32(f)))
     y = fma_f(cvt(acc), d, y)

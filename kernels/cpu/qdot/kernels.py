@@ -8,11 +8,12 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from numba import carray, njit
 
+from ...quant_types import QUANT_TYPES
 from ..drivers import NT
 from ..intrinsics import _pf32, _pi32
 from ..simd import add_i, grid_rows2, hsum2, lane, ld_i32, st_f32, zero_f, zero_i
 from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _sfin, _unit
-from .types import GL, I8_TYPES, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_XS, NJ, Q3_K, Q4_K, QB, SB
+from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
 
 
 @njit(cache=True, inline="always")
@@ -34,8 +35,8 @@ def _entry(kind: int, name: str):
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic)."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them
-    sup = Q4_K <= kind <= Q3_K or kind == IQ4_XS or kind >= IQ2_XXS  # 256-element super-blocks (ggml's Q8_K)
-    grid = IQ2_XXS <= kind <= IQ3_S  # grid types, whose magnitudes a tile of 3+ rows decodes once
+    sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
+    grid = Q(kind) in _GRIDS  # grid types, whose magnitudes a tile of 3+ rows decodes once
     t1 = kind == IQ2_XXS or kind == IQ3_XXS  # grid types whose single row takes _grid_t1
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
@@ -172,6 +173,6 @@ def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, po
         _put(pout, out, 0, N, n0 + GL, z)
 
 
-# the C entry points by kind, and by name (_k_q4_0, ...: each kind's symbols and cache files)
-KERNELS = {t.kind: _entry(t.kind, "_k_" + Q(t.qtype).name.lower()) for t in I8_TYPES.values()}
+# the C entry points by type, and by name (_k_q4_0, ...: each type's symbols and cache files)
+KERNELS = {q: _entry(int(q), "_k_" + t.name) for q, t in QUANT_TYPES.items() if t.i8}
 globals().update({f.__name__: f for f in KERNELS.values()})

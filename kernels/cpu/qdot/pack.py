@@ -7,7 +7,6 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from ...blocks import (
-    BLOCK,
     GRID_IQ1S,
     IQ1S_DELTA,
     KSIGNS_IQ2XS,
@@ -18,8 +17,9 @@ from ...blocks import (
     k_scale_min,
     q3k_scales,
 )
+from ...quant_types import QUANT_TYPES
 from ..drivers import NT
-from .types import _GRIDS, GL, I8_TYPES, NJ, SB, I8Type, layout
+from .types import _GRIDS, GL, NJ, SB, layout
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -216,10 +216,10 @@ _CHUNK = 1024  # rows packed at a time (a multiple of NT)
 def pack(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
     """Packed arrays from the raw blocks [N, nb, block bytes] of a matrix, written chunk by chunk."""
     q = int(qtype)
-    rec = I8_TYPES[q]
+    fields = QUANT_TYPES[Q(q)].i8
     N = int(n_rows)
     nbn = blk.shape[1]
-    K = nbn * BLOCK[Q(q)][0]
+    K = nbn * QUANT_TYPES[Q(q)].block
     outs = [np.zeros(shape, dt) for dt, shape in layout(q, N, K)]
     for r0 in range(0, N, _CHUNK):
         b = blk[r0 : r0 + _CHUNK]
@@ -227,17 +227,17 @@ def pack(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
             f = {"qs": b[..., 2:34].reshape(b.shape[0], nbn, 8, 4) ^ np.uint8(0x80), "d": _f16bits(b[..., 0:2])}
         else:
             f = _encode(q, _planes(q, b))
-        for (name, role, _), dst in zip(rec.fields, outs, strict=True):
+        for (name, role, _), dst in zip(fields, outs, strict=True):
             _tile_into(dst, f[name], r0 // NT, role)
     return tuple(outs)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # get_rows: the packed fields back to ggml's dequantize_row_* values, bit for bit (float32, ggml's order)
-def _row_fields(rec: I8Type, arrays: tuple, rows: np.ndarray) -> dict:
+def _row_fields(fields: tuple, arrays: tuple, rows: np.ndarray) -> dict:
     g, j, n = rows // NT, rows % NT // GL, rows % GL
     out = {}
-    for (name, role, _), a in zip(rec.fields, arrays, strict=True):
+    for (name, role, _), a in zip(fields, arrays, strict=True):
         if role in ("q4", "q8"):
             out[name] = a[g, j, :, :, n, :]  # [R, nb, nq, 4]
         elif role in ("w", "b", "h", "hs"):
@@ -267,12 +267,12 @@ def _h2f(bits: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(bits).view(np.float16).astype(np.float32)
 
 
-def get_rows(kind: int, qtype: int, arrays: tuple, rows: np.ndarray, out: np.ndarray) -> None:
+def get_rows(qtype: int, arrays: tuple, rows: np.ndarray, out: np.ndarray) -> None:
     """out[r] = W[rows[r]] as float32, bit-exact with gguf.quants.dequantize."""
     if rows.size == 0:
         return
     q = Q(int(qtype))
-    f = _row_fields(I8_TYPES[int(q)], arrays, rows)
+    f = _row_fields(QUANT_TYPES[q].i8, arrays, rows)
     f32 = np.float32
     R, K = out.shape
     if q == Q.Q8_0:
