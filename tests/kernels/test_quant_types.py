@@ -13,7 +13,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from guild.kernels.cpu import qdot
 from guild.kernels.cpu import quant as kq
-from guild.kernels.quant_types import BLOCK, F16_SCALES, QUANT_TYPES, QuantType
+from guild.kernels.quant_types import BLOCK, F16_SCALES, I8_ROLES, QUANT_TYPES, QuantType
 
 
 def test_block_sizes_match_gguf():
@@ -60,3 +60,9 @@ def test_a_codec_field_outside_the_block_is_refused():
     codec = dataclasses.replace(t.f32, fields=(("qs", "u8", (16,), (2, 19)),) + t.f32.fields[1:])
     with pytest.raises(ValueError, match="Q4_0: codec field 'qs'"):
         QuantType(Q.Q4_0, 32, 18, (0,), f32=codec)
+
+
+def test_every_int8_role_has_a_shape():
+    """The roles a record may give its int8 fields are the ones qdot lays out."""
+    for role in I8_ROLES:
+        assert qdot.types._shape(role, 1, 8)[:2] == (1, qdot.NJ), role
