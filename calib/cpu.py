@@ -2,7 +2,7 @@
 
 What can be chosen today: the thread count (Numba workers, 1..NUMBA_NUM_THREADS), timed per quant type. Each
 quant type has exactly one GEMV kernel per numeric mode (kernels/cpu/quant.py: int8 activations with integer dot
-products for the types qdot.py covers under "i8", else the tiled fp32 dequant-dot), so the "variant" recorded per
+products for the types qdot covers under "i8", else the tiled fp32 dequant-dot), so the "variant" recorded per
 type is the kernel its matrices run, the only candidate; when more variants exist they are timed here the same
 way. Routed-expert matrices are preferred
 where a type has them (the CPU's share of a verification window); experts see 1-2 rows per window, so each

@@ -1,5 +1,6 @@
-"""GGUF block facts shared by the fast kernels and their NumPy twins: elements and bytes per block, the
-non-linear grids and the packed-scale unpackers (ggml-common.h block_* structs, ggml-quants.c helpers).
+"""GGUF block contents shared by the fast kernels and their NumPy twins: the non-linear grids and the packed-scale
+unpackers (ggml-common.h block_* structs, ggml-quants.c helpers). Each type's block facts (elements and bytes per
+block, f16 scale offsets) are in its record, kernels/quant_types.py.
 
 Pure data and NumPy; nothing here depends on a backend, so kernels/cpu, kernels/cuda and kernels/ref_quant
 all import from it (the kernels never import their test twins).
@@ -7,62 +8,12 @@ all import from it (the kernels never import their test twins).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-from gguf import GGMLQuantizationType as Q
 
 from . import grids as _grids
 
 QK = 32  # elements per block of the simple quants (QK4_0, QK8_0, QK4_NL)
 QK_K = 256  # elements per super-block of the K-quants and IQ4_XS
-
-@dataclass(frozen=True)
-class QuantType:
-    """One GGUF tensor type: elements and bytes per block (sizeof(block_*) in ggml-common.h) and the byte offsets
-    of its f16 scale fields in a block (d, then dmin where the type has one; none for the float types, MXFP4's
-    E8M0 exponent and IQ1_M's d spread over its scale words). The validator's finite-scale scan, the random test
-    blocks, the tiny-model writer, the kernel benchmark and the CUDA dispatch (kernels named `name.lower()`)
-    read these records; the kernels themselves are kernels/cpu/codecs.py, kernels/cpu/qdot.py and
-    kernels/cuda/quant.cu."""
-
-    qtype: Q
-    block: int
-    nbytes: int
-    f16: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if self.block < 1 or self.nbytes < 1 or any(not 0 <= o <= self.nbytes - 2 for o in self.f16):
-            raise ValueError(f"{self.qtype.name}: bad block facts {self}")
-
-
-QUANT_TYPES = {t.qtype: t for t in (
-    QuantType(Q.F32, 1, 4),
-    QuantType(Q.F16, 1, 2),
-    QuantType(Q.BF16, 1, 2),
-    QuantType(Q.Q8_0, 32, 34, (0,)),
-    QuantType(Q.Q4_0, 32, 18, (0,)),
-    QuantType(Q.Q4_1, 32, 20, (0, 2)),
-    QuantType(Q.Q5_0, 32, 22, (0,)),
-    QuantType(Q.Q4_K, 256, 144, (0, 2)),
-    QuantType(Q.Q5_K, 256, 176, (0, 2)),
-    QuantType(Q.Q6_K, 256, 210, (208,)),
-    QuantType(Q.IQ4_NL, 32, 18, (0,)),
-    QuantType(Q.IQ4_XS, 256, 136, (0,)),
-    QuantType(Q.Q5_1, 32, 24, (0, 2)),
-    QuantType(Q.Q2_K, 256, 84, (80, 82)),
-    QuantType(Q.Q3_K, 256, 110, (108,)),
-    QuantType(Q.MXFP4, 32, 17),
-    QuantType(Q.IQ2_XXS, 256, 66, (0,)),
-    QuantType(Q.IQ2_XS, 256, 74, (0,)),
-    QuantType(Q.IQ2_S, 256, 82, (0,)),
-    QuantType(Q.IQ3_XXS, 256, 98, (0,)),
-    QuantType(Q.IQ3_S, 256, 110, (0,)),
-    QuantType(Q.IQ1_S, 256, 50, (0,)),
-    QuantType(Q.IQ1_M, 256, 56),
-)}
-BLOCK = {q: (t.block, t.nbytes) for q, t in QUANT_TYPES.items()}  # (elements, bytes) per block
-F16_SCALES = {q: t.f16 for q, t in QUANT_TYPES.items() if t.block > 1}  # the quantised types' f16 fields
 
 # the IQ4_NL / IQ4_XS non-linear 4-bit grid (ggml-common.h kvalues_iq4nl)
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
@@ -78,19 +29,6 @@ GRID_IQ2S = _grids.IQ2S_GRID.view(np.uint8).reshape(-1, 8)
 GRID_IQ3XXS = _grids.IQ3XXS_GRID.view(np.uint8).reshape(-1, 4)
 GRID_IQ3S = _grids.IQ3S_GRID.view(np.uint8).reshape(-1, 4)
 GRID_IQ1S = _grids.IQ1S_GRID.view(np.int8).reshape(-1, 8)
-
-
-def row_bytes(qtype: int, n_cols: int) -> int:
-    bs, ts = BLOCK[Q(qtype)]
-    if n_cols % bs:
-        raise ValueError(f"{Q(qtype).name}: row length {n_cols} is not a multiple of {bs}")
-    return n_cols // bs * ts
-
-
-def act_block(qtype: int) -> int:
-    """Elements per activation scale on the int8 path for weights of this type: QK_K for the super-block types
-    (ggml's Q8_K vec_dot type), else QK (Q8_0's)."""
-    return QK_K if BLOCK[Q(int(qtype))][0] == QK_K else QK
 
 
 def k_scale_min(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -66,7 +66,7 @@ def _untile(a):
 def kv_values(stored, transposed: bool):
     """A cache layer's stored keys (transposed: tiles [Hkv, ctx/T, hd, T] of T positions, kernels/cpu/ops.KV_TILE)
     or values ([Hkv, ctx, hd]) as float64 [ctx, Hkv, hd]: float32, f16 bits (uint16) or a q8_0 (quants, scale
-    bits) pair (kernels/cpu/ops.py)."""
+    bits) pair (kernels/cpu/ops/kv.py)."""
     if transposed:  # tiles -> [Hkv, hd, ctx] (scales: [Hkv, hd/32, ctx])
         stored = tuple(map(_untile, stored)) if isinstance(stored, tuple) else _untile(stored)
     if isinstance(stored, tuple):

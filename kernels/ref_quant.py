@@ -10,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-# block facts live in kernels/blocks.py (shared with the fast kernels); re-exported for callers
+# block facts live in kernels/blocks.py and the records of kernels/quant_types.py (shared with the fast kernels);
+# re-exported for callers
 from . import blocks as B
-from .blocks import BLOCK, KVALUES_IQ4NL, QK, QK_K, act_block, iq4xs_scales, k_scale_min, row_bytes  # noqa: F401
+from .blocks import KVALUES_IQ4NL, QK, QK_K, iq4xs_scales, k_scale_min  # noqa: F401
+from .quant_types import BLOCK, F16_SCALES, act_block, row_bytes  # noqa: F401
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -300,7 +302,7 @@ def random_raw(qtype: int, n_rows: int, n_cols: int, rng: np.random.Generator, s
     bs, ts = BLOCK[qt]
     nb = n_cols // bs
     raw = rng.integers(0, 256, (n_rows, nb, ts), dtype=np.uint8)
-    for off in B.F16_SCALES[qt]:
+    for off in F16_SCALES[qt]:
         d = rng.uniform(-scale, scale, (n_rows, nb)).astype(np.float16)
         raw[..., off : off + 2] = d.view(np.uint8).reshape(n_rows, nb, 2)
     if qt == Q.MXFP4:  # shared exponent e: scale 2^(e - 128), kept near 1/16

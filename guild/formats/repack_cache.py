@@ -41,6 +41,9 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 
@@ -49,7 +52,8 @@ import platformdirs
 
 from ..errors import GuildError
 from ..kernels.cpu import quant
-from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout, pack_hook, repack
+from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout
+from ..kernels.cpu.quant import pack as repack
 from .files import atomic_path
 from .gguf import GGUFFile
 
@@ -64,7 +68,8 @@ ENV_SWITCH = "GUILD_REPACK_CACHE"
 
 # Source files that decide the packed bytes or the order in which a model packs its matrices: a change to any
 # of them retires every cache made before it (a change to this module's file format bumps FORMAT).
-_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu/qdot.py", "kernels/blocks.py",
+_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu/qdot/*.py", "kernels/blocks.py",
+                   "kernels/quant_types.py",
                    "kernels/cpu/drivers.py",
                    "guild/models/*.py")
 
@@ -108,6 +113,35 @@ def layout_digest() -> str:
 def _source_key(g: GGUFFile) -> dict:
     st = os.stat(g.path)
     return {"digest": g.identity_digest(), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+# While a loader runs, the models' `pack` (this one) hands each matrix to the loader's hook instead: the hook may
+# return a matrix read from a cache, or repack and keep a copy. A context variable, so concurrent loads do not mix;
+# the kernels' own pack (kernels.cpu.quant.pack) knows nothing of it.
+_HOOK: ContextVar = ContextVar("guild_pack_hook", default=None)
+
+
+@contextmanager
+def pack_hook(hook) -> Iterator[None]:
+    """Route every `pack` call of this context through hook(qtype, raw, n_rows, n_cols) while the block runs."""
+    token = _HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _HOOK.reset(token)
+
+
+def pack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
+    """The models' packer: kernels.cpu.quant.pack, or this context's loader hook. `raw`: an array, or a sequence
+    of arrays stacked along the rows (concatenated only if the matrix is repacked, not when a hook finds it in a
+    cache)."""
+    hook = _HOOK.get()
+    if hook is not None:
+        return hook(qtype, raw, n_rows, n_cols)
+    return repack(qtype, raw, n_rows, n_cols)
+
+
+pack.accepts_parts = True  # models.llama.fuse hands over its tensors' parts unconcatenated
 
 
 # -- writing -------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ..engine.forward import ForwardResult
 from ..engine.state import DeviceHybridState, HybridState
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile, Tensor, f32
-from ..kernels.cpu.quant import pack
+from ..formats.repack_cache import pack
 from ..kvtypes import F32_KV, KVTypes
 from ..window import MAX_WINDOW
 from .base import Architecture, ModelArgs

@@ -13,7 +13,7 @@ from ..engine.forward import ForwardResult
 from ..engine.state import DeviceKVCache, KVCache
 from ..errors import UnsupportedQuantTypeError
 from ..formats.gguf import GGUFFile, Tensor, f32
-from ..kernels.cpu.quant import pack
+from ..formats.repack_cache import pack
 from ..kvtypes import F32_KV, KVTypes
 from .base import Architecture, ModelArgs, check_finite
 from .validate import llama_layer_rules

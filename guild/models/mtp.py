@@ -24,7 +24,7 @@ from ..engine.gpu import place_head
 from ..engine.state import DeviceKVCache, KVCache
 from ..errors import GuildError
 from ..formats.gguf import GGUFFile, f32
-from ..kernels.cpu.quant import pack
+from ..formats.repack_cache import pack
 from .base import check_finite
 from .llama import Window
 from .validate import check_mtp_head

@@ -20,7 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from numba import njit
 
 from ..errors import GuildError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
-from ..kernels.blocks import F16_SCALES
+from ..kernels.quant_types import F16_SCALES
 from ..kvtypes import F32_KV, KVTypes
 from .base import NumericsError, check_finite  # noqa: F401  (re-exported)
 
@@ -236,7 +236,7 @@ def check_mtp_head(g, base, bid: int) -> None:
 
 
 # -- numerics ------------------------------------------------------------------------------------------
-# The f16 scales of each block (kernels/blocks.py F16_SCALES). IQ1_M (its scale spread over the sub-block
+# The f16 scales of each block (kernels/quant_types.py F16_SCALES). IQ1_M (its scale spread over the sub-block
 # scales) and MXFP4 (an E8M0 exponent) have none and are caught at run time.
 _SCALE_OFFSETS = {q: offs for q, offs in F16_SCALES.items() if offs}
 _EXP_MASK = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}

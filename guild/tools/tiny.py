@@ -32,7 +32,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGML_QUANT_VERSION
 from gguf.quants import dequantize, quantize
 
 from ..formats.gguf import GGUFFile
-from ..kernels.blocks import F16_SCALES
+from ..kernels.quant_types import F16_SCALES
 from ..models import ModelArgs
 from ..text.vocab import bytes_to_unicode
 

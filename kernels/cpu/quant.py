@@ -2,15 +2,15 @@
 
 Numeric modes (`NUMERICS`, chosen when a matrix is packed: `numerics()` context, `set_default_numerics`, the
 CLI's --numerics):
-- "i8" (default): for the types in qdot.I8_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants Q2_K..Q6_K,
-  IQ4_NL, IQ4_XS, MXFP4, the IQ1/IQ2/IQ3 grids), activations quantised per row in blocks of 32 and integer
-  dot products at every row count, prefill included
-  (kernels/cpu/qdot.py; llama.cpp's scheme, closer to its logits). Accuracy vs a float64 product with the
-  activations quantised alike: |err| <= 1e-6 * (|W| @ |x̂|) (tests/kernels/test_qdot.py). Other types: as "f32".
+- "i8" (default): for the types whose record has an int8 path (kernels/quant_types.py: Q4_0, Q4_1, Q5_0, Q5_1,
+  Q8_0, the K-quants Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4, the IQ1/IQ2/IQ3 grids), activations quantised per row in
+  blocks of 32 and integer dot products at every row count, prefill included (kernels/cpu/qdot/; llama.cpp's
+  scheme, closer to its logits). Accuracy vs a float64 product with the activations quantised alike:
+  |err| <= 1e-6 * (|W| @ |x̂|) (tests/kernels/test_qdot.py). Other types: as "f32".
 - "f32": fp32 dequant-dot. Weights are dequantised to float32 in registers (or a per-thread scratch) and
   multiplied with float32 activations; every product is accumulated with a fused multiply-add (llvm.fma).
   Accuracy vs a float64 reference: |err| <= 1e-4 * (|W| @ |x|) elementwise (tests/kernels/test_quant.py).
-The rest of this docstring describes the f32 kernels; qdot.py describes its own layout and arithmetic.
+The rest of this docstring describes the f32 kernels; kernels/cpu/qdot/__init__.py describes the int8 ones.
 
 Layout ("feature tiles"). `pack` regroups the N output features into tiles of NT = 64 (N padded with zero
 rows) and stores each tile feature-minor: quant byte j of block b of the tile's 64 features is contiguous,
@@ -33,13 +33,15 @@ Canonical order. Where a quant byte holds two elements (nibbles), the chain visi
 element, high element, next byte ...); the activations are permuted once per call (`perm`) into that order so
 that the kernels read them with stride 1.
 
-Codecs. Each type is one entry of kernels/cpu/codecs.py (its packed fields and its decode); its kernel and
-get_rows are generated from one template into kernels/cpu/quant_gen.py (kernels/cpu/gen_quant.py).
+Codecs. Each type's record (kernels/quant_types.py) holds its fp32 codec (kernels/cpu/codecs.py: its packed
+fields and its decode); its kernel and get_rows are generated from one template into kernels/cpu/quant_gen.py
+(kernels/cpu/gen_quant.py).
 
-Dispatch. Each type's kernel is a Numba cfunc (compiled lazily, cached on disk), called by address from a
-single parallel launcher: one small parallel region to compile, and no kernel is re-optimised inside another
-function (this halves the cold compile time of the test suite). The f32 kernels share their accumulation step
-(`drivers._use`) as one compiled C entry point that each kernel calls, rather than a copy inlined into each.
+Dispatch. A matrix's key is (type, numerics); each key's kernel is a Numba cfunc (compiled lazily, cached on
+disk), called by address from a single parallel launcher: one small parallel region to compile, and no kernel
+is re-optimised inside another function (this halves the cold compile time of the test suite). The f32 kernels
+share their accumulation step (`drivers._use`) as one compiled C entry point that each kernel calls, rather
+than a copy inlined into each.
 
 Prefill (T > 64): the same kernels, in "dequantise" mode (T = 0), expand chunks of tiles to float32 [K, cols]
 and BLAS (numpy matmul) multiplies; deterministic, not bitwise equal to the GEMV path. Windows of 9..64 rows
@@ -62,9 +64,9 @@ from gguf import GGMLQuantizationType as Q
 from numba import cfunc, njit, prange
 from threadpoolctl import threadpool_limits
 
-from ..blocks import BLOCK, row_bytes
+from ..quant_types import QUANT_TYPES, row_bytes
 from . import qdot, quant_gen
-from .codecs import BY_QTYPE, CODECS, CTYPES, Codec, canonical_order
+from .codecs import CTYPES, canonical_order
 from .drivers import NT, _permute_x
 from .intrinsics import _AVX512, _KSIG, _call_kernel, kvf, mxf  # noqa: F401  (calib reads _AVX512; tests kvf, mxf)
 
@@ -81,7 +83,7 @@ NARROW_ROWS = 512
 
 
 # ---------------------------------------------------------------------------------------------------------
-# packing (NumPy, once per matrix at load), driven by the codec table
+# packing (NumPy, once per matrix at load), driven by the records' codecs
 def _tiles(a: np.ndarray, n_rows: int) -> np.ndarray:
     """[N, ...] → [tiles, ..., NT]: rows padded to a multiple of NT with zeros, feature axis last."""
     ntiles = -(-n_rows // NT)
@@ -112,7 +114,7 @@ class PackedMatrix:
     flat uint8 arrays (unused slots empty) handed to the drivers, `dims` = (tiles, blocks per row), `perm`: the
     canonical activation order (int64 [Kp], -1 = zero padding)."""
 
-    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "kind", "nbytes", "numerics")
+    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "key", "nbytes", "numerics")
 
     @property
     def row_invariant(self) -> bool:
@@ -125,8 +127,8 @@ class PackedMatrix:
         self.qtype = int(qtype)
         self.n_rows = int(n_rows)
         self.n_cols = int(n_cols)
-        self.numerics = numerics_for(self.qtype, numerics)  # "i8": int8 activations (kernels/cpu/qdot.py)
-        self.kind = qdot.I8_TYPES[self.qtype].kind if self.numerics == "i8" else _KIND[self.qtype]
+        self.numerics = numerics_for(self.qtype, numerics)  # "i8": int8 activations (kernels/cpu/qdot/)
+        self.key = (self.qtype, self.numerics)  # the kernel's: _KPY, _KFUNC, _KADDR
         self.arrays = arrays
         flat = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
         self.flat = tuple(flat + [_EMPTY] * (6 - len(flat)))
@@ -150,8 +152,8 @@ class PackedMatrix:
                                                                                                     strict=False)):
             raise ValueError(f"packed arrays of a {Q(int(qtype)).name} {n_rows}x{n_cols} matrix: want "
                              f"{[(str(d), s) for d, s in want]}, got {[(str(a.dtype), a.shape) for a in arrays]}")
-        c = BY_QTYPE[int(qtype)]
-        return cls(qtype, n_rows, n_cols, arrays, _perm(int(qtype), int(n_cols)), -(-int(n_cols) // c.block),
+        t = QUANT_TYPES[Q(int(qtype))]
+        return cls(qtype, n_rows, n_cols, arrays, _perm(int(qtype), int(n_cols)), -(-int(n_cols) // t.f32_block),
                    numerics=numerics)
 
 
@@ -159,28 +161,28 @@ class PackedMatrix:
 def layout(qtype: int, n_rows: int, n_cols: int, numerics: str = "f32") -> tuple:
     """(dtype, shape) of each packed array of an [n_rows, n_cols] matrix of `qtype`, as `pack` makes them
     under `numerics` (the mode the matrix gets: see `numerics_for`)."""
-    c = BY_QTYPE.get(int(qtype))
-    if c is None or n_rows < 1 or n_cols < 1:
+    t = QUANT_TYPES.get(int(qtype))
+    if t is None or t.f32 is None or n_rows < 1 or n_cols < 1:
         raise ValueError(f"no packed layout for quant type {qtype} and shape {n_rows}x{n_cols}")
     if numerics_for(qtype, numerics) == "i8":
         return qdot.layout(qtype, n_rows, n_cols)
-    nt, nb = -(-int(n_rows) // NT), -(-int(n_cols) // c.block)
-    return tuple((np.dtype(CTYPES[ct]), (nt, nb) + tuple(dims) + (NT,)) for _, ct, dims, _ in c.fields)
+    nt, nb = -(-int(n_rows) // NT), -(-int(n_cols) // t.f32_block)
+    return tuple((np.dtype(CTYPES[ct]), (nt, nb) + tuple(dims) + (NT,)) for _, ct, dims, _ in t.f32.fields)
 
 
 @lru_cache(maxsize=256)
 def _perm(qtype: int, n_cols: int) -> np.ndarray:
     """The canonical activation order of a row of n_cols (shared by every matrix of that type and width)."""
-    c = BY_QTYPE[qtype]
-    bs = c.block
+    t = QUANT_TYPES[Q(qtype)]
+    bs = t.f32_block
     Kp = -(-n_cols // bs) * bs
-    perm = (np.arange(0, Kp, bs)[:, None] + canonical_order(c)[None, :]).reshape(-1)
+    perm = (np.arange(0, Kp, bs)[:, None] + canonical_order(t.f32, t.f32_unit)[None, :]).reshape(-1)
     perm[perm >= n_cols] = -1
     return perm  # left writeable, as the kernels' compiled signatures expect (nothing writes it)
 
 
 # Numeric mode of the matrices packed in this context: "i8" (default: int8 activations and integer dot products
-# for the types kernels/cpu/qdot.py covers, fp32 dequant-dot for the rest) or "f32" (fp32 dequant-dot for all).
+# for the types kernels/cpu/qdot/ covers, fp32 dequant-dot for the rest) or "f32" (fp32 dequant-dot for all).
 NUMERICS = ("i8", "f32")
 _NUMERICS: ContextVar = ContextVar("guild_numerics", default=None)
 _DEFAULT_NUMERICS = ["i8"]  # the process default (the CLI's --numerics), under any `numerics` context
@@ -195,7 +197,8 @@ def _check_numerics(mode: str) -> str:
 def numerics_for(qtype: int, numerics: str | None = None) -> str:
     """The mode a matrix of qtype gets under `numerics` (default: this context's, else the process default)."""
     mode = numerics or current_numerics()
-    return "i8" if mode == "i8" and int(qtype) in qdot.I8_TYPES else "f32"
+    t = QUANT_TYPES.get(int(qtype))
+    return "i8" if mode == "i8" and t is not None and t.i8 else "f32"
 
 
 def current_numerics() -> str:
@@ -217,87 +220,56 @@ def numerics(mode: str | None) -> Iterator[None]:
         _NUMERICS.reset(token)
 
 
-# While a loader runs (guild.formats.repack_cache), `pack` hands each matrix to its hook instead: the hook may return a
-# matrix read from a cache, or repack and keep a copy. A context variable, so concurrent loads do not mix.
-_HOOK: ContextVar = ContextVar("guild_pack_hook", default=None)
-
-
-@contextmanager
-def pack_hook(hook) -> Iterator[None]:
-    """Route every `pack` call of this context through hook(qtype, raw, n_rows, n_cols) while the block runs."""
-    token = _HOOK.set(hook)
-    try:
-        yield
-    finally:
-        _HOOK.reset(token)
-
-
 def pack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
     """Repack raw GGUF data of an [n_rows, n_cols] matrix into the tiled layout (quantized, same bits). `raw`: an
-    array, or a sequence of arrays stacked along the rows (concatenated only if the matrix is repacked, not when
-    a loader's hook finds it in a cache)."""
-    hook = _HOOK.get()
-    if hook is not None:
-        return hook(qtype, raw, n_rows, n_cols)
-    return repack(qtype, raw, n_rows, n_cols)
-
-
-pack.accepts_parts = True  # models.llama.fuse hands over its tensors' parts unconcatenated
-
-
-def repack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
-    """`pack` without the loader's hook."""
+    array, or a sequence of arrays stacked along the rows (concatenated here)."""
     qt = Q(int(qtype))
-    c = BY_QTYPE.get(int(qt))
-    if c is None:
+    t = QUANT_TYPES.get(qt)
+    if t is None or t.f32 is None:
         raise NotImplementedError(f"no CPU kernel for quant type {qt.name}")
     if isinstance(raw, (list, tuple)):
         raw = raw[0] if len(raw) == 1 else np.concatenate([np.asarray(r) for r in raw], axis=0)
     N, K = int(n_rows), int(n_cols)
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(N, row_bytes(qt, K))
-    bs = c.block
+    bs = t.f32_block
     Kp = -(-K // bs) * bs
-    if c.padded:  # float types: zero-pad each row to whole blocks of 32
-        b = np.concatenate([b, np.zeros((N, (Kp - K) * BLOCK[qt][1]), np.uint8)], axis=1)
+    if t.f32.padded:  # float types: zero-pad each row to whole blocks of 32
+        b = np.concatenate([b, np.zeros((N, (Kp - K) * t.nbytes), np.uint8)], axis=1)
     blk = b.reshape(N, Kp // bs, -1)
     if numerics_for(qt) == "i8":
         return PackedMatrix(qt, N, K, qdot.pack(qt, blk, N), _perm(int(qt), K), Kp // bs, numerics="i8")
-    arrays = tuple(_tiles(_field(blk, ct, dims, src), N) for _, ct, dims, src in c.fields)
+    arrays = tuple(_tiles(_field(blk, ct, dims, src), N) for _, ct, dims, src in t.f32.fields)
     return PackedMatrix(qt, N, K, arrays, _perm(int(qt), K), Kp // bs)
 
 
-KINDS = tuple(c.qtype for c in CODECS)
-_KIND = {int(q): i for i, q in enumerate(KINDS)}
+KINDS = tuple(q for q, t in QUANT_TYPES.items() if t.f32)  # the types with a CPU kernel
 
 
 # ---------------------------------------------------------------------------------------------------------
-# dispatch: GEMV kernels are cfuncs called by address from one parallel launcher (so that each kernel is
-# compiled once, lazily, and never re-optimised inside another function); get_rows are plain njit functions.
-def _gen(c: Codec, prefix: str):
-    return getattr(quant_gen, f"{prefix}_{c.name}")
+# dispatch by (type, numerics): GEMV kernels are cfuncs called by address from one parallel launcher (so that
+# each kernel is compiled once, lazily, and never re-optimised inside another function); get_rows are plain njit
+# functions (the int8 path's: qdot.get_rows). Both derive from the records.
+_KPY = {(q, "f32"): getattr(quant_gen, f"_k_{t.name}") for q, t in QUANT_TYPES.items() if t.f32}
+_KPY |= {(q, "i8"): qdot.KERNELS[q] for q, t in QUANT_TYPES.items() if t.i8}
+_ROWS = {q: getattr(quant_gen, f"_r_{t.name}") for q, t in QUANT_TYPES.items() if t.f32}
+_KFUNC: dict[tuple, object] = {}  # key → compiled cfunc (kept alive: the launcher only sees its address)
+_KADDR: dict[tuple, int] = {}
 
 
-_KPY = tuple(_gen(c, "_k") for c in CODECS)
-_ROWS = tuple(_gen(c, "_r") for c in CODECS)
-_KFUNC: dict[int, object] = {}  # kind → compiled cfunc (kept alive: the launcher only sees its address)
-_KADDR: dict[int, int] = {}
-_I8 = 1000  # kinds of the int8 kernels are offset by this in the two dicts above
-
-
-def _kernel(kind: int):
-    cf = _KFUNC.get(kind)
+def _kernel(key: tuple):
+    cf = _KFUNC.get(key)
     if cf is None:
-        cf = cfunc(_KSIG, cache=True)(qdot.KERNELS[kind - _I8] if kind >= _I8 else _KPY[kind])
-        _KFUNC[kind] = cf
-        _KADDR[kind] = cf.address
+        cf = cfunc(_KSIG, cache=True)(_KPY[key])
+        _KFUNC[key] = cf
+        _KADDR[key] = cf.address
     return cf
 
 
-def _kernel_address(kind: int) -> int:
-    addr = _KADDR.get(kind)
+def _kernel_address(key: tuple) -> int:
+    addr = _KADDR.get(key)
     if addr is None:
-        _kernel(kind)
-        addr = _KADDR[kind]
+        _kernel(key)
+        addr = _KADDR[key]
     return addr
 
 
@@ -396,7 +368,7 @@ class ExpertTable:
         w0 = ws[0]
         self.ok = all(w.numerics == "i8" and (w.n_rows, w.n_cols) == (w0.n_rows, w0.n_cols) for w in ws)
         if self.ok:
-            self.addr = np.array([[_kernel_address(w.kind + _I8)] + [a.ctypes.data for a in w.flat]
+            self.addr = np.array([[_kernel_address(w.key)] + [a.ctypes.data for a in w.flat]
                                   for w in ws], np.int64)
             self.dims = np.array([w.dims for w in ws], np.int64)
             self.n_rows, self.n_cols = w0.n_rows, w0.n_cols
@@ -447,7 +419,7 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         x = np.ascontiguousarray(x, dtype=np.float32)
     if w.numerics == "i8":  # every T: the integer kernels share each decoded weight group among the rows
-        fn = _KADDR.get(w.kind + _I8) or _kernel_address(w.kind + _I8)
+        fn = _KADDR.get(w.key) or _kernel_address(w.key)
         buf = np.empty(qdot.act_bytes(T, w.n_cols), np.uint8)
         # called from here: a kernel compiled into _launch_i8 would cache with it
         qdot.quantize_acts(x, buf, qdot.act_group(w.qtype))
@@ -457,7 +429,7 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
             out[...] = dst
         return
     if T <= _GEMV_PATH_ROWS or w.n_rows <= NARROW_ROWS:
-        fn = _KADDR.get(w.kind) or _kernel_address(w.kind)
+        fn = _KADDR.get(w.key) or _kernel_address(w.key)
         dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
         for t0 in range(0, T, _GEMV_PATH_ROWS):
             xc = x[t0 : t0 + _GEMV_PATH_ROWS]
@@ -471,7 +443,7 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         return
     # prefill: the same kernels dequantise chunks of tiles to float32 [K, cols] (mode T = 0), BLAS multiplies;
     # each worker thread takes a contiguous share of the tiles with its own scratch and single-threaded BLAS
-    cf = _KFUNC.get(w.kind) or _kernel(w.kind)
+    cf = _KFUNC.get(w.key) or _kernel(w.key)
     nt = int(w.dims[0])
     n_workers = min(numba.get_num_threads(), nt)
     if out.flags.c_contiguous and out.dtype == np.float32:
@@ -541,9 +513,9 @@ def dequantize_rows(w: PackedMatrix, rows: np.ndarray, out: np.ndarray) -> None:
 
 def _get_rows(w: PackedMatrix, rows: np.ndarray, out: np.ndarray) -> None:
     if w.numerics == "i8":
-        qdot.get_rows(w.kind, w.qtype, w.arrays, rows, out)
+        qdot.get_rows(w.qtype, w.arrays, rows, out)
     else:
-        _ROWS[w.kind](*w.arrays, rows, out)
+        _ROWS[w.qtype](*w.arrays, rows, out)
 
 
 def dequantize(w: PackedMatrix) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The CUDA kernels with the CPU kernels' signatures (kernels/cpu/quant.py, kernels/cpu/ops.py), on CuPy arrays.
+"""The CUDA kernels with the CPU kernels' signatures (kernels/cpu/quant.py, kernels/cpu/ops/), on CuPy arrays.
 
 Arrays are float32 (int64 for ids/positions/rows) CuPy arrays whose innermost axis is contiguous; the first
 axis may have any stride (views of a fused q|k|v buffer need no copy). Kernels run on the current CuPy stream.
@@ -12,13 +12,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from ...errors import UnsupportedQuantTypeError
-from ..blocks import QUANT_TYPES, row_bytes
+from ..quant_types import QUANT_TYPES, row_bytes
 from . import kernel
 
 ROWS = 8  # rows per block along y in quant.cu (ROWS)
 WARPS = 4  # features per block in quant.cu (WARPS)
 ATT_THREADS = 256  # attention.cu
-_SUFFIX = {q: q.name.lower() for q in QUANT_TYPES}  # kernels/cuda/quant.cu has every type's kernels
+_SUFFIX = {q: t.gpu for q, t in QUANT_TYPES.items() if t.gpu}  # kernels/cuda/quant.cu's `*_<suffix>`
 QTYPES = tuple(_SUFFIX)
 
 

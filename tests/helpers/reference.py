@@ -12,8 +12,8 @@ from gguf.quants import dequantize
 
 from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
-from guild.kernels.blocks import act_block
 from guild.kernels.cpu.quant import numerics_for
+from guild.kernels.quant_types import act_block
 from guild.kernels.rope import rope_tables
 
 

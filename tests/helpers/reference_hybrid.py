@@ -11,8 +11,8 @@ import numpy as np
 
 from guild.formats.gguf import GGUFFile
 from guild.kernels import ref
-from guild.kernels.blocks import act_block
 from guild.kernels.cpu.quant import numerics_for
+from guild.kernels.quant_types import act_block
 from guild.kernels.rope import rope_tables
 
 from .reference import _act, _mm, _w  # dequantised float64 weights and products, shared with the llama reference

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from guild.kernels.blocks import BLOCK, QK_K
+from guild.kernels.blocks import QK_K
 from guild.kernels.cpu import quant
+from guild.kernels.quant_types import BLOCK
 from guild.models import load_model
 from guild.tools.tiny import SUPPORTED_QTYPES
 from guild.tools.tiny_hybrid import write_tiny_hybrid

@@ -6,9 +6,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 from guild.kernels import ref
-from guild.kernels.blocks import act_block
 from guild.kernels.cpu.moe import moe_ffn, route_groups
 from guild.kernels.cpu.quant import dequantize, pack
+from guild.kernels.quant_types import act_block
 
 E, D, F = 6, 64, 96
 

@@ -1,4 +1,4 @@
-"""The int8-activation path (kernels/cpu/qdot.py, numerics "i8") against its twins.
+"""The int8-activation path (kernels/cpu/qdot/, numerics "i8") against its twins.
 
 1. packing keeps the GGUF bits: get_rows is bit-exact with gguf.quants.dequantize;
 2. matmul is within 1e-6 * (|W| @ |x̂|) of the float64 product with the activations quantised by the twin
@@ -22,11 +22,12 @@ from gguf import quants
 from numba import njit
 
 from guild.kernels import ref_quant
-from guild.kernels.blocks import BLOCK, KVALUES_IQ4NL, act_block
+from guild.kernels.blocks import KVALUES_IQ4NL
 from guild.kernels.cpu import qdot, simd
 from guild.kernels.cpu import quant as kq
+from guild.kernels.quant_types import BLOCK, QUANT_TYPES, act_block
 
-TYPES = [Q(t) for t in qdot.I8_TYPES]
+TYPES = [q for q, t in QUANT_TYPES.items() if t.i8]
 KQUANTS = {qt for qt in TYPES if BLOCK[qt][0] == 256}  # super-blocks of 256
 TOL = 1e-6
 
@@ -266,7 +267,7 @@ def test_isa_instructions_emitted(kernel):
 
     from guild.kernels.cpu.intrinsics import _KSIG
 
-    asm = cfunc(_KSIG)(getattr(qdot, kernel))._library.get_asm_str()  # a fresh compile (cached code: no asm)
+    asm = cfunc(_KSIG)(getattr(qdot.kernels, kernel))._library.get_asm_str()  # a fresh compile (cached code: no asm)
     n = len(re.findall(r"\bvpdpbusd\b", asm))
     assert (n > 0) == simd.VNNI512, f"{n} vpdpbusd instructions, VNNI512={simd.VNNI512}"
     if simd.AVX2 and not simd.VNNI512:

@@ -22,8 +22,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from guild.kernels import ref_quant
-from guild.kernels.blocks import act_block
 from guild.kernels.cpu import quant as kq
+from guild.kernels.quant_types import act_block
 
 OLD = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 NEW = [Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]

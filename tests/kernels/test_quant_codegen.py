@@ -1,5 +1,6 @@
-"""kernels/cpu/quant_gen.py is generated from the codec table (kernels/cpu/codecs.py) by kernels/cpu/gen_quant.py:
-the committed file must be exactly what the generator writes today (run `python -m guild.kernels.cpu.gen_quant`)."""
+"""kernels/cpu/quant_gen.py is generated from the records' fp32 codecs (kernels/quant_types.py, kernels/cpu/codecs.py)
+by kernels/cpu/gen_quant.py: the committed file must be exactly what the generator writes today (run
+`python -m guild.kernels.cpu.gen_quant`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from guild.kernels import blocks
 from guild.kernels.cpu import codecs, gen_quant, quant_gen
+from guild.kernels.quant_types import QUANT_TYPES
 
 
 def test_generated_kernels_are_current():
@@ -16,19 +17,8 @@ def test_generated_kernels_are_current():
 
 
 def test_codec_table_is_consistent():
-    """Every codec's canonical order is a permutation of its block, and its byte fields lie inside the block."""
-    for c in codecs.CODECS:
-        order = codecs.canonical_order(c)
-        assert np.array_equal(np.sort(order), np.arange(c.block)), c.qtype.name
-        if not c.padded:
-            spans = [f[3] for f in c.fields if not callable(f[3])]
-            assert max(hi for _, hi in spans) <= blocks.BLOCK[c.qtype][1], c.qtype.name
-
-
-def test_block_sizes_match_gguf():
-    """kernels/blocks.py's (elements, bytes) per block agree with gguf's GGML_QUANT_SIZES for every type."""
-    from gguf.constants import GGML_QUANT_SIZES
-
-    for qt, size in blocks.BLOCK.items():
-        assert size == GGML_QUANT_SIZES[qt], qt.name
-    assert {c.qtype for c in codecs.CODECS} == set(blocks.BLOCK)
+    """Every codec's canonical order is a permutation of its block (its byte fields: the record checks them)."""
+    for t in QUANT_TYPES.values():
+        if t.f32 is not None:
+            order = codecs.canonical_order(t.f32, t.f32_unit)
+            assert np.array_equal(np.sort(order), np.arange(t.f32_block)), t.qtype.name

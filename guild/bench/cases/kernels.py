@@ -19,9 +19,9 @@ from gguf import GGMLQuantizationType as Q
 from ...engine.state import KVCache
 from ...errors import BadFlagError
 from ...kernels import ref_quant
-from ...kernels.blocks import QUANT_TYPES
 from ...kernels.cpu import ops
 from ...kernels.cpu import quant as kq
+from ...kernels.quant_types import QUANT_TYPES
 from ...kvtypes import KV_TYPES, KVTypes
 from .. import runners as R
 from ..harness import Run, Runner

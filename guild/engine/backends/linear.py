@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...kernels.cpu.quant import matmul, pack
+from ...formats.repack_cache import pack
+from ...kernels.cpu.quant import matmul
 
 
 def fuse(tensors, pack) -> tuple[int, int, list]:

@@ -1,164 +1,16 @@
-"""Numba kernels for the non-matmul parts of a transformer window: RMSNorm, RoPE, GQA attention, SwiGLU, routing.
-
-All keep the row-invariance contract (docs/contracts.md "Row invariance"): work is split over rows/heads/
-features, never inside one reduction, and every reduction runs in a fixed order that does not depend on T or
-the thread count.
-Twins: guild.kernels.ref (same names).
-"""
+"""Causal GQA attention kernels: one row over a float32 cache (`attention`), and the score, softmax and value
+passes of a window over a typed KV cache (`attention_kv`). Every score and output element is one chain in a
+fixed order whatever rows share the call (row invariance)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from numba import get_num_threads, njit, prange, types
-from numba.extending import overload
+from numba import get_num_threads, njit, prange
 
-from .intrinsics import floorf, fma32, h2f, pow2f
-from .simd import add_f, bc_f32, cvt, fma_f, lane, ld_f32, ld_h2f, ld_s8, max_f, mul_f, splat_f, st_f32, zero_f
-
-# Keys are stored in tiles of KV_TILE positions, [..., ctx/KV_TILE, hd, KV_TILE]: within a tile each dimension's
-# positions are adjacent (the score loops run over positions), and a tile is one contiguous block, so a score pass
-# streams K from memory. Transposed whole ([hd, ctx]) it read hd strided rows at once, more streams than the
-# hardware prefetchers follow: 3-5 GB/s from memory where the tiles read at 7-8 (same chains, bitwise).
-KV_TILE = 64  # positions per key tile, and per score task: a tile stays in L1 while every row and head uses it
-
-
-def key_tiles(rows: int) -> int:
-    """Tiles that hold `rows` key positions."""
-    return -(-rows // KV_TILE)
-
-
-def tile_keys(kt: np.ndarray) -> np.ndarray:
-    """Keys transposed [..., hd, ctx] -> tiles [..., key_tiles(ctx), hd, KV_TILE] (positions past ctx zero)."""
-    *lead, hd, ctx = kt.shape
-    n = key_tiles(ctx)
-    out = np.zeros((*lead, n, hd, KV_TILE), kt.dtype)
-    put_keys(out, 0, kt)
-    return out
-
-
-def _key_spans(lo: int, hi: int):
-    """(tile, first, end) of positions lo .. hi - 1 within each key tile they touch, and their offset from lo."""
-    j = lo
-    while j < hi:
-        t, a = divmod(j, KV_TILE)
-        b = min(KV_TILE, a + hi - j)
-        yield t, a, b, j - lo
-        j += b - a
-
-
-def put_keys(tiles: np.ndarray, lo: int, x: np.ndarray) -> None:
-    """Positions lo .. lo + n of key tiles [..., n_tiles, hd, KV_TILE] = x [..., hd, n] (broadcast over the leading
-    axes)."""
-    for t, a, b, o in _key_spans(lo, lo + x.shape[-1]):
-        tiles[..., t, :, a:b] = x[..., o : o + b - a]
-
-
-def get_keys(tiles: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """Positions lo .. hi - 1 of key tiles [..., n_tiles, hd, KV_TILE] as [..., hd, hi - lo] (a copy)."""
-    *lead, _, hd, _ = tiles.shape
-    out = np.empty((*lead, hd, hi - lo), tiles.dtype)
-    for t, a, b, o in _key_spans(lo, hi):
-        out[..., o : o + b - a] = tiles[..., t, :, a:b]
-    return out
-
-
-@njit(cache=True, inline="always", error_model="numpy")
-def _rmsnorm_row(x, w, eps, out, t):
-    D = x.shape[1]
-    s = 0.0  # float64 accumulator, sequential order
-    for i in range(D):
-        v = np.float64(x[t, i])
-        s += v * v
-    scale = np.float32(1.0 / math.sqrt(s / D + eps))
-    for i in range(D):
-        out[t, i] = (x[t, i] * scale) * w[i]
-
-
-@njit(cache=True, error_model="numpy")
-def rmsnorm(x, w, eps, out):
-    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w. x, out: [T, D] float32; w: [D]. One thread: a window's
-    few rows cost less than waking the others (rmsnorm_parallel, the same bits, for prefill chunks)."""
-    for t in range(x.shape[0]):
-        _rmsnorm_row(x, w, eps, out, t)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def rmsnorm_parallel(x, w, eps, out):
-    """rmsnorm with the rows spread over the threads."""
-    for t in prange(x.shape[0]):
-        _rmsnorm_row(x, w, eps, out, t)
-
-
-@njit(cache=True, error_model="numpy")
-def rmsnorm_heads(x, w, eps):
-    """In-place RMSNorm of every head vector: x [T, H, hd], w [hd] (Qwen3 QK-norm)."""
-    T, H, hd = x.shape
-    for t in range(T):
-        for h in range(H):
-            s = 0.0
-            for i in range(hd):
-                v = np.float64(x[t, h, i])
-                s += v * v
-            scale = np.float32(1.0 / math.sqrt(s / hd + eps))
-            for i in range(hd):
-                x[t, h, i] = (x[t, h, i] * scale) * w[i]
-
-
-@njit(cache=True)
-def rope(x, positions, cos, sin, n_rot, neox):
-    """In-place rotary embedding. x: [T, H, hd]; cos/sin: [ctx, n_rot/2] tables; positions: [T] int64.
-
-    neox=False rotates adjacent pairs (2i, 2i+1) — llama in GGUF, whose converter permuted Q/K for it;
-    neox=True rotates halves (i, i + n_rot/2) — qwen3, qwen3moe.
-    """
-    T, H, hd = x.shape
-    half = n_rot // 2
-    for t in range(T):
-        p = positions[t]
-        for h in range(H):
-            for i in range(half):
-                c = cos[p, i]
-                s = sin[p, i]
-                if neox:
-                    a = x[t, h, i]
-                    b = x[t, h, i + half]
-                    x[t, h, i] = a * c - b * s
-                    x[t, h, i + half] = a * s + b * c
-                else:
-                    a = x[t, h, 2 * i]
-                    b = x[t, h, 2 * i + 1]
-                    x[t, h, 2 * i] = a * c - b * s
-                    x[t, h, 2 * i + 1] = a * s + b * c
-
-
-@njit(cache=True)
-def sum_fixed(y):
-    """Sum in a fixed 16-lane order (lane j % 16, then lanes 0..15): vectorisable and independent of where
-    the array lives; the same length always gives the same bits."""
-    n16 = y.size // 16 * 16
-    if y.strides[0] == 4:  # the 16 lanes in one vector register (LLVM keeps an array's lanes in memory)
-        v = zero_f()
-        for b in range(0, n16, 16):
-            v = add_f(v, ld_f32(y.ctypes.data + 4 * b))
-        tot = np.float32(0.0)
-        for k in range(16):
-            a = lane(v, k)
-            if n16 + k < y.size:
-                a += y[n16 + k]
-            tot += a
-        return tot
-    acc = np.zeros(16, np.float32)
-    for b in range(0, n16, 16):
-        for k in range(16):
-            acc[k] += y[b + k]
-    for j in range(n16, y.size):
-        acc[j - n16] += y[j]
-    tot = np.float32(0.0)
-    for k in range(16):
-        tot += acc[k]
-    return tot
+from ..intrinsics import fma32
+from ..simd import fma_f, lane, ld_f32, max_f, splat_f, st_f32, zero_f
+from .kv import KV_TILE, is_q8, k_scales, key_at, kv_block, kv_parts, kv_stride1, ld_kv, stored_f32, v_scale, value_at
+from .rows import expf, sum_fixed
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -173,7 +25,7 @@ def attention(q, kt, vc, pos0, scale, out, scores):
     query heads sharing that KV head run together block by block, so each block of K and V is read from memory
     once and reused from L1. (Two rows per task sharing 32-position K blocks was faster with the cache hot, but
     1.4-1.8x slower over a model's 30 layers at 2k positions: the shorter strided runs defeat the prefetcher.)
-    16-lane vector code (kernels/cpu/simd.py) where hd is a multiple of 16 and the rows are stride-1, else scalar.
+    16-lane vector code (kernels/cpu/simd/) where hd is a multiple of 16 and the rows are stride-1, else scalar.
     """
     T, H, hd = q.shape
     Hkv = kt.shape[0]
@@ -393,68 +245,6 @@ def _store_heads(out, t, h, c, n, a0, a1, a2, a3):
         st_f32(po + 192, a3)
 
 
-@njit(cache=True, inline="always")
-def expf(x):
-    """exp(x) in float32 for any x (clamped to [-87, 88]): Cephes expf (exp(r) polynomial times 2^n, with fmas),
-    written without library calls so that loops over it vectorise; each result depends on x alone."""
-    v = min(max(x, np.float32(-87.0)), np.float32(88.0))
-    n = floorf(fma32(v, np.float32(1.44269504), np.float32(0.5)))
-    r = fma32(n, np.float32(2.12194440e-4), fma32(n, np.float32(-0.693359375), v))
-    p = fma32(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))
-    p = fma32(p, r, np.float32(8.3334519073e-3))
-    p = fma32(p, r, np.float32(4.1665795894e-2))
-    p = fma32(p, r, np.float32(1.6666665459e-1))
-    p = fma32(p, r, np.float32(5.0000001201e-1))
-    y = fma32(p, r * r, r) + np.float32(1.0)
-    # 2^n in two factors: n reaches 127 only at the clamp (88 * log2 e = 126.96 rounds to 127)
-    h = floorf(n * np.float32(0.5))
-    return y * pow2f(h) * pow2f(n - h)
-
-
-@njit(cache=True, error_model="numpy")  # numpy: a zero divisor gives inf/NaN, never raises
-def swiglu(gu, out):
-    """out = silu(gate) * up with gate = gu[:, :F], up = gu[:, F:] (fused gate|up matmul output [R, 2F])."""
-    R, F = out.shape
-    for r in range(R):
-        g = gu[r]
-        o = out[r]
-        for i in range(F):
-            a = g[i]
-            o[i] = a / (np.float32(1.0) + expf(-a)) * g[F + i]
-
-
-@njit(cache=True, error_model="numpy")
-def softmax_topk(logits, k, renorm, ids, weights):
-    """Router: softmax over experts → top-k (ties to the lower id) → optional renormalise.
-    logits [T, E] → ids, weights [T, k]."""
-    T, E = logits.shape
-    p = np.empty(E, np.float32)
-    for t in range(T):
-        m = logits[t, 0]
-        for e in range(1, E):
-            if logits[t, e] > m:
-                m = logits[t, e]
-        s = np.float32(0.0)
-        for e in range(E):
-            p[e] = np.exp(logits[t, e] - m)
-            s += p[e]
-        for e in range(E):
-            p[e] = p[e] / s
-        tot = np.float32(0.0)
-        for r in range(k):
-            best = -1
-            for e in range(E):
-                # taken experts are -1; a NaN probability is never larger, so an all-NaN row takes the lowest
-                # free ids (the NaN then reaches the logits, where the model reports it) instead of id -1
-                if p[e] != -1.0 and (best < 0 or p[e] > p[best]):
-                    best = e
-            ids[t, r] = best
-            weights[t, r] = p[best]
-            tot += p[best]
-            p[best] = -1.0
-        if renorm:
-            for r in range(k):
-                weights[t, r] = weights[t, r] / tot
 
 
 # =========================================================================================================
@@ -480,22 +270,6 @@ KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verif
 # the time of one block, at 4.6K (Qwen3-30B-A3B's, f32) 0.92x; 16 or 64 rows did no better
 PREFILL_ROWS = 2 * KV_ROWS
 
-
-@njit(cache=True, error_model="numpy")
-def kv_quantize_q8_0(x, qs, d):
-    """Rows x [N, hd] (hd a multiple of 32) → quants qs [N, hd] int8 and scales d [N, hd/32] float32 (stored as
-    f16 by the caller): Q8_0's rule, d = max|x| / 127, q = rint(x * (1 / d)) in float32."""
-    N, hd = x.shape
-    for n in range(N):
-        for b in range(hd // 32):
-            amax = np.float32(0.0)
-            for i in range(32 * b, 32 * b + 32):
-                amax = max(amax, abs(x[n, i]))
-            db = amax / np.float32(127.0)
-            inv = np.float32(1.0) / db if db > 0 else np.float32(0.0)
-            d[n, b] = db
-            for i in range(32 * b, 32 * b + 32):
-                qs[n, i] = np.int8(np.rint(x[n, i] * inv))
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -766,127 +540,6 @@ def _values_six(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, p, m):
         a0, a1, a2, a3, a4, a5 = _fma_six(pt, j - j0, p, p1, p2, p3, p4, p5, m, v, a0, a1, a2, a3, a4, a5)
     _store_six(pa, sa, m, p, p1, p2, p3, p4, p5, a0, a1, a2, a3, a4, a5)
 
-
-# Stored KV values by type, for the passes above: an array of float32 or f16 bits (uint16), or a q8_0 pair
-# (int8 quants, f16 scale bits). The passes take a pair's arrays apart once (kv_parts: a float array stands for
-# its own scales, unused), so their loops index plain arrays, with no reference counting. A q8_0 value q * d is
-# exact in float32 (8 bits of q times 11 of d): every type's chains are float32 attention's over the stored values.
-def kv_parts(k):
-    """(values or quants, scale bits or the array itself) of a stored K or V operand."""
-    raise NotImplementedError
-
-
-def stored_f32(x):
-    """A stored float32 or f16 value (uint16 bits) as float32 (Numba only)."""
-    raise NotImplementedError
-
-
-def kv_stride1(k, ks):
-    """Whether the vectors of kv_parts (k, ks) are stride-1 along their last axis (q8_0: both arrays)."""
-    raise NotImplementedError
-
-
-def kv_block(k, hd):
-    """Dimensions per key scale: 32 for q8_0, hd (one loop) for the float types."""
-    raise NotImplementedError
-
-
-def key_at(kt, ks, g, i, j):
-    """Key dimension i of position j of KV head g as float32, from kv_parts (kt, ks) of any stored type."""
-    raise NotImplementedError
-
-
-def value_at(vc, vs, g, j, i):
-    """Value feature i of position j of KV head g as float32, from kv_parts (vc, vs) of any stored type."""
-    raise NotImplementedError
-
-
-def k_scales(kt, addr):
-    """q8_0 keys: 16 positions' scales (f16 bits at addr) as f32 lanes; the float types: unused zeros."""
-    raise NotImplementedError
-
-
-def v_scale(vc, addr):
-    """q8_0 values: one scale (the float32 at addr) in every lane; the float types: unused zeros."""
-    raise NotImplementedError
-
-
-def is_q8(k):
-    """Whether kv_parts' first array holds q8_0 quants (a constant for the compiler)."""
-    raise NotImplementedError
-
-
-def ld_kv(addr, like, d):
-    """16 stored KV values at addr as float32 lanes, for an array `like` of float32, f16 bits or q8_0 quants
-    (times the scales d: exact)."""
-    raise NotImplementedError
-
-
-def _q8(a):
-    return isinstance(a, types.Array) and a.dtype == types.int8
-
-
-@overload(is_q8, inline="always")
-def _is_q8(k):
-    return (lambda k: True) if _q8(k) else (lambda k: False)
-
-
-@overload(kv_parts, inline="always")
-def _kv_parts(k):
-    return (lambda k: (k[0], k[1])) if isinstance(k, types.BaseTuple) else (lambda k: (k, k))
-
-
-@overload(stored_f32, inline="always")
-def _stored_f32(x):
-    if x == types.uint16:
-        return lambda x: h2f(x)
-    return lambda x: np.float32(x)
-
-
-@overload(kv_stride1, inline="always")
-def _kv_stride1(k, ks):
-    if _q8(k):
-        return lambda k, ks: k.strides[3] == 1 and ks.strides[3] == 2
-    return lambda k, ks: k.strides[3] == k.itemsize
-
-
-@overload(kv_block, inline="always")
-def _kv_block(k, hd):
-    return (lambda k, hd: 32) if _q8(k) else (lambda k, hd: hd)
-
-
-@overload(key_at, inline="always")
-def _key_at(kt, ks, g, i, j):
-    if _q8(kt):
-        return lambda kt, ks, g, i, j: (np.float32(kt[g, j // KV_TILE, i, j % KV_TILE])
-                                        * h2f(ks[g, j // KV_TILE, i // 32, j % KV_TILE]))
-    return lambda kt, ks, g, i, j: stored_f32(kt[g, j // KV_TILE, i, j % KV_TILE])
-
-
-@overload(value_at, inline="always")
-def _value_at(vc, vs, g, j, i):
-    if _q8(vc):
-        return lambda vc, vs, g, j, i: np.float32(vc[g, j, i]) * h2f(vs[g, j, i // 32])
-    return lambda vc, vs, g, j, i: stored_f32(vc[g, j, i])
-
-
-@overload(k_scales, inline="always")
-def _k_scales(kt, addr):
-    return (lambda kt, addr: ld_h2f(addr)) if _q8(kt) else (lambda kt, addr: zero_f())
-
-
-@overload(v_scale, inline="always")
-def _v_scale(vc, addr):
-    return (lambda vc, addr: bc_f32(addr)) if _q8(vc) else (lambda vc, addr: zero_f())
-
-
-@overload(ld_kv, inline="always")
-def _ld_kv(addr, like, d):
-    if _q8(like):
-        return lambda addr, like, d: mul_f(cvt(ld_s8(addr)), d)  # vpmovsxbd, vcvtdq2ps, vmulps
-    if like.dtype == types.uint16:
-        return lambda addr, like, d: ld_h2f(addr)  # vcvtph2ps
-    return lambda addr, like, d: ld_f32(addr)
 
 
 def attention_kv(q, k, v, pos0, scale, out, scores) -> None:

@@ -1,44 +1,16 @@
-"""Numba transformer ops held to their NumPy twins (guild.kernels.ref), and row invariance of attention."""
+"""The attention kernels (kernels/cpu/ops/gqa.py) held to their NumPy twins (guild.kernels.ref), and their row
+invariance over every stored KV type."""
 
 import numba
 import numpy as np
 import pytest
-from numba import njit
 
 from guild.kernels import ref
 from guild.kernels.cpu import ops
-from guild.kernels.cpu.moe import combine_groups
-from guild.kernels.rope import rope_tables
+from guild.kernels.cpu.ops import gqa
 from tests.helpers.kv import kv_layer
 
 rng = np.random.default_rng(0)
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def test_rmsnorm():
-    x = rng.standard_normal((5, 96)).astype(np.float32)
-    w = rng.standard_normal(96).astype(np.float32)
-    out = np.empty_like(x)
-    ops.rmsnorm(x, w, 1e-6, out)
-    np.testing.assert_allclose(out, ref.rmsnorm(x, w, 1e-6), **TOL)
-    par = np.empty_like(x)
-    ops.rmsnorm_parallel(x, w, 1e-6, par)  # prefill chunks: the same bits, rows over the threads
-    assert np.array_equal(par, out)
-    xh = x.reshape(5, 3, 32).copy()
-    ops.rmsnorm_heads(xh, w[:32], 1e-6)
-    np.testing.assert_allclose(xh, ref.rmsnorm(x.reshape(5, 3, 32), w[:32], 1e-6), **TOL)
-
-
-@pytest.mark.parametrize("neox", [False, True])
-@pytest.mark.parametrize("n_rot", [32, 16])
-def test_rope(neox, n_rot):
-    cos, sin = rope_tables(64, n_rot, 10000.0)
-    x = rng.standard_normal((4, 3, 32)).astype(np.float32)
-    pos = np.array([0, 5, 17, 63], np.int64)
-    y = x.copy()
-    ops.rope(y, pos, cos, sin, n_rot, neox)
-    np.testing.assert_allclose(y, ref.rope(x, pos, cos, sin, n_rot, neox), **TOL)
-    assert np.array_equal(y[..., n_rot:], x[..., n_rot:])  # partial rotary leaves the tail alone
 
 
 def _attn_inputs(T, pos0, H=6, Hkv=2, hd=16, ctx=40):
@@ -51,21 +23,6 @@ def _attn_inputs(T, pos0, H=6, Hkv=2, hd=16, ctx=40):
 
 
 THREAD_COUNTS = (1, min(2, numba.config.NUMBA_NUM_THREADS))  # row invariance on one thread and on two
-
-
-def test_key_tiles_hold_positions_in_order():
-    """Keys [.., hd, ctx] in tiles [.., ctx/KV_TILE, hd, KV_TILE]: a run of positions written across a tile
-    boundary reads back as written, the rest stays zero, and tile_keys pads the last tile with zeros."""
-    T = ops.KV_TILE
-    kt = rng.standard_normal((2, 3, 5, 2 * T + 7)).astype(np.float32)  # [L, Hkv, hd, ctx]
-    tiles = ops.tile_keys(kt)
-    assert tiles.shape == (2, 3, 3, 5, T) and not tiles[..., 2, :, 7:].any()
-    assert np.array_equal(tiles[..., 1, 4, :], kt[..., 4, T : 2 * T])  # dimension 4 of positions T .. 2T - 1
-    assert np.array_equal(ops.get_keys(tiles, 0, 2 * T + 7), kt)
-    z = np.zeros_like(tiles)
-    ops.put_keys(z, T - 3, kt[..., : T + 9])
-    assert np.array_equal(ops.get_keys(z, T - 3, 2 * T + 6), kt[..., : T + 9])
-    assert not ops.get_keys(z, 0, T - 3).any() and not ops.get_keys(z, 2 * T + 6, 3 * T).any()
 
 
 def _attn(q, kc, vc, pos0):
@@ -94,52 +51,6 @@ def test_attention_row_invariance(pos0, H, Hkv, hd, ctx, threads):
     np.testing.assert_allclose(full, ref.attention_kv(q, kc, vc, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
 
 
-def test_swiglu_combine_topk():
-    gu = rng.standard_normal((3, 40)).astype(np.float32)
-    out = np.empty((3, 20), np.float32)
-    ops.swiglu(gu, out)
-    np.testing.assert_allclose(out, ref.swiglu(gu), **TOL)
-
-    logits = rng.standard_normal((6, 8)).astype(np.float32)
-    logits[0, 3] = logits[0, 5]  # a tie resolves to the lower id
-    for renorm in (False, True):
-        ids = np.empty((6, 2), np.int64)
-        w = np.empty((6, 2), np.float32)
-        ops.softmax_topk(logits, 2, renorm, ids, w)
-        rids, rw = ref.softmax_topk(logits, 2, renorm)
-        assert np.array_equal(ids, rids)
-        np.testing.assert_allclose(w, rw, **TOL)
-
-    y = rng.standard_normal((6, 2, 10)).astype(np.float32)
-    o = np.empty((6, 10), np.float32)
-    perm = rng.permutation(12)  # grouped slots in any order: slot j holds (row, rank) pair perm[j]
-    combine_groups(np.ascontiguousarray(y.reshape(12, 10)[perm]), perm.astype(np.int64), w, o)
-    np.testing.assert_allclose(o, ref.combine_experts(y, w), **TOL)
-
-
-@njit(cache=True)
-def _expf_all(x, y):
-    for j in range(x.size):
-        y[j] = ops.expf(x[j])
-
-
-def test_expf_and_fixed_sum():
-    x = (rng.random(1000).astype(np.float32) - 1) * 80
-    y = np.empty_like(x)
-    _expf_all(x, y)
-    # Cephes expf with fmas: within 2 ulp of exp(x) (x already float32, as in the kernels)
-    np.testing.assert_allclose(y, ref.exp_shifted(x, 0.0), rtol=2.4e-7, atol=0)
-    ends = np.array([-200.0, -87.0, 88.0, 200.0], np.float32)  # clamped to [-87, 88], never inf or 0
-    out = np.empty_like(ends)
-    _expf_all(ends, out)
-    np.testing.assert_allclose(out, np.exp(np.array([-87.0, -87.0, 88.0, 88.0])), rtol=3e-7)
-    for n in (1, 15, 16, 17, 600):
-        assert abs(ops.sum_fixed(y[:n]) - y[:n].astype(np.float64).sum()) <= 1e-6 * y[:n].sum()
-        assert ops.sum_fixed(y[:n]) == ops.sum_fixed(y[:n].copy())  # no dependence on where the data lives
-        assert ops.sum_fixed(y[:n]) == ops.sum_fixed(np.repeat(y[:n], 2)[::2])  # nor on its stride (scalar loop)
-
-
-# (K type, V type, head_dim, query heads over 2 KV heads): 16 is not a whole q8_0 block (f16 takes any head size);
 # f32 and f16 windows: 16 and 80 (a 64-feature value task and a 16-feature one) vectorised, 24 the scalar loops; groups
 # of 2, 3 and 4 heads (the value kernel's three-head steps and their remainders)
 KV_PAIRS = [("f16", "f16", 16, 6), ("f16", "f16", 64, 6), ("q8_0", "q8_0", 64, 6), ("f32", "q8_0", 64, 6),
@@ -156,7 +67,7 @@ def test_f32_windows_take_the_window_passes(monkeypatch):
     kop, vop = kv_layer("f32", "f32", k, v)
     calls = []
     for name in ("attention", "scores_kv", "values_kv"):
-        monkeypatch.setattr(ops, name, lambda *a, f=getattr(ops, name), n=name: calls.append((n, a[0].shape)) or f(*a))
+        monkeypatch.setattr(gqa, name, lambda *a, f=getattr(gqa, name), n=name: calls.append((n, a[0].shape)) or f(*a))
     scale = np.float32(hd**-0.5)
     ops.attention_kv(q, kop, vop, pos0, scale, np.empty_like(q), np.empty((4 * H, 50), np.float32))
     assert [c[0] for c in calls] == ["scores_kv", "values_kv"]
@@ -168,19 +79,9 @@ def test_f32_windows_take_the_window_passes(monkeypatch):
     qs[...] = q
     # the choice is under test, not the kernel: recorded, not run (its non-contiguous specialisation would
     # cost ~23 s of compiling in a fresh clone; the engine always passes contiguous operands)
-    monkeypatch.setattr(ops, "attention", lambda *a: calls.append(("attention", a[0].strides)))
+    monkeypatch.setattr(gqa, "attention", lambda *a: calls.append(("attention", a[0].strides)))
     ops.attention_kv(qs, kop, vop, pos0, scale, np.empty_like(q), np.empty((4 * H, 50), np.float32))
     assert calls == [("attention", qs.strides)]
-
-
-def test_kv_quantize_q8_0_matches_its_twin():
-    x = rng.standard_normal((7, 64)).astype(np.float32) * rng.uniform(0.01, 30, (7, 1)).astype(np.float32)
-    x[3, :32] = 0.0  # an all-zero block: scale 0, quants 0
-    qs, d = np.empty((7, 64), np.int8), np.empty((7, 2), np.float32)
-    ops.kv_quantize_q8_0(x, qs, d)
-    rq, rd = ref.kv_quantize_q8_0(x)
-    assert np.array_equal(qs, rq) and np.array_equal(d.astype(np.float16), rd)
-    assert not qs[3, :32].any() and np.abs(qs).max() == 127
 
 
 def _f32_layer(kop, vop):

@@ -1,0 +1,178 @@
+"""The int8 path's C entry points, one per type: the loops over tiles, feature groups, rows and blocks around
+the block arithmetic of kernels/cpu/qdot/dots.py (signature intrinsics._KSIG, compiled as cfuncs by
+kernels/cpu/quant.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from numba import carray, njit
+
+from ...quant_types import QUANT_TYPES
+from ..drivers import NT
+from ..intrinsics import _pf32, _pi32
+from ..simd import add_i, grid_rows2, hsum2, lane, ld_i32, st_f32, zero_f, zero_i
+from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _sfin, _unit
+from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
+
+
+@njit(cache=True, inline="always")
+def _put(pout, out, t, N, n0, y):
+    """out[t, n0:n0 + GL] = y, clipped at N."""
+    if n0 + GL <= N:
+        st_f32(pout + 4 * (t * N + n0), y)
+    elif n0 < N:
+        for i in range(N - n0):
+            out[t, n0 + i] = lane(y, i)
+
+
+def _entry(kind: int, name: str):
+    """Tiles g0..g1 of out [T, N], 16 features at a time: rows two at a time (one weight load and decode for
+    both), then a last one alone, the blocks in memory order. Two accumulators a pass fit AVX2's registers,
+    and three inlined block bodies keep the compile short.
+    The C entry point of one kind (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp,
+    g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
+    slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic)."""
+
+    # Python constants: Numba drops the branches of the other kinds before typing them
+    sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
+    grid = Q(kind) in _GRIDS  # grid types, whose magnitudes a tile of 3+ rows decodes once
+    t1 = kind == IQ2_XXS or kind == IQ3_XXS  # grid types whose single row takes _grid_t1
+
+    def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
+        o = pxp + T * Kp
+        xd = carray(_pf32(o), (T, nb))
+        sx = carray(_pi32(o + 4 * T * nb), (T, nb))
+        xs = carray(_pf32(o + 8 * T * nb), (T, nb))
+        sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
+        out = carray(_pf32(pout), (T, N))
+        if sup:
+            dec = grid and T >= GRID_TILE_ROWS
+            # the grid types' magnitudes decoded once per group of 16 features for all rows (the gathers are most
+            # of a grid block's cost)
+            scratch = np.empty(nb * _DEC if dec else 0, np.uint8)
+            pd = scratch.ctypes.data
+            rows_t1 = t1 and T == 1
+            rs = np.empty(GL if rows_t1 else 0, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
+            prs = rs.ctypes.data
+            for g in range(g0, g1):
+                for j in range(NJ):
+                    n0 = g * NT + GL * j
+                    if n0 >= N:
+                        break
+                    if grid and dec:
+                        _grid_decode(kind, p0, p4, g, nb, j, pd)
+                        _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
+                                    pd, True)
+                    elif rows_t1:  # one row: elements in lanes, 16 rows one after another
+                        _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs)
+                    elif T > 1:
+                        _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
+                                    pd, False)
+                    elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
+                        k = j + 1 if n0 + GL < N else j
+                        _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N)
+            return
+        for g in range(g0, g1):
+            for j in range(NJ):
+                n0 = g * NT + GL * j
+                if n0 >= N:
+                    break
+                for t in range(0, T - 1, 2):
+                    y = z = zero_f()
+                    u = t + 1
+                    for b in range(nb):
+                        xa = pxp + t * Kp + b * QB
+                        y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd[t, b], sx[t, b], xs[t, b], y)
+                        z = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], xs[u, b], z)
+                    _put(pout, out, t, N, n0, y)
+                    _put(pout, out, u, N, n0, z)
+                if T % 2 == 1:  # the last row alone
+                    t = T - 1
+                    y = zero_f()
+                    for b in range(nb):
+                        y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
+                                 xs[t, b], y)
+                    _put(pout, out, t, N, n0, y)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
+
+
+@njit(cache=True, inline="always")
+def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec):
+    """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
+    its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode). Rows
+    two at a time; an odd last row is paired with itself (one loop body: a lone-row loop compiled markedly
+    slower). A single row (T = 1) takes _super_groups instead."""
+    for t in range(0, T, 2):
+        u = min(t + 1, T - 1)
+        y = z = zero_f()
+        for s in range(0, nb, SB):
+            a1 = m1 = a2 = m2 = zero_i()
+            for b in range(s, s + SB):
+                xa = pxp + t * Kp + b * QB
+                xu = pxp + u * Kp + b * QB
+                if dec:
+                    a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
+                    a2 = add_i(a2, _grid_blk(kind, p1, p2, g, nb, b, j, xu, pd))
+                else:
+                    a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[t, b], sh[t, b, 0], sh[t, b, 1],
+                                   a1, m1)
+                    a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xu, sx[u, b], sh[u, b, 0], sh[u, b, 1],
+                                   a2, m2)
+            y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[t, s], y)
+            z = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a2, m2, xd[u, s], z)
+        _put(pout, out, t, N, n0, y)
+        if u != t:
+            _put(pout, out, u, N, n0, z)
+
+
+@njit(cache=True, inline="always")
+def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs):
+    """Row 0 alone (T = 1) for group j of a grid type with its index bytes alone in p0 (IQ2_XXS, IQ3_XXS): each
+    of the 16 features' blocks with its elements in lanes (grid_rows2: a row's entries load into place, where
+    the features-in-lanes form gathers 16 rows' entries lane by lane), their integer sums gathered per
+    super-block into the 16 lanes, then _sfin: the same integers and float steps, so bitwise _super_rows."""
+    base = _grid(kind)
+    ngr = 4 if kind == IQ2_XXS else 8
+    y = zero_f()
+    for s in range(0, nb, SB):
+        for r in range(0, GL, 2):
+            acc = zero_i()
+            for b in range(s, s + SB):
+                u = _unit(g, j, nb, b)
+                ia = p0 + u * ngr * GL + r
+                sa = p1 + u * GL * 4 + 4 * r
+                ca = p2 + _b1off(g, nb, b, j) + r
+                if kind == IQ2_XXS:
+                    acc = add_i(acc, grid_rows2(base, ia, sa, ca, pxp + b * QB, 8))
+                else:
+                    acc = add_i(acc, grid_rows2(base, ia, sa, ca, pxp + b * QB, 4))
+            hsum2(acc, prs + 4 * r)
+        y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, ld_i32(prs), zero_i(), xd[0, s], y)
+    _put(pout, out, 0, N, n0, y)
+
+
+@njit(cache=True, inline="always")
+def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N):
+    """Row 0 alone (T = 1, decode) for groups j and k of tile g: the row-pair body of _super_rows with the
+    second accumulator on the next 16 features, so no pass computes a row twice. Each feature's chain is
+    _super_rows' (same blocks, same order): bitwise the same outputs."""
+    y = z = zero_f()
+    for s in range(0, nb, SB):
+        a1 = m1 = a2 = m2 = zero_i()
+        for b in range(s, s + SB):
+            xa = pxp + b * QB
+            a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a1, m1)
+            a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, k, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a2, m2)
+        y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[0, s], y)
+        z = _sfin(kind, p1, p2, p3, p4, g, nb, s, k, a2, m2, xd[0, s], z)
+    _put(pout, out, 0, N, n0, y)
+    if k != j:
+        _put(pout, out, 0, N, n0 + GL, z)
+
+
+# the C entry points by type, and by name (_k_q4_0, ...: each type's symbols and cache files)
+KERNELS = {q: _entry(int(q), "_k_" + t.name) for q, t in QUANT_TYPES.items() if t.i8}
+globals().update({f.__name__: f for f in KERNELS.values()})

@@ -1,0 +1,181 @@
+"""Integer dot products of 16-lane vectors by ISA: four u8 x s8 products summed into each 32-bit lane (VNNI's
+vpdpbusd; AVX2's vpmaddubsw + vpmaddwd within i16 ranges the callers guarantee; exact portable IR elsewhere)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .isa import _VI, AVX2, I32, VNNI512, _b8x32, _i16x16, _i32, _i32x8, _simple, _splat
+
+
+def _dpbusd_ir(b, acc, u, s):
+    """Portable form: acc + sum over the 4 bytes of each lane of zext(u) * sext(s)."""
+    b8 = ir.VectorType(ir.IntType(8), 64)
+    w = ir.VectorType(_i32, 64)
+    return _sum4(b, acc, b.mul(b.zext(b.bitcast(u, b8), w), b.sext(b.bitcast(s, b8), w)))
+
+
+def _sum4(b, acc, p):
+    """acc + the sums of each four consecutive lanes of the <64 x i32> products p."""
+    out = acc
+    undef = ir.Constant(p.type, None)
+    for i in range(4):
+        out = b.add(out, b.shuffle_vector(p, undef, ir.Constant(_VI, [4 * j + i for j in range(16)])))
+    return out
+
+
+def _dpbusd(vnni: bool):
+    @intrinsic
+    def dp(typingctx, acc, u, s):
+        def body(b, a):
+            if not vnni:
+                return _dpbusd_ir(b, *a)
+            fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_VI, [_VI] * 3),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+            return b.call(fn, a)
+
+        return _simple(I32(I32, I32, I32), body)(typingctx, acc, u, s)
+
+    return dp
+
+
+dpbusd = _dpbusd(VNNI512)
+"""acc + Σ_{4 bytes of each lane} u8(u) · s8(s): vpdpbusd on AVX-512 VNNI hosts, portable IR elsewhere."""
+dpbusd_portable = _dpbusd(False)  # the portable form everywhere (tests)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# integer dot products by ISA: VNNI's vpdpbusd sums four u8 x s8 products into each 32-bit lane without
+# intermediate saturation; AVX2 has vpmaddubsw (pairs into saturating i16) then vpmaddwd (pairs into i32), exact
+# while a pair's sum stays within i16, which the callers guarantee by the weights' range (u <= 127 for dot4).
+
+
+def _halves(b, v):
+    """<16 x i32> → its two 256-bit halves as <32 x i8>."""
+    v8 = b.bitcast(v, ir.VectorType(ir.IntType(8), 64))
+    undef = ir.Constant(v8.type, None)
+    return [b.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(_i32, 32), list(range(32 * h, 32 * h + 32))))
+            for h in (0, 1)]
+
+
+def _join(b, lo, hi):
+    """Two <8 x i32> → <16 x i32>."""
+    return b.shuffle_vector(lo, hi, ir.Constant(_VI, list(range(16))))
+
+
+def _maddubs(b, u, s):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_i16x16, [_b8x32, _b8x32]),
+                                        "llvm.x86.avx2.pmadd.ub.sw")
+    return b.call(fn, [u, s])
+
+
+def _madd(b, p, q):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_i32x8, [_i16x16, _i16x16]),
+                                        "llvm.x86.avx2.pmadd.wd")
+    return b.call(fn, [p, q])
+
+
+def _madd_ones(b, p):
+    return _madd(b, p, ir.Constant(_i16x16, [1] * 16))
+
+
+def _abs8(b, v):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_b8x32, [_b8x32, ir.IntType(1)]), "llvm.abs.v32i8")
+    return b.call(fn, [v, ir.Constant(ir.IntType(1), 0)])
+
+
+def _sign8(b, v, s):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_b8x32, [_b8x32, _b8x32]), "llvm.x86.avx2.psign.b")
+    return b.call(fn, [v, s])
+
+
+def _dot_avx2(b, acc, pairs):
+    """acc + Σ over (u, s) pairs of the 4-byte dot products per lane, the pairs' i16 partial sums added before
+    the widening (exact while each i16 sum fits: the callers' contract)."""
+    return b.add(acc, _join(b, *(_madd_ones(b, _i16_sums(b, pairs, h)) for h in (0, 1))))
+
+
+def _i16_sums(b, pairs, h):
+    """Half h (256 bits) of Σ over the (u, s) pairs of vpmaddubsw(u, s): i16 sums of byte-pair products."""
+    p = None
+    for u, s in pairs:
+        m = _maddubs(b, _halves(b, u)[h], _halves(b, s)[h])
+        p = m if p is None else b.add(p, m)
+    return p
+
+
+def _dot_portable(b, acc, pairs):
+    for u, s in pairs:
+        acc = _dpbusd_ir(b, acc, u, s)
+    return acc
+
+
+def _vnni(b, acc, u, s):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_VI, [_VI] * 3), "llvm.x86.avx512.vpdpbusd.512")
+    return b.call(fn, [acc, u, s])
+
+
+def _dot_isa(b, acc, pairs):
+    if VNNI512:
+        for u, s in pairs:
+            acc = _vnni(b, acc, u, s)
+        return acc
+    return _dot_avx2(b, acc, pairs) if AVX2 else _dot_portable(b, acc, pairs)
+
+
+@intrinsic
+def dot4(typingctx, acc, u, s):
+    """acc + Σ_{4 bytes of each lane} u8(u) · s8(s) for u <= 127 (exact on every ISA)."""
+    return _simple(I32(I32, I32, I32), lambda b, a: _dot_isa(b, a[0], [(a[1], a[2])]))(typingctx, acc, u, s)
+
+
+@intrinsic
+def dot8(typingctx, acc, u1, s1, u2, s2):
+    """dot4(dot4(acc, u1, s1), u2, s2) for u <= 63 (two products per pair, summed in i16 on AVX2: exact)."""
+    return _simple(I32(I32, I32, I32, I32, I32), lambda b, a: _dot_isa(b, a[0], [(a[1], a[2]), (a[3], a[4])]))(
+        typingctx, acc, u1, s1, u2, s2)
+
+
+@intrinsic
+def dot32s(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7, s7, u8, s8):
+    """acc + sc · Σ over the eight (u, s) pairs of dot4(u, s), for u <= 15 and 0 <= sc < 2^15 (a block of 32
+    4-bit quants with its scale). AVX2: the eight pairs' i16 sums (<= 8 · 2 · 15 · 127) widened by vpmaddwd
+    against (sc, sc), the scale's multiply folded into the widening (as ggml's Q4_K dot); exact everywhere."""
+
+    def body(b, a):
+        acc, sc, pairs = a[0], a[1], [(a[i], a[i + 1]) for i in range(2, 18, 2)]
+        if VNNI512 or not AVX2:
+            return b.add(acc, b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
+        sc2 = b.bitcast(b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI))), ir.VectorType(ir.IntType(16), 32))
+        halves = []
+        for h in (0, 1):
+            sch = b.shuffle_vector(sc2, ir.Constant(sc2.type, None),
+                                   ir.Constant(ir.VectorType(_i32, 16), list(range(16 * h, 16 * h + 16))))
+            halves.append(_madd(b, _i16_sums(b, pairs, h), sch))
+        return b.add(acc, _join(b, *halves))
+
+    return _simple(I32(*[I32] * 18), body)(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7,
+                                           s7, u8, s8)
+
+
+@intrinsic
+def dot4ss(typingctx, acc, w, s):
+    """acc + Σ_{4 bytes of each lane} s8(w) · s8(s), for s != -128 (AVX2: |w| · sign(s, w), products <= 128·127
+    per byte, exact in the i16 pairs; elsewhere sign-extended products)."""
+
+    def body(b, a):
+        acc, w, s = a
+        if AVX2 and not VNNI512:
+            halves = []
+            for h in (0, 1):
+                wh, sh = _halves(b, w)[h], _halves(b, s)[h]
+                halves.append(_madd_ones(b, _maddubs(b, _abs8(b, wh), _sign8(b, sh, wh))))
+            return b.add(acc, _join(b, *halves))
+        b8 = ir.VectorType(ir.IntType(8), 64)
+        wv = ir.VectorType(_i32, 64)
+        return _sum4(b, acc, b.mul(b.sext(b.bitcast(w, b8), wv), b.sext(b.bitcast(s, b8), wv)))
+
+    return _simple(I32(I32, I32, I32), body)(typingctx, acc, w, s)
+

@@ -1,0 +1,34 @@
+"""The KV cache's stored forms (kernels/cpu/ops/kv.py): key tiles and the q8_0 quantiser against its twin."""
+
+import numpy as np
+
+from guild.kernels import ref
+from guild.kernels.cpu import ops
+
+rng = np.random.default_rng(0)
+
+
+def test_key_tiles_hold_positions_in_order():
+    """Keys [.., hd, ctx] in tiles [.., ctx/KV_TILE, hd, KV_TILE]: a run of positions written across a tile
+    boundary reads back as written, the rest stays zero, and tile_keys pads the last tile with zeros."""
+    T = ops.KV_TILE
+    kt = rng.standard_normal((2, 3, 5, 2 * T + 7)).astype(np.float32)  # [L, Hkv, hd, ctx]
+    tiles = ops.tile_keys(kt)
+    assert tiles.shape == (2, 3, 3, 5, T) and not tiles[..., 2, :, 7:].any()
+    assert np.array_equal(tiles[..., 1, 4, :], kt[..., 4, T : 2 * T])  # dimension 4 of positions T .. 2T - 1
+    assert np.array_equal(ops.get_keys(tiles, 0, 2 * T + 7), kt)
+    z = np.zeros_like(tiles)
+    ops.put_keys(z, T - 3, kt[..., : T + 9])
+    assert np.array_equal(ops.get_keys(z, T - 3, 2 * T + 6), kt[..., : T + 9])
+    assert not ops.get_keys(z, 0, T - 3).any() and not ops.get_keys(z, 2 * T + 6, 3 * T).any()
+
+
+def test_kv_quantize_q8_0_matches_its_twin():
+    x = rng.standard_normal((7, 64)).astype(np.float32) * rng.uniform(0.01, 30, (7, 1)).astype(np.float32)
+    x[3, :32] = 0.0  # an all-zero block: scale 0, quants 0
+    qs, d = np.empty((7, 64), np.int8), np.empty((7, 2), np.float32)
+    ops.kv_quantize_q8_0(x, qs, d)
+    rq, rd = ref.kv_quantize_q8_0(x)
+    assert np.array_equal(qs, rq) and np.array_equal(d.astype(np.float16), rd)
+    assert not qs[3, :32].any() and np.abs(qs).max() == 127
+
