@@ -78,3 +78,12 @@ def test_window_limit_is_the_kernels_row_invariant_path():
     from guild.window import MAX_DRAFT, MAX_WINDOW
 
     assert MAX_DRAFT == MAX_WINDOW - 1 and MAX_WINDOW <= GEMV_MAX_ROWS <= ROW_INVARIANT_ROWS
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists its packages by name: a package folder missing there would be left out of a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {m for m, f in import_graph.modules().items() if f.name == "__init__.py"}
+    assert found == listed
