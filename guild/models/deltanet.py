@@ -255,7 +255,8 @@ class HybridMoe(Architecture):
         x = w.embed(self)
         for li in range(self.args.n_layers):
             x = w.enter(li, x)
-            self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, w.be(li).empty(x.shape), w)
+            with w.be(li).activate():  # the layer's kernels on the stream its transfers use (a device's own)
+                self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, w.be(li).empty(x.shape), w)
         return output_logits(self, x, w, last_only)
 
     def block(self, li: int, blk, x, h, w: Window) -> None:

@@ -166,7 +166,8 @@ class Llama(Architecture):
         x = w.embed(self)
         for li, L in enumerate(self.layers):
             x = w.enter(li, x)
-            self.block(li, L, x, w.be(li).empty(x.shape), w)
+            with w.be(li).activate():  # the layer's kernels on the stream its transfers use (a device's own)
+                self.block(li, L, x, w.be(li).empty(x.shape), w)
         return output_logits(self, x, w, last_only)
 
 

@@ -3,8 +3,11 @@ against a NumPy "fake device" (HostBackend.fake_device: the CPU kernels, transfe
 same forward that drives the CUDA kernels must give bitwise the CPU model's logits, move rows exactly once per
 direction per MoE layer, and keep the Window contract with a pointer-only KV cache."""
 
+import contextlib
+import inspect
 import sys
 import types
+import typing
 
 import numpy as np
 import pytest
@@ -79,6 +82,51 @@ def test_fake_device_is_bitwise_the_cpu_model(tiny, pl):
         assert x.distinct_experts.tolist() == y.distinct_experts.tolist()
     last = eng.forward(SEQ[10:14], b, last_only=True)
     assert np.array_equal(last, tiny.forward(SEQ[10:14], a, last_only=True))
+
+
+def _watched_device() -> tuple[HostBackend, list[str]]:
+    """A fake device whose ops note their name when called outside its activate()."""
+    from guild.engine.backends.protocol import backend_ops
+
+    dev, depth, outside = HostBackend.fake_device(), [0], []
+
+    @contextlib.contextmanager
+    def activate():
+        depth[0] += 1
+        try:
+            yield
+        finally:
+            depth[0] -= 1
+
+    def watched(op, f):
+        def run(*a, **k):
+            if depth[0] == 0:
+                outside.append(op)
+            return f(*a, **k)
+        return run
+
+    for op in backend_ops():
+        if op not in ("activate", "counters"):
+            setattr(dev, op, watched(op, getattr(dev, op)))
+    dev.activate = activate
+    return dev, outside
+
+
+def test_every_device_op_runs_on_its_stream(tiny, tmp_path):
+    """A device's kernels and its transfers share one stream only inside `activate()`: an op launched outside
+    runs on another stream, unordered with the copies (a real GPU read the router's ids before they were
+    written). Every op a forward calls on a device backend, dense, MoE and hybrid, is called inside it."""
+    from guild.tools.tiny_hybrid import write_tiny_hybrid
+
+    hybrid = load_model(str(write_tiny_hybrid(tmp_path / "h.gguf", seed=2)))
+    for model in (tiny, hybrid):
+        dev, outside = _watched_device()
+        eng = split_onto_device(model, dev, GpuSplit(model.args.n_layers, True, True))
+        st = eng.new_state(64)
+        eng.forward(SEQ[:9], st)
+        st.commit(9)
+        eng.forward_batch([(SEQ[9:12], st)])
+        assert outside == [], f"{type(model).__name__}: {sorted(set(outside))} outside activate()"
 
 
 def test_commit_keep_equals_plain_decoding(tiny):
@@ -331,7 +379,6 @@ def test_both_backends_implement_the_backend_protocol():
     """Every op of engine.backends.Backend exists on HostBackend and CudaBackend with the Protocol's signature,
     and neither has a public op the Protocol lacks (fake_device, a constructor, is not an op); a TimedBackend
     around one is a Backend too."""
-    import inspect
 
     from guild.engine.backends import Backend, CudaBackend, KernelClock, TimedBackend, backend_ops
 
@@ -343,4 +390,11 @@ def test_both_backends_implement_the_backend_protocol():
         public = {n for n, v in vars(cls).items() if not n.startswith("_") and callable(v)}
         assert public - ops == set(), cls.__name__
     assert isinstance(HostBackend.fake_device(), Backend)
-    assert isinstance(TimedBackend(HostBackend.fake_device(), KernelClock()), Backend)
+    timed = TimedBackend(HostBackend.fake_device(), KernelClock())
+    assert isinstance(timed, Backend)
+    # as Python 3.12's isinstance() looks: every member found statically, never through __getattr__
+    missing = object()
+    members = typing._get_protocol_attrs(Backend)
+    assert [n for n in members if inspect.getattr_static(timed, n, missing) is missing] == []
+    timed.inner.h2d += 1
+    assert timed.h2d == timed.inner.h2d  # the counters read live

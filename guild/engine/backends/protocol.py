@@ -110,6 +110,11 @@ class TimedBackend:
         for op in backend_ops():
             setattr(self, op, clock.timed(op, getattr(inner, op)))
 
-    def __getattr__(self, name: str):  # name, device and the transfer counters: the inner backend's
+    # the Protocol's data members, the inner backend's live values: from Python 3.12 isinstance() looks members up
+    # statically (inspect.getattr_static), never through __getattr__
+    name, device, h2d, d2h, h2d_bytes, d2h_bytes = (property(lambda self, n=n: getattr(self.inner, n))
+                                                    for n in ("name", "device", "h2d", "d2h", "h2d_bytes", "d2h_bytes"))
+
+    def __getattr__(self, name: str):  # anything else the inner backend has
         return getattr(self.inner, name)
 
