@@ -30,7 +30,9 @@ def _plain_flag_metavar() -> None:
     """Help shows no `<bool>` for flags (they take no value); other options keep their `<int>`, `<path>`..."""
     from typer.core import TyperOption
 
-    shown = TyperOption.display_type_rich
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # a Typer before this hook renders flags its own way: nothing to change
+        return
 
     def display_type_rich(self, ctx):
         return None if self.is_flag and self.metavar is None else shown(self, ctx)

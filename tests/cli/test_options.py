@@ -58,3 +58,18 @@ def test_groups_are_handed_over_as_one_value():
     # flags not given stay out of the sampling keywords; repeat_last_n is SamplingParams' penalty_last_n
     assert got == {"n": 3, "sampling": {"temperature": 0.5, "penalty_last_n": 8},
                    "rope": (None, 2.0, None, None, None)}
+
+
+def test_an_older_typer_without_the_metavar_hook(monkeypatch):
+    """Typer releases before `TyperOption.display_type_rich` (pyproject allows them): the CLI still builds and
+    patches nothing."""
+    import typer.core
+
+    import guild.cli as cli
+
+    class OldOption:
+        pass
+
+    monkeypatch.setattr(typer.core, "TyperOption", OldOption)
+    cli._plain_flag_metavar()
+    assert not hasattr(OldOption, "display_type_rich")
