@@ -40,15 +40,15 @@ def kernels_cold() -> bool:
         import guild.kernels
 
         src = Path(guild.kernels.__file__).parent / "cpu"
-    # NUMBA_CACHE_DIR replaces the __pycache__ folder beside the source
-    root, pattern = (Path(numba.config.CACHE_DIR), "**/{}.*.nbi") if numba.config.CACHE_DIR else \
-        (src / "__pycache__", "{}.*.nbi")
-    for mod in ("ops", "quant_gen"):
+    for source in (src / "ops" / "gqa.py", src / "quant_gen.py"):  # the attention and the quantised matmuls
         try:
-            source_time = (src / f"{mod}.py").stat().st_mtime
+            source_time = source.stat().st_mtime
         except OSError:
             return False
-        if not any(p.stat().st_mtime >= source_time for p in root.glob(pattern.format(mod))):
+        # NUMBA_CACHE_DIR replaces the __pycache__ folder beside the source
+        root, pattern = (Path(numba.config.CACHE_DIR), f"**/{source.stem}.*.nbi") if numba.config.CACHE_DIR else \
+            (source.parent / "__pycache__", f"{source.stem}.*.nbi")
+        if not any(p.stat().st_mtime >= source_time for p in root.glob(pattern)):
             return True
     return False
 
