@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             print(__doc__)
             return 0 if argv else 1
         if argv[0] == "list":
-            for name in CASES:
-                print(f"{name:12s} {case_module(name).__doc__.splitlines()[0]}")
+            for name in CASES:  # each case's first sentence
+                first = " ".join(case_module(name).__doc__.split("\n\n")[0].split()).split(". ")[0].rstrip(".")
+                print(f"{name:12s} {first}")
             return 0
         if argv[0] == "report":
             print(output.current(output.read(argv[1:]), REPORT_FIGURES))
