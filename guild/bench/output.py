@@ -86,23 +86,26 @@ def read(paths: Sequence[str]) -> list[Record]:
 
 
 def current(records: Sequence[Record], figures: Sequence[str], baseline: str = "llama.cpp") -> str:
-    """The current figures: per (case, point, figure), each guild runner beside the baseline, the ratio, where
-    (host, ISA, threads), the commit and the command that measured it."""
-    lines = ["| case | point | figure | runner | guild | " + baseline + " | ratio | host | commit | command |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    """The current figures: per (case, point, figure), each guild runner beside the baseline and the ratio, with
+    a note [n] naming the run that measured it (host, ISA, threads, commit, command)."""
+    lines = [f"| case | point | figure | runner | guild | {baseline} | ratio | run |", "|---" * 8 + "|"]
     base = {(r.case, json.dumps(r.point, sort_keys=True)): r for r in records if r.runner == baseline}
+    runs: dict[tuple, int] = {}
     for r in records:
         if r.runner == baseline:
             continue
+        h = r.meta.get("host", {})
+        run = (f"{h.get('cpu', '?')} ({h.get('isa', '?')}), {h.get('threads', '?')} threads of {h.get('cores', '?')} "
+               f"cores, commit {r.meta.get('commit', '?')}", r.meta.get("command", "?"))
+        n = runs.setdefault(run, len(runs) + 1)
         b = base.get((r.case, json.dumps(r.point, sort_keys=True)))
-        for n in figures:
-            if n not in r.figures or "series" in r.figures[n]:
+        for name in figures:
+            if name not in r.figures or "series" in r.figures[name]:
                 continue
-            ours, theirs = r.median(n), (b.median(n) if b and n in b.figures else None)
-            ratio = f"{ours / theirs:.2f}×" if theirs else "–"
-            h = r.meta.get("host", {})
-            lines.append(f"| {r.case} | {' '.join(f'{k}={v}' for k, v in r.point.items())} | {n} | {r.runner} | "
-                         f"{_fmt(ours)} | {_fmt(theirs) if theirs else '–'} | {ratio} | "
-                         f"{h.get('cpu', '?')} {h.get('isa', '')} {h.get('threads', '?')}t | "
-                         f"{r.meta.get('commit', '?')} | `{r.meta.get('command', '?')}` |")
+            ours, theirs = r.median(name), (b.median(name) if b and name in b.figures else None)
+            lines.append(f"| {r.case} | {' '.join(f'{k}={v}' for k, v in r.point.items())} | "
+                         f"{FIGURES[name].label} {FIGURES[name].unit} | {r.runner} | {_fmt(ours)} | "
+                         f"{_fmt(theirs) if theirs else '–'} | {f'{ours / theirs:.2f}×' if theirs else '–'} | [{n}] |")
+    lines.append("")
+    lines += [f"- [{n}] {where}: `{command}`" for (where, command), n in runs.items()]
     return "\n".join(lines)

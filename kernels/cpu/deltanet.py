@@ -72,7 +72,7 @@ def gdn_gates(alpha, b, dt_bias, a, g, beta):
 
 
 # Below this many state elements x rows a window's recurrence runs on one thread: starting a parallel region
-# costs more than the work (python -m guild.tools.perf_hybrid times both). Both run the same per-head code.
+# costs more than the work (python -m guild.bench hybrid times both). Both run the same per-head code.
 GDN_PARALLEL_MIN = 1 << 20
 
 

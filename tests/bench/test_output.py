@@ -32,7 +32,8 @@ def test_markdown_shows_medians_spread_and_ratio():
 
 def test_current_table():
     t = output.current(_recs(), ["decode_tok_s"])
-    assert "| decode | model=m.gguf | decode_tok_s | guild | 31.0 | 20.0 | 1.55× | Xeon avx2 2t | abc123 |" in t
+    assert "| decode | model=m.gguf | decode tok/s | guild | 31.0 | 20.0 | 1.55× | [1] |" in t
+    assert t.endswith("- [1] Xeon (avx2), 2 threads of 2 cores, commit abc123: `python -m guild.bench decode`")
 
 
 def test_bad_records_file(tmp_path):
