@@ -2,7 +2,8 @@
 
     python -m guild.bench list                          the cases
     python -m guild.bench decode --rounds 3             a case; --json prints its records as JSON Lines
-    python -m guild.bench report results/*.jsonl        the current-figures table (docs/benchmarks.md)
+    python -m guild.bench report results/*.jsonl        the current-figures table (docs/benchmarks.md);
+                                                        --baseline RUNNER first: beside another runner
 
 Flags every case shares: --threads, --rounds (alternated: the runners' order reverses every other round), --out
 (CASE.jsonl and CASE.md written there), --json. The rest are the case's own (`python -m guild.bench CASE -h`).
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 first = " ".join(case_module(name).__doc__.split("\n\n")[0].split()).split(". ")[0].rstrip(".")
                 print(f"{name:12s} {first}")
             return 0
-        if argv[0] == "report":
-            print(output.current(output.read(argv[1:]), REPORT_FIGURES))
+        if argv[0] == "report":  # report [--baseline RUNNER] FILE.jsonl ...
+            base, files = ("llama.cpp", argv[1:]) if argv[1:2] != ["--baseline"] else (argv[2], argv[3:])
+            print(output.current(output.read(files), REPORT_FIGURES, base))
             return 0
         return run_case(argv[0], argv[1:])
     except GuildError as e:

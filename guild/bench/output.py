@@ -88,7 +88,7 @@ def read(paths: Sequence[str]) -> list[Record]:
 def current(records: Sequence[Record], figures: Sequence[str], baseline: str = "llama.cpp") -> str:
     """The current figures: per (case, point, figure), each guild runner beside the baseline and the ratio, with
     a note [n] naming the run that measured it (host, ISA, threads, commit, command)."""
-    lines = [f"| case | point | figure | runner | guild | {baseline} | ratio | run |", "|---" * 8 + "|"]
+    lines = [f"| case | point | figure | runner | median | {baseline} | ratio | run |", "|---" * 8 + "|"]
     base = {(r.case, json.dumps(r.point, sort_keys=True)): r for r in records if r.runner == baseline}
     runs: dict[tuple, int] = {}
     for r in records:

@@ -42,3 +42,14 @@ def test_bad_records_file(tmp_path):
         output.read([str(tmp_path / "x.jsonl")])
     with pytest.raises(BadFlagError, match="nope.jsonl"):
         output.read([str(tmp_path / "nope.jsonl")])
+
+
+def test_report_beside_another_runner(tmp_path, capsys):
+    """`report --baseline RUNNER`: guild beside any runner of the records (an ik_llama.cpp llama-bench, say)."""
+    from guild.bench import main
+
+    recs = [*_recs(), Record("decode", {"model": "m.gguf"}, "ik", {"decode_tok_s": stats([25.0])}, None, META)]
+    output.write(recs, tmp_path, "decode", "t")
+    assert main.main(["report", "--baseline", "ik", str(tmp_path / "decode.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "| guild | 31.0 | 25.0 | 1.24× | [1] |" in out and "| llama.cpp | 20.0 | 25.0 | 0.80× |" in out
