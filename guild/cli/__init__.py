@@ -1,28 +1,28 @@
 """guild command line: the Typer app and its command table. Each command is one module of guild/cli/commands/
-(its `command` function and, where it has any, its Typer `SETTINGS`); a new command is one module, imported in
-guild/cli/commands/__init__.py, plus one line in COMMANDS. The flags several commands take are declared once, in
-guild/cli/options.py.
+(its `command` function and, where it has any, its Typer `SETTINGS`); a new command is one module plus one line in
+COMMANDS. The flags several commands take are declared once, in guild/cli/options.py.
 
 Each command imports what it runs inside its body: the engine pulls in Numba and compiles kernels, and
 `guild --help` (or a typo) should answer at once."""
 
 from __future__ import annotations
 
+import importlib
+
 import typer
 
 from .. import __version__
-from . import commands
 from .last_resort import run_cli
 
-COMMANDS = (  # (name, module), in `guild --help` order
-    ("run", commands.run),
-    ("serve", commands.serve),
-    ("chat", commands.chat),
-    ("bench", commands.bench),
-    ("optimize", commands.optimize),
-    ("inspect", commands.inspect),
-    ("upcycle", commands.upcycle),
-    ("train-mtp", commands.train_mtp),
+COMMANDS = (  # (name, module of guild/cli/commands/), in `guild --help` order
+    ("run", "run"),
+    ("serve", "serve"),
+    ("chat", "chat"),
+    ("bench", "bench"),
+    ("optimize", "optimize"),
+    ("inspect", "inspect"),
+    ("upcycle", "upcycle"),
+    ("train-mtp", "train_mtp"),
 )
 
 
@@ -72,5 +72,6 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
-for _name, _module in COMMANDS:
-    app.command(_name, **getattr(_module, "SETTINGS", {}))(_module.command)
+for _name, _module in COMMANDS:  # imported by full name: `run` and `inspect` are also modules of guild/cli/
+    _mod = importlib.import_module(f"{__name__}.commands.{_module}")
+    app.command(_name, **getattr(_mod, "SETTINGS", {}))(_mod.command)
