@@ -14,7 +14,7 @@ import resource
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import GuildError
 from .record import Record, series, stats
@@ -156,7 +156,8 @@ def in_child(runner: Runner, case: str, argv: Sequence[str]) -> Runner:
             raise GuildError(f"{case}: {runner.name} at {_point_label(point)} failed: {tail}")
         return Run.from_json(json.loads(p.stdout.strip().splitlines()[-1]))
 
-    return Runner(runner.name, measure_child, runner.exact, runner.reference)
+    # no warm-up here: each measurement's process is fresh, and warming this one would load the model beside it
+    return replace(runner, measure=measure_child, warmup=None)
 
 
 def child_main(runner: Runner, point: dict) -> None:

@@ -69,6 +69,8 @@ def test_child_runner_round_trip(monkeypatch, capsys):
     assert seen["cmd"][1:] == ["-m", "guild.bench", "long", "--sizes", "3", "--child", "normal", "--point",
                                '{"size": 3}']
     assert run.figures["decode_tok_s"] == 7.5 and run.tokens == [1, 2, 3]
+    kept = harness.in_child(Runner("oracle", r.measure, reference=True, once=True, warmup=print), "long", [])
+    assert kept.reference and kept.once and kept.warmup is None  # a fresh process per measurement: no warm-up
 
 
 def test_failed_child_is_one_line(monkeypatch):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import guild.upcycle as up
+from guild.bench import runners as R
 from guild.bench.cases import scale
 from guild.bench.main import case_module, parser
 from guild.errors import GuildError
@@ -25,6 +26,7 @@ def tiny(tmp_path_factory):
 def _args(tiny, *more):
     a = parser("scale", case_module("scale")).parse_args(["--model", tiny, "-n", "4", "--repeats", "1", "-t", "1",
                                                           *more])
+    a.notices = []
     scale.check(a)
     return a
 
@@ -49,10 +51,11 @@ def test_loads_and_run_in_process(tiny, monkeypatch, tmp_path):
     assert run.figures["window_ratio"][1] == 1.0 and all(1 <= v <= 8 for v in run.figures["distinct_experts"].values())
 
 
-def test_no_llama_runner_without_llama_cpp(tiny, monkeypatch):
+def test_no_llama_runner_without_llama_cpp_and_it_says_so(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    monkeypatch.setattr(scale.importlib.util, "find_spec", lambda name: None)
-    assert "llama.cpp" not in [r.name for r in scale.runners(_args(tiny))]
+    monkeypatch.setattr(R.importlib.util, "find_spec", lambda name: None)
+    a = _args(tiny)
+    assert "llama.cpp" not in [r.name for r in scale.runners(a)] and a.notices == [R.NO_LLAMA_CPP]
 
 
 @pytest.mark.slow

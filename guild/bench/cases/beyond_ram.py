@@ -14,7 +14,6 @@ included; where none can be made (or with --no-cap), uncapped, as the report say
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from ...engine.experts import expert_cache_mem, wait_passively
@@ -101,8 +100,7 @@ def _llama(a) -> Runner:
 
 
 def runners(a) -> list[Runner]:
-    use_llama = not a.no_llama and importlib.util.find_spec("llama_cpp") is not None
-    return [_guild(a, s) for s in a.strategy_list] + ([_llama(a)] if use_llama else [])
+    return [_guild(a, s) for s in a.strategy_list] + ([_llama(a)] if R.llama_cpp_wanted(a) else [])
 
 
 def notes(records, a) -> list[str]:

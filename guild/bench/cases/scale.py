@@ -12,7 +12,6 @@ that cache), "guild" (the loaded model, its cache read into the page cache first
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import textwrap
 import time
@@ -94,7 +93,7 @@ def _llama(a) -> Run:
 def runners(a) -> list[Runner]:
     out = [Runner(f"guild {n} load", lambda pt, first=n == "first": _load(a, first)) for n in ("first", "second")]
     out.append(Runner("guild", lambda pt: _guild(a), reference=True))
-    if not a.no_llama and importlib.util.find_spec("llama_cpp") is not None:
+    if R.llama_cpp_wanted(a):
         out.append(Runner("llama.cpp", lambda pt: _llama(a)))
     return out
 
