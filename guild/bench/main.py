@@ -117,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:12s} {first}")
             return 0
         if argv[0] == "report":  # report [--baseline RUNNER] FILE.jsonl ...
-            base, files = ("llama.cpp", argv[1:]) if argv[1:2] != ["--baseline"] else (argv[2], argv[3:])
+            base, files = "llama.cpp", argv[1:]
+            if files[:1] == ["--baseline"]:
+                base, files = (files[1] if len(files) > 1 else ""), files[2:]
+            if not base or not files:
+                raise GuildError("report: give [--baseline RUNNER] FILE.jsonl ...")
             print(output.current(output.read(files), REPORT_FIGURES, base))
             return 0
         return run_case(argv[0], argv[1:])

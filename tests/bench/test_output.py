@@ -53,3 +53,11 @@ def test_report_beside_another_runner(tmp_path, capsys):
     assert main.main(["report", "--baseline", "ik", str(tmp_path / "decode.jsonl")]) == 0
     out = capsys.readouterr().out
     assert "| guild | 31.0 | 25.0 | 1.24× | [1] |" in out and "| llama.cpp | 20.0 | 25.0 | 0.80× |" in out
+
+
+@pytest.mark.parametrize("argv", [["report"], ["report", "--baseline"], ["report", "--baseline", "ik"]])
+def test_report_without_files_is_a_one_line_error(argv, capsys):
+    from guild.bench import main
+
+    assert main.main(argv) == 2
+    assert capsys.readouterr().err.strip() == "error: report: give [--baseline RUNNER] FILE.jsonl ..."
