@@ -34,6 +34,19 @@ def test_decode_both_numerics(small, capsys):
     assert recs[0]["parity"] is True  # the reference: f32's greedy tokens may differ, reported only
 
 
+def test_decode_after_a_depth_of_text(small, capsys):
+    """--depth N: decoding starts after N tokens of text (the context ik_llama.cpp's -gp N,n measures at)."""
+    from types import SimpleNamespace
+
+    from guild.bench.cases import decode
+
+    a = SimpleNamespace(depth=20, threads=1)
+    assert len(decode._prompt(a, small)) == 20 and decode._prompt(SimpleNamespace(depth=0, threads=1), small)
+    (r,) = _records(capsys, "decode", "--models", small, "-r", "1", "-n", "3", "-p", "16", "--depth", "20",
+                    "--no-llama", "-t", "1", "--json")
+    assert r["figures"]["decode_tok_s"]["median"] > 0 and "--depth 20" in r["command"]
+
+
 def test_windows_curve_experts_and_bound(small, capsys):
     (r,) = _records(capsys, "windows", "--models", small, "-r", "1", "--repeats", "1", "--no-llama", "-t", "1",
                     "--json")
@@ -53,7 +66,8 @@ def test_step_breakdown(small, capsys):
 
 @pytest.mark.parametrize("argv", [["decode", "--models", "/nonexistent.gguf"], ["decode", "--models", ""],
                                   ["decode", "-r", "0"], ["nosuchcase"], ["decode", "--numerics", "f16"],
-                                  ["decode", "--llama-bench", "ik"], ["decode", "--llama-bench", "ik=/nonexistent"]])
+                                  ["decode", "--llama-bench", "ik"], ["decode", "--llama-bench", "ik=/nonexistent"],
+                                  ["decode", "--depth", "-1"]])
 def test_bad_flags_are_one_line_errors(argv, capsys):
     assert bench.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,7 +1,7 @@
 """Decode, prefill and time to first token: guild beside llama.cpp on the same files and token ids.
 
-Per model and runner: decode tok/s of --tokens greedy tokens after the chat prompt, prefill tok/s of --prefill
-tokens of real text, and the time to first token of the 44-token chat prompt (warm: the process ran before).
+Per model and runner: decode tok/s of --tokens greedy tokens after the chat prompt (or --depth tokens of text),
+prefill tok/s of --prefill tokens of real text, and the time to first token of the 44-token chat prompt (warm: the process ran before).
 Runners: guild under each --numerics; llama.cpp through llama-cpp-python when importable (--no-llama skips it);
 any llama-bench binary (mainline or ik_llama.cpp) by --llama-bench NAME=PATH, its own pp and tg figures. guild's
 greedy tokens are compared with llama.cpp's (≠ marks a difference; their numerics differ).
@@ -26,6 +26,9 @@ BASELINE = "llama.cpp"
 def add_args(ap) -> None:
     add_model_args(ap)
     ap.add_argument("-n", "--tokens", type=int, default=32, help="greedy tokens per decode run (default: %(default)s)")
+    ap.add_argument("-d", "--depth", type=int, default=0,
+                    help="decode after this many prompt tokens of real text (default: after the chat prompt); "
+                         "for ik_llama.cpp's llama-bench pass the same with --llama-bench-args='-gp DEPTH,TOKENS'")
     ap.add_argument("-p", "--prefill", type=int, default=512, help="prompt tokens of the prefill run")
     ap.add_argument("--numerics", default="i8", help="guild runners: comma-separated i8, f32 (default: %(default)s)")
     ap.add_argument("--no-llama", action="store_true", help="no llama-cpp-python runner")
@@ -36,8 +39,8 @@ def add_args(ap) -> None:
 
 def check(a) -> None:
     a.paths = model_paths(a)
-    if a.tokens < 2 or a.prefill < 8:
-        raise BadFlagError("--tokens must be >= 2 and --prefill >= 8")
+    if a.tokens < 2 or a.prefill < 8 or a.depth < 0:
+        raise BadFlagError("--tokens must be >= 2, --prefill >= 8 and --depth >= 0")
     a.modes = [m.strip() for m in a.numerics.split(",")]
     if not set(a.modes) <= {"i8", "f32"}:
         raise BadFlagError(f"--numerics: i8 and/or f32, got '{a.numerics}'")
@@ -53,11 +56,16 @@ def points(a) -> list[dict]:
     return [{"model": name} for name in a.paths]
 
 
+def _prompt(a, p: str) -> tuple[int, ...]:
+    """The ids decoding starts after: --depth tokens of text, or the chat prompt."""
+    return text_ids(p, a.threads, a.depth) if a.depth else chat_ids(p, a.threads)
+
+
 def _guild(a, mode: str) -> Runner:
     def measure(pt):
         p = a.paths[pt["model"]]
         m = loaded(p, a.threads, mode).model
-        dec, _, toks = R.guild_decode(m, chat_ids(p, a.threads), a.tokens)
+        dec, _, toks = R.guild_decode(m, _prompt(a, p), a.tokens)
         _, pre, _ = R.guild_decode(m, text_ids(p, a.threads, a.prefill), 2)
         ttft = R.guild_ttft(m, chat_ids(p, a.threads))
         return Run({"decode_tok_s": dec, "prefill_tok_s": pre, "ttft_ms": ttft}, toks)
@@ -65,7 +73,7 @@ def _guild(a, mode: str) -> Runner:
     def warm(pt):  # compile, caches, the context sizes below
         p = a.paths[pt["model"]]
         m = loaded(p, a.threads, mode).model
-        R.guild_decode(m, chat_ids(p, a.threads), 4)
+        R.guild_decode(m, _prompt(a, p), 4)
         R.guild_decode(m, text_ids(p, a.threads, a.prefill), 2)
 
     return Runner(f"guild {mode}" if len(a.modes) > 1 else "guild", measure, reference=mode == a.modes[0],
@@ -78,14 +86,14 @@ def _llama(a) -> Runner:
     def llm(path):
         if path not in opened:
             opened.clear()  # one model in memory at a time
-            opened[path] = R.open_llama_cpp(path, n_ctx=a.prefill + a.tokens + 64, n_threads=a.threads,
+            opened[path] = R.open_llama_cpp(path, n_ctx=max(a.prefill, a.depth) + a.tokens + 64, n_threads=a.threads,
                                             n_threads_batch=a.threads, n_batch=a.prefill)
         return opened[path]
 
     def measure(pt):
         p = a.paths[pt["model"]]
         ll, chat = llm(p), chat_ids(p, a.threads)
-        dec, _, toks = R.llama_decode(ll, chat, a.tokens)
+        dec, _, toks = R.llama_decode(ll, _prompt(a, p), a.tokens)
         _, pre, _ = R.llama_decode(ll, text_ids(p, a.threads, a.prefill), 2)
         return Run({"decode_tok_s": dec, "prefill_tok_s": pre, "ttft_ms": R.llama_ttft(ll, chat)}, toks)
 

@@ -11,7 +11,7 @@ from numba import carray, njit
 from ...quant_types import QUANT_TYPES
 from ..drivers import NT
 from ..intrinsics import _pf32, _pi32
-from ..simd import add_i, grid_rows2, hsum2, lane, ld_i32, st_f32, zero_f, zero_i
+from ..simd import add_i, grid_rows2, hsum2, lane, ld_i32, prefetch, st_f32, zero_f, zero_i
 from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _sfin, _unit
 from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
 
@@ -38,6 +38,7 @@ def _entry(kind: int, name: str):
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
     grid = Q(kind) in _GRIDS  # grid types, whose magnitudes a tile of 3+ rows decodes once
     t1 = kind == IQ2_XXS or kind == IQ3_XXS  # grid types whose single row takes _grid_t1
+    ub = unit_bytes(kind)
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
@@ -63,15 +64,15 @@ def _entry(kind: int, name: str):
                     if grid and dec:
                         _grid_decode(kind, p0, p4, g, nb, j, pd)
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                    pd, True)
+                                    pd, True, ub)
                     elif rows_t1:  # one row: elements in lanes, 16 rows one after another
-                        _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs)
+                        _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs, ub)
                     elif T > 1:
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                    pd, False)
+                                    pd, False, ub)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
                         k = j + 1 if n0 + GL < N else j
-                        _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N)
+                        _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N, ub)
             return
         for g in range(g0, g1):
             for j in range(NJ):
@@ -83,6 +84,8 @@ def _entry(kind: int, name: str):
                     u = t + 1
                     for b in range(nb):
                         xa = pxp + t * Kp + b * QB
+                        if t == 0:
+                            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + PF))
                         y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd[t, b], sx[t, b], xs[t, b], y)
                         z = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], xs[u, b], z)
                     _put(pout, out, t, N, n0, y)
@@ -91,6 +94,8 @@ def _entry(kind: int, name: str):
                     t = T - 1
                     y = zero_f()
                     for b in range(nb):
+                        if t == 0:
+                            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + PF))
                         y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
                                  xs[t, b], y)
                     _put(pout, out, t, N, n0, y)
@@ -100,7 +105,7 @@ def _entry(kind: int, name: str):
 
 
 @njit(cache=True, inline="always")
-def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec):
+def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec, ub):
     """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
     its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode). Rows
     two at a time; an odd last row is paired with itself (one loop body: a lone-row loop compiled markedly
@@ -113,6 +118,8 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
             for b in range(s, s + SB):
                 xa = pxp + t * Kp + b * QB
                 xu = pxp + u * Kp + b * QB
+                if t == 0:  # the later row pairs find the group's weights in cache
+                    _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + PF))
                 if dec:
                     a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
                     a2 = add_i(a2, _grid_blk(kind, p1, p2, g, nb, b, j, xu, pd))
@@ -129,7 +136,7 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
 
 
 @njit(cache=True, inline="always")
-def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs):
+def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs, ub):
     """Row 0 alone (T = 1) for group j of a grid type with its index bytes alone in p0 (IQ2_XXS, IQ3_XXS): each
     of the 16 features' blocks with its elements in lanes (grid_rows2: a row's entries load into place, where
     the features-in-lanes form gathers 16 rows' entries lane by lane), their integer sums gathered per
@@ -138,6 +145,8 @@ def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs)
     ngr = 4 if kind == IQ2_XXS else 8
     y = zero_f()
     for s in range(0, nb, SB):
+        for b in range(s + SB, s + 2 * SB):  # the next super-block: this one's rows read each unit 8 times
+            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b))
         for r in range(0, GL, 2):
             acc = zero_i()
             for b in range(s, s + SB):
@@ -154,8 +163,44 @@ def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs)
     _put(pout, out, 0, N, n0, y)
 
 
+# Prefetch distance in units (one block of one group of 16 features): decode reads its weights once, from memory,
+# and without software prefetch the kernels' compute and the loads' latency add up instead of overlapping (the
+# hardware prefetchers restart at every 4 KiB page of each field's stream). 4-6 measured best (12-layer
+# Qwen3-30B-A3B slice, 2 threads: decode +12 %; 10 and above, or into L2 only, gave less).
+PF = 6
+# bytes per unit of each field role (types.py); "hs" (an f16 per 8 units) as 4: the same cache line
+_ROLE_BYTES = {"q4": 256, "q8": 512, "w": 64, "w2": 128, "b2": 32, "b": 16, "h": 32, "hs": 4, "g4": 64, "g8": 128}
+
+
+def unit_bytes(kind: int) -> tuple:
+    """Each of a kind's fields' bytes per unit, 0 past its last field (five slots: p0..p4)."""
+    r = [_ROLE_BYTES[role] for _, role, _ in QUANT_TYPES[Q(kind)].i8]
+    return tuple(r + [0] * (5 - len(r)))
+
+
 @njit(cache=True, inline="always")
-def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N):
+def _pf_field(p, u, n):
+    """Prefetch unit u of a field of n bytes per unit: each of its lines, or (n < 64) the line it starts."""
+    a = p + u * n
+    if n >= 64:
+        for c in range(0, n, 64):
+            prefetch(a + c)
+    elif n and (a & 63) < n:
+        prefetch(a)
+
+
+@njit(cache=True, inline="always")
+def _ahead(ub, p0, p1, p2, p3, p4, u):
+    """Prefetch unit u of every field (ub: unit_bytes)."""
+    _pf_field(p0, u, ub[0])
+    _pf_field(p1, u, ub[1])
+    _pf_field(p2, u, ub[2])
+    _pf_field(p3, u, ub[3])
+    _pf_field(p4, u, ub[4])
+
+
+@njit(cache=True, inline="always")
+def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N, ub):
     """Row 0 alone (T = 1, decode) for groups j and k of tile g: the row-pair body of _super_rows with the
     second accumulator on the next 16 features, so no pass computes a row twice. Each feature's chain is
     _super_rows' (same blocks, same order): bitwise the same outputs."""
@@ -164,6 +209,10 @@ def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, po
         a1 = m1 = a2 = m2 = zero_i()
         for b in range(s, s + SB):
             xa = pxp + b * QB
+            # the pass after this one reads groups j + 2 and k + 2 (the next units of each stream past nb)
+            ua = _unit(g, j, nb, b + PF) + (nb if b + PF >= nb else 0)
+            _ahead(ub, p0, p1, p2, p3, p4, ua)
+            _ahead(ub, p0, p1, p2, p3, p4, ua + (k - j) * nb)
             a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a1, m1)
             a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, k, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a2, m2)
         y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a1, m1, xd[0, s], y)

@@ -317,3 +317,18 @@ def ld_u16(typingctx, addr):
     """16 u16 at addr, zero-extended to the 16 i32 lanes."""
     return _simple(I32(types.int64), lambda b, a: _ld_u16_ir(b, a[0]))(typingctx, addr)
 
+
+
+@intrinsic
+def prefetch(typingctx, addr):
+    """Bring the cache line at addr into L1 ahead of its load (prefetcht0): a hint that never faults and changes
+    no value, so it cannot change a result."""
+
+    def body(b, a):
+        p8 = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [p8, _i32, _i32, _i32]),
+                                            "llvm.prefetch.p0")
+        b.call(fn, [b.inttoptr(a[0], p8), ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+        return ir.Constant(ir.IntType(8), 0)
+
+    return _simple(types.uint8(types.int64), body)(typingctx, addr)
