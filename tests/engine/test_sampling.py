@@ -142,3 +142,38 @@ def test_verifier_stops_at_eos_and_max_emit():
     assert res.tokens == [4, 2] and res.keep == 2 and res.stop == "eos"
     res = Verifier(SamplingParams()).verify(logits, [0, 4, 2, 6], [0], 0, 3)
     assert res.tokens == [4, 2, 6] and res.keep == 3 and res.stop == "max_tokens"
+
+
+# Philox4x64-10 written from the paper (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011),
+# sharing nothing with numpy: held to Random123's published known-answer vectors, then guild's u_q to it
+_M64 = (1 << 64) - 1
+
+
+def _philox4x64(ctr, key, rounds=10):
+    x, k = list(ctr), list(key)
+    for r in range(rounds):
+        if r:
+            k = [(k[0] + 0x9E3779B97F4A7C15) & _M64, (k[1] + 0xBB67AE8584CAA73B) & _M64]
+        p0, p1 = 0xD2E7470EE14C6C93 * x[0], 0xCA5A826395121157 * x[2]
+        x = [(p1 >> 64) ^ x[1] ^ k[0], p1 & _M64, (p0 >> 64) ^ x[3] ^ k[1], p0 & _M64]
+    return x
+
+
+@pytest.mark.parametrize("ctr, key, want", [
+    ([0] * 4, [0, 0], [0x16554D9ECA36314C, 0xDB20FE9D672D0FDC, 0xD7E772CEE186176B, 0x7E68B68AEC7BA23B]),
+    ([_M64] * 4, [_M64] * 2, [0x87B092C3013FE90B, 0x438C3C67BE8D0224, 0x9CC7D7C69CD777B6, 0xA09CAEBF594F0BA0]),
+    ([0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89],
+     [0x452821E638D01377, 0xBE5466CF34E90C6C],
+     [0xA528F45403E61D95, 0x38C72DBD566E9788, 0xA5A1610E72FD18B5, 0x57BD43B5E52B7FE6]),
+])
+def test_reference_philox_known_answers(ctr, key, want):
+    assert _philox4x64(ctr, key) == want
+
+
+@pytest.mark.parametrize("seed, q", [(0, 0), (1, 0), (12345, 1), (12345, 2), (2**63 + 5, 977), (7, 2**40)])
+def test_philox_uniform_is_the_reference_stream(seed, q):
+    """u_q = the top 53 bits of the first word of block q + 1 (numpy's Philox advances its counter before a
+    block) keyed by the seed: an off-by-one counter or a dropped key word fails here."""
+    from guild.engine.sampling import philox_uniform
+
+    assert philox_uniform(seed, q) == (_philox4x64([q + 1, 0, 0, 0], [seed, 0])[0] >> 11) / 2.0**53
