@@ -3,7 +3,9 @@ import importlib
 import importlib.metadata
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -40,11 +42,16 @@ _installed_kernels_first()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """Build the upcycled MoE at most once per machine: reuse GUILD_CACHE_DIR if set, else a shared tmp dir."""
-    if "GUILD_CACHE_DIR" not in os.environ:
-        os.environ["GUILD_CACHE_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / "guild-test-cache")
-    yield
+def _cache_dir():
+    """guild's cache (the upcycled MoE, repack files) in a directory of this run, removed at its end: nothing lands
+    in the user's cache or stays behind (building the MoE takes seconds). A GUILD_CACHE_DIR set by the caller is
+    used and kept."""
+    own = "GUILD_CACHE_DIR" not in os.environ
+    if own:
+        os.environ["GUILD_CACHE_DIR"] = tempfile.mkdtemp(prefix="guild-test-cache-")
+    yield os.environ["GUILD_CACHE_DIR"]
+    if own:
+        shutil.rmtree(os.environ.pop("GUILD_CACHE_DIR"), ignore_errors=True)
 
 
 @pytest.fixture
@@ -82,7 +89,8 @@ def moe_path(_cache_dir):
     from guild.upcycle import ensure_embedded_moe
 
     # concurrent test runs (two checkouts, or parallel workers) share the cache directory: one builds the MoE
-    with open(Path(os.environ["GUILD_CACHE_DIR"]).with_suffix(".lock"), "w") as lock:
+    Path(_cache_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(_cache_dir) / ".moe.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return str(ensure_embedded_moe(progress=False))
 
