@@ -45,6 +45,7 @@ def test_decode_after_a_depth_of_text(small, capsys):
     (r,) = _records(capsys, "decode", "--models", small, "-r", "1", "-n", "3", "-p", "16", "--depth", "20",
                     "--no-llama", "-t", "1", "--json")
     assert r["figures"]["decode_tok_s"]["median"] > 0 and "--depth 20" in r["command"]
+    assert r["point"] == {"model": "q3.gguf", "depth": 20}  # a report keeps it apart from the chat-prompt runs
 
 
 def test_windows_curve_experts_and_bound(small, capsys):

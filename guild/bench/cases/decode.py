@@ -1,7 +1,8 @@
 """Decode, prefill and time to first token: guild beside llama.cpp on the same files and token ids.
 
 Per model and runner: decode tok/s of --tokens greedy tokens after the chat prompt (or --depth tokens of text),
-prefill tok/s of --prefill tokens of real text, and the time to first token of the 44-token chat prompt (warm: the process ran before).
+prefill tok/s of --prefill tokens of real text, and the time to first token of the 44-token chat prompt (warm:
+the process ran before).
 Runners: guild under each --numerics; llama.cpp through llama-cpp-python when importable (--no-llama skips it);
 any llama-bench binary (mainline or ik_llama.cpp) by --llama-bench NAME=PATH, its own pp and tg figures. guild's
 greedy tokens are compared with llama.cpp's (≠ marks a difference; their numerics differ).
@@ -53,7 +54,7 @@ def check(a) -> None:
 
 
 def points(a) -> list[dict]:
-    return [{"model": name} for name in a.paths]
+    return [{"model": name} | ({"depth": a.depth} if a.depth else {}) for name in a.paths]
 
 
 def _prompt(a, p: str) -> tuple[int, ...]:
