@@ -41,10 +41,11 @@ def streamed_model(model: str | None, build: bool) -> tuple[str, Path, int]:
                              f"need {MOE128_DISK / 1e9:.0f} GB")
     path = str(resolve_model(model or TAG_MOE128, progress=build))
     g = GGUFFile(path)
-    if build:
+    rpk = cache_path(g.identity_digest(), quant.current_numerics())
+    if build or not rpk.is_file():  # a child started alone (not by the run that built it) builds it too
         load_cached(g, load_model, read_ahead=False)
     experts = sum(t.data.nbytes for n, t in g.tensors.items() if "_exps" in n)  # as many bytes repacked
-    return path, cache_path(g.identity_digest(), quant.current_numerics()), experts
+    return path, rpk, experts
 
 
 def read_speed(cache) -> float:
