@@ -32,7 +32,7 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# hostile inputs (tests/fuzz): 10,000 mutated GGUFs, plans, chat templates and prompts, 4 GiB and 10 s per case;
+# hostile inputs (tests/fuzz): 10,000 mutated GGUFs, plans, chat templates and prompts, 4 GiB and 10 s of CPU time per case;
 # prints cases, clean errors, crashes, hangs and peak memory per category (exit 1 on any crash or hang)
 fuzz: setup
 	$(BIN)/python -m tests.fuzz.harness -n 10000 --json fuzz-results.json

@@ -1,8 +1,10 @@
 """Fuzz runner: worker processes (4 GiB address space each, RLIMIT_AS) run cases that the parent hands out one
-at a time with a wall-clock limit; a worker that overruns is killed (a hang), one that dies is a crash by
-signal. Outcomes: ok, clean (a GuildError: input validation refused the case), crash (any other exception, with
-its traceback: guild's own code failing, which no broad except re-wraps as a GuildError), hang, signal, and
-garbage (a model run that returned non-finite logits). All but ok and clean fail a run."""
+at a time with a limit on the CPU time the worker spends on it (read from /proc; a loaded machine stretches
+the wall time, not this) and a wall-clock backstop many times longer for a case blocked off the CPU; a worker
+that overruns either is killed (a hang), one that dies is a crash by signal. Outcomes: ok, clean (a GuildError:
+input validation refused the case), crash (any other exception, with its traceback: guild's own code failing,
+which no broad except re-wraps as a GuildError), hang, signal, and garbage (a model run that returned non-finite
+logits). All but ok and clean fail a run."""
 
 from __future__ import annotations
 
@@ -25,6 +27,20 @@ AS_LIMIT = 4 * 2**30
 CATEGORIES = ("gguf", "plan", "template", "input")
 CAT_ID = {c: i + 1 for i, c in enumerate(CATEGORIES)}
 ROOT = Path(__file__).resolve().parents[2]
+_TICK = os.sysconf("SC_CLK_TCK")
+# a case blocked off the CPU (a deadlock) never reaches its CPU limit: it is a hang after this many times the
+# limit in wall time (at least a minute), far beyond what any case takes on a loaded machine
+WALL_BACKSTOP = 30
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process pid so far (proc(5) /proc/pid/stat fields 14 and 15)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 # ------------------------------------------------------------------------------------------------ worker side
@@ -221,6 +237,7 @@ class _Proc:
                                   text=True, bufsize=1, preexec_fn=_limit)
         self.case = None
         self.deadline = 0.0
+        self.cpu0 = None  # the worker's CPU seconds when its case was handed out
         self.ready = False
 
     def kill(self):
@@ -228,9 +245,10 @@ class _Proc:
         self.p.wait()
 
 
-def run_cases(cases: list[tuple[str, int]], workers: int = 2, timeout: float = 10.0, env: dict | None = None,
+def run_cases(cases: list[tuple[str, int]], workers: int = 2, cpu_limit: float = 10.0, env: dict | None = None,
               start_timeout: float = 900.0, progress=None) -> list[dict]:
-    """Run (category, index) cases over `workers` processes; returns one record per case."""
+    """Run (category, index) cases over `workers` processes; returns one record per case. `cpu_limit`: CPU
+    seconds a case may take (the worker's, /proc), with WALL_BACKSTOP times that in wall time as a backstop."""
     # workers run outside the checkout so that a PYTHONPATH given here (another guild, e.g. the code before a
     # fix) comes first; this checkout after it provides tests.fuzz
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
@@ -254,7 +272,8 @@ def run_cases(cases: list[tuple[str, int]], workers: int = 2, timeout: float = 1
     def feed(pr):
         if todo:
             pr.case = todo.pop()
-            pr.deadline = time.monotonic() + timeout
+            pr.cpu0 = _cpu_s(pr.p.pid)
+            pr.deadline = time.monotonic() + max(60.0, WALL_BACKSTOP * cpu_limit)  # wall: backstop for a blocked case
             pr.p.stdin.write(f"{pr.case[0]} {pr.case[1]}\n")
             pr.p.stdin.flush()
         else:
@@ -265,16 +284,18 @@ def run_cases(cases: list[tuple[str, int]], workers: int = 2, timeout: float = 1
     while procs:
         now = time.monotonic()
         for pr in list(procs):
-            if now > pr.deadline:
+            over = pr.case is not None and _cpu_s(pr.p.pid) - pr.cpu0 > cpu_limit
+            if over or now > pr.deadline:  # wall: the backstop set above
                 if pr.case is None:
                     raise RuntimeError("fuzz worker did not start")
-                results.append({"cat": pr.case[0], "idx": pr.case[1], "outcome": "hang", "s": timeout})
+                results.append({"cat": pr.case[0], "idx": pr.case[1], "outcome": "hang", "s": cpu_limit})
                 if progress:
                     progress(results[-1])
                 retire(pr)
                 if todo:
                     spawn()
-        wait = max(0.05, min((pr.deadline for pr in procs), default=now + 1) - time.monotonic())
+        # the CPU limit is polled: wake at least every 0.2 s while a case runs
+        wait = max(0.05, min(0.2, min((pr.deadline for pr in procs), default=now + 1) - time.monotonic()))
         for key, _ in sel.select(timeout=wait):
             pr = key.data
             line = pr.p.stdout.readline()
@@ -343,7 +364,7 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--cases", type=int, default=10000)
     ap.add_argument("--start", type=int, default=0, help="first case number of each category")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--timeout", type=float, default=10.0, help="CPU seconds per case")
     ap.add_argument("--json", type=Path, help="write every record here")
     ap.add_argument("--only", choices=CATEGORIES, help="one category")
     ap.add_argument("--jsonl", type=Path, help="append each record here as it comes (a long run read midway)")

@@ -17,6 +17,9 @@ from guild.plans.plan import MAX_T, CpuTuning, DraftCalibration, GpuInfo, Kernel
 from guild.plans.plan import write_plan as write
 from guild.tools.tiny import write_tiny_model
 
+# the quick optimize of the tiny MoE in CPU seconds, every thread's (Numba compiles included on a cold cache):
+# measured 36 s on a cold Numba cache, 0.5 s warm; the bound leaves room for a slower CPU, not for a runaway
+CPU_BOUND_S = 120
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -34,9 +37,11 @@ def cli(*args):
 
 
 def test_optimize_tiny_moe_measures_every_pass(tiny, tmp_path):
-    t0 = time.perf_counter()
+    # the quick mode's bound in CPU time (all threads): a loaded machine stretches the wall time, not this
+    c0 = time.process_time()
     p = optimize(load(str(tiny)), tmp_path / "p.gexec", mode="quick", context=128, progress=False)
-    assert time.perf_counter() - t0 < 60
+    cpu = time.process_time() - c0
+    assert cpu < CPU_BOUND_S, cpu
     assert read_plan(tmp_path / "p.gexec") == p and p.path == str(tmp_path / "p.gexec")
     s = p.drafting
     assert s.calibrated and s.context == 128 and 0 < s.filled_tokens <= 128 and s.repeats == 3
