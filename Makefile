@@ -25,7 +25,7 @@ setup-oracle: setup
 run: setup
 	$(BIN)/guild run --chat -p "$(PROMPT)" -n 128
 
-# the whole suite. Markers select parts of it: gpu (CuPy and a device, the CUDA emulator or NVRTC), oracle
+# the whole suite. Markers select parts of it: gpu (the GPU path: CuPy, the CUDA emulator, NVRTC or the fake device), oracle
 # (compared against llama.cpp or HF transformers), slow (tests over 20 s here; this target runs them too), e.g.
 #   $(BIN)/python -m pytest -m "not slow"            the quick part
 #   $(BIN)/python -m pytest -m "not gpu and not oracle"

@@ -107,3 +107,65 @@ def moe_model(moe_path):
     from guild.models import load_model
 
     return load_model(moe_path)
+
+
+# -- the `gpu` marker is honest ------------------------------------------------------------------------------
+# A test that runs guild's GPU path (the fake device: HostBackend.fake_device, directly, through GUILD_FAKE_GPU or
+# through a fixture that made one; or the CUDA emulator) must carry the `gpu` marker, so that `-m "not gpu"`
+# leaves out the whole GPU path. Counted at run time: helpers and fixtures are seen through, as a grep would not.
+_gpu_uses = [0]
+_gpu_fixtures: set[int] = set()  # id() of the fixture definitions whose setup made a fake device
+
+
+def _count_gpu_uses() -> None:
+    from guild.engine.backends.host import HostBackend
+    from tests import cuda_emu
+
+    made = HostBackend.fake_device.__func__
+
+    def fake_device(cls):
+        _gpu_uses[0] += 1
+        return made(cls)
+
+    HostBackend.fake_device = classmethod(fake_device)
+    emu_init = cuda_emu.Emulator.__init__
+
+    def emulator(self, *a, **kw):
+        _gpu_uses[0] += 1
+        emu_init(self, *a, **kw)
+
+    cuda_emu.Emulator.__init__ = emulator
+
+
+def pytest_configure(config):
+    _count_gpu_uses()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    before = _gpu_uses[0]
+    try:
+        return (yield)
+    finally:
+        if _gpu_uses[0] > before:
+            _gpu_fixtures.add(id(fixturedef))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._gpu_uses_before = _gpu_uses[0]
+    item._fake_gpu_env = os.environ.get("GUILD_FAKE_GPU", "")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    defs = getattr(item, "_fixtureinfo", None)
+    via_fixture = defs is not None and any(id(fd) in _gpu_fixtures for fds in defs.name2fixturedefs.values()
+                                           for fd in fds)
+    env = os.environ.get("GUILD_FAKE_GPU", "")
+    used = _gpu_uses[0] > item._gpu_uses_before or via_fixture or (env != item._fake_gpu_env and env not in ("", "0"))
+    if used and item.get_closest_marker("gpu") is None:
+        pytest.fail(f"{item.nodeid} runs the GPU path (fake device or CUDA emulator) without the `gpu` marker",
+                    pytrace=False)
+    return result

@@ -16,6 +16,13 @@ def _line(e: BaseException) -> str:
     return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
 
 
+def _interrupted() -> int:
+    """Ctrl-C: one line on stderr, exit status 130 (128 + SIGINT, as shells report it). What was streamed to
+    stdout stays there; a reply may have been cut mid-line, so on a terminal the error starts a line of its own."""
+    print(("\n" if sys.stderr.isatty() else "") + "error: interrupted", file=sys.stderr)
+    return 130
+
+
 def run_cli(call, *args, **kwargs):
 
     argv = sys.argv
@@ -24,11 +31,12 @@ def run_cli(call, *args, **kwargs):
         sys.argv = [argv[0], *[a for a in argv[1:] if a != "--debug"]]
     try:
         rc = call(*args, standalone_mode=False, **kwargs)
+        if rc == 130:  # Typer returns Ctrl-C as a silent 130 (no guild command exits 130 itself): say it
+            rc = _interrupted()
     except SystemExit:
         raise
-    except KeyboardInterrupt:  # a reply may have been cut mid-line: the error starts a line of its own
-        print(("\n" if sys.stderr.isatty() else "") + "error: interrupted", file=sys.stderr)
-        rc = 130
+    except KeyboardInterrupt:
+        rc = _interrupted()
     except GuildError as e:
         if debug:
             traceback.print_exc()
@@ -40,8 +48,7 @@ def run_cli(call, *args, **kwargs):
         if name == "Exit" and hasattr(e, "exit_code"):
             rc = e.exit_code
         elif name == "Abort":
-            print("error: interrupted", file=sys.stderr)
-            rc = 130
+            rc = _interrupted()
         elif hasattr(e, "format_message") and hasattr(e, "exit_code"):  # usage: one line, not the usage box
             msg = e.format_message().strip().splitlines()
             print(f"error: {msg[0] if msg else name} (see guild --help)", file=sys.stderr)

@@ -51,8 +51,9 @@ class Server:
 
     async def _http_error(self, request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        # a 405 names the methods the route takes (Allow), as HTTP asks
         return error(RequestError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code,
-                                  kind=kind))
+                                  kind=kind), headers=exc.headers)
 
     # -- small endpoints ----------------------------------------------------------------------------------------
     async def models(self, request: Request) -> Response:

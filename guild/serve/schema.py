@@ -100,8 +100,12 @@ class Defaults:
 def parse(body: bytes, chat: bool, defaults: Defaults = Defaults()) -> CompletionRequest:
     if len(body) > MAX_BODY_BYTES:
         raise RequestError(f"request body of {len(body)} bytes is over the limit of {MAX_BODY_BYTES}", status=413)
+    try:  # JSON in HTTP is UTF-8 (RFC 8259); json.loads alone would also take UTF-16 and UTF-32
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"request body is not UTF-8 (byte 0x{body[e.start]:02x} at offset {e.start})") from None
     try:
-        d = json.loads(body)
+        d = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise RequestError(f"request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(d, dict):

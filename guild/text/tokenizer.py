@@ -31,7 +31,7 @@ import jinja2
 import jinja2.ext
 from tokenizers import Tokenizer as _HFTokenizer
 
-from ..errors import ChatTemplateError, MetadataError
+from ..errors import ChatTemplateError, GuildError, MetadataError
 from ..formats.gguf import GGUFFile
 from .template_guard import GuardedEnvironment, guard_filters, raised_by_guild, render
 from .vocab import (
@@ -76,6 +76,15 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
 
 # ------------------------------------------------------------------------------------------------
 # Tokenizer
@@ -200,6 +209,10 @@ class Tokenizer:
                 self._hf.encode_special_tokens = not parse_special
                 try:
                     ids = self._hf.encode(text, add_special_tokens=False).ids
+                except TypeError:  # the Rust side takes no lone surrogates (e.g. a JSON "\\ud800" escape)
+                    if not _has_surrogate(text):
+                        raise
+                    raise GuildError("text is not valid Unicode (a lone surrogate code point)") from None
                 finally:
                     self._hf.encode_special_tokens = False
         if add_special:

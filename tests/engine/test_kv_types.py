@@ -53,6 +53,7 @@ def test_every_strategy_emits_normal_for_each_kv_type(model, kv, fixed_clock):
             check_cell(strategy, st, where)
 
 
+@pytest.mark.gpu  # the fake device
 @pytest.mark.parametrize("kv", list(KVS))
 def test_the_gpu_path_stores_each_kv_type_and_emits_normal(model, kv, fixed_clock):
     name, m = model

@@ -3,7 +3,9 @@ foreign, tampered, unwritable) and bounded resident memory while loading (measur
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -298,3 +300,93 @@ def test_prefetch_and_progress_are_quiet(tmp_path, capsys):
     bar(10)
     bar.close()
     assert not bar.enabled and capsys.readouterr().err == ""  # no terminal: no bar
+
+
+# -- a full disk, two writers --------------------------------------------------------------------------
+class _FullDisk(io.FileIO):
+    """A file on a disk that fills up after `room` bytes: a write past it fails with ENOSPC, as write(2) does."""
+
+    room = 64 << 10
+
+    def write(self, b):
+        if self.tell() + len(b) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(b)
+
+
+def test_full_disk_while_writing_leaves_no_entry(models, cache_env, monkeypatch, caplog):
+    """The disk fills while the cache is written (the free-space check passed: another writer took the room): one
+    warning naming the cause, the model repacked into memory (the same logits), and neither the cache file nor its
+    temporary left behind."""
+    a, _ = models
+    ref = _logits(load_model(a))
+    fdopen = os.fdopen
+
+    def full(fd, mode="r", buffering=-1, **kw):
+        if "w" not in mode:
+            return fdopen(fd, mode, buffering, **kw)
+        return io.BufferedWriter(_FullDisk(fd, "wb"), max(buffering, io.DEFAULT_BUFFER_SIZE))
+
+    monkeypatch.setattr(rc.os, "fdopen", full)
+    with caplog.at_level("WARNING", logger=rc.__name__):
+        m, how = _load(a)
+    monkeypatch.setattr(rc.os, "fdopen", fdopen)
+    assert how == "memory" and np.array_equal(_logits(m), ref)
+    (w,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    msg = w.getMessage()
+    assert "\n" not in msg and "No space left on device" in msg and "repacking into memory" in msg, msg
+    assert list(cache_env.iterdir()) == []  # no .rpk, no .part
+    m, how = _load(a)  # room again: the next load writes it whole
+    assert how == "built" and np.array_equal(_logits(m), ref)
+
+
+_TWO_WRITERS = textwrap.dedent("""
+    import hashlib, json, os, sys, time
+    import numpy as np
+    import guild.formats.repack_cache as rc
+    from guild.formats.gguf import GGUFFile
+    from guild.models import load_model
+
+    me, other = sys.argv[2], sys.argv[3]
+    record = rc._Recorder.__call__
+
+    def meet(self, *a):  # both writers are mid-file before either goes on: the builds overlap
+        if not os.path.exists(me):
+            open(me, "w").close()
+            for _ in range(6000):
+                if os.path.exists(other):
+                    break
+                time.sleep(0.01)
+            else:
+                sys.exit("the other writer never started")
+        return record(self, *a)
+
+    rc._Recorder.__call__ = meet
+    model, how = rc.load_cached(GGUFFile(sys.argv[1]), load_model)
+    out = model.forward([1, 5, 9, 300, 7], model.new_state(64))
+    print(json.dumps({"how": how, "logits": hashlib.sha256(np.ascontiguousarray(out).tobytes()).hexdigest()}))
+""")
+
+
+def test_two_processes_building_one_cache(models, cache_env, tmp_path):
+    """Two loads of one model at once with one cache directory: each writes its own temporary and renames it into
+    place (the last rename wins), so both build, both run on a whole cache, and the file left is byte for byte the
+    one a single writer makes; no temporary stays."""
+    a, _ = models
+    env = dict(os.environ, GUILD_CACHE_DIR=str(cache_env.parent), NUMBA_NUM_THREADS="1")
+    env.pop(rc.ENV_SWITCH, None)
+    marks = [str(tmp_path / "a.started"), str(tmp_path / "b.started")]
+    ps = [subprocess.Popen([sys.executable, "-c", _TWO_WRITERS, str(a), marks[i], marks[1 - i]], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in ps]
+    for p, (_, err) in zip(ps, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    ref = hashlib.sha256(np.ascontiguousarray(_logits(load_model(a))).tobytes()).hexdigest()
+    assert [g["how"] for g in got] == ["built", "built"] and [g["logits"] for g in got] == [ref, ref]
+    (left,) = cache_env.iterdir()  # the cache alone: no .part
+    assert left.suffix == ".rpk"
+    together = left.read_bytes()
+    left.unlink()
+    _, how = _load(a)  # one writer alone
+    assert how == "built" and left.read_bytes() == together

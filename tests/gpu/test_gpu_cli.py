@@ -19,6 +19,8 @@ from guild.models import load_model
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 
+pytestmark = pytest.mark.gpu  # the GPU path, on the fake device (HostBackend.fake_device)
+
 PROMPT = "abc abc abc abc abc"
 
 

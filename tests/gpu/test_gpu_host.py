@@ -33,6 +33,8 @@ from guild.plans.plan import GpuInfo
 from guild.speculative.build import make_drafter
 from guild.tools.tiny import write_tiny_model
 
+pytestmark = pytest.mark.gpu  # the GPU path, on the fake device (HostBackend.fake_device)
+
 TINY = [
     dict(arch="llama", qtype="Q4_1"),
     dict(arch="llama", qtype="Q8_0", n_experts=4, top_k=2),

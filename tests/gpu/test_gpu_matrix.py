@@ -30,6 +30,8 @@ from guild.speculative.build import make_drafter
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
 
+pytestmark = pytest.mark.gpu  # the GPU path, on the fake device (HostBackend.fake_device)
+
 ARCHS = {
     "llama": dict(arch="llama", qtype="Q8_0"),
     "llama-moe": dict(arch="llama", n_experts=4, top_k=2, qtype="Q8_0"),

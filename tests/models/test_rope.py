@@ -132,6 +132,7 @@ def test_context_past_the_trained_one_runs_uncapped_and_warns(tiny_path, caplog)
     assert not [r for r in caplog.records if r.name == "guild.load"]
 
 
+@pytest.mark.gpu  # the fake device
 def test_scaled_rope_grown_on_a_fake_gpu_is_bitwise_the_cpu_model(tiny_path):
     rope = RopeOptions(scaling="yarn", scale=4, yarn_orig_ctx=16)
     cpu = load_model(tiny_path)

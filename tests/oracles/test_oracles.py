@@ -17,14 +17,11 @@ identical for every window split:
   llama.cpp, tiny Q8_0 models: max |Δ| 0.098 .. 0.139, mean |Δ| 0.019 .. 0.026, argmax 12/12; the top-2 gap moves
       by at most 0.108. (llama.cpp quantises the activations to Q8_0 for the matmuls; guild multiplies float32
       activations with dequantised weights.)
-  llama.cpp, SmolLM2-135M Q4_1 (dense): max |Δ| 1.52, mean |Δ| 0.296 (max |logit| ~ 31), argmax 11/12 — the one
-      flip at a top-2 margin of 0.055; the top-2 gap moves by at most 0.43.
-  llama.cpp, upcycled 8-expert MoE: max |Δ| 1.86, mean |Δ| 0.303, argmax 10/12 — flips at margins 0.004 and
-      0.092; the top-2 gap moves by at most 0.56.
-  The SmolLM2 differences are all llama.cpp's activation quantisation (Q8_1 activations against Q4_1 weights):
-  the same model dequantised to an F32 GGUF gives max |Δ| 6.3e-5 and argmax 12/12 between guild and
-  llama.cpp (one-off check; a 540 MB file, too big to build here), and llama.cpp Q4_1 vs llama.cpp F32 differ by
-  the same 1.52.
+  llama.cpp, SmolLM2-135M Q4_1 (dense) and the upcycled 8-expert MoE, over SMOL_TEXT's 160 positions, guild's
+      default int8 numerics: max |Δ| 1.48 / 1.49, mean |Δ| 0.187 / 0.180 (max |logit| ~ 31), identical for
+      every window split; see SMOL_BOUNDS for why and for the bounds.
+  The same model dequantised to an F32 GGUF gives max |Δ| 6.3e-5 and argmax 12/12 between guild and llama.cpp
+  (one-off check; a 540 MB file, too big to build here): the differences are the activation quantisation's.
 """
 
 from __future__ import annotations
@@ -47,6 +44,19 @@ TINY_TOKENS = (5, 300, 17, 260, 99, 261, 42, 7, 317, 128, 64, 270)
 # SmolLM2's ids for "The quick brown fox jumps over the lazy dog, and" (llama.cpp's tokenizer; hard-coded so that
 # no tokenizer takes part).
 SMOL_TOKENS = (504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 28, 284, 965)
+# The shipped models are compared over 160 positions: a wrong rope base barely shows within 12 (the fast pairs'
+# angles are the same at any base; the slow pairs have hardly turned), and grows with the distance. Its ids are
+# llama.cpp's (guild's tokenizer takes no part).
+SMOL_TEXT = (
+    "The quick brown fox jumps over the lazy dog, and the dog, who had been asleep in the sun all afternoon, "
+    "opened one eye. Rope position encodings rotate each pair of query and key features by an angle that grows "
+    "with the position; the base sets how fast. A model reads the whole prompt at once, then writes one token at "
+    "a time, each time looking back at everything it has read. In 1969 the first people walked on the Moon; "
+    "eight years later two probes left for the outer planets, and they are still flying today, past the edge of "
+    "the heliosphere, carrying a golden record of sounds and pictures from Earth. Count: one, two, three, four, "
+    "five, six, seven, eight, nine, ten. The quick brown fox jumps over the lazy dog, and the dog")
+SMOL_LEN = 160
+SMOL_WINDOWS = ((160,), (1, 7, 8, 16, 128), (96, 64))  # one prefill; decode windows, then chunks
 WINDOWS = ((12,), (1, 4, 7), (8, 4))
 
 # name -> write_tiny_model kwargs (seeded: byte-identical files on every run)
@@ -77,7 +87,7 @@ def tiny_path(tmp_path_factory):
 def guild_logits(model, tokens, windows) -> np.ndarray:
     """Logits [T, vocab] (float64) of guild's forward over `tokens`, run as consecutive committed windows."""
     assert sum(windows) == len(tokens)
-    state = model.new_state(64)
+    state = model.new_state(max(64, len(tokens)))
     rows, i = [], 0
     for w in windows:
         rows.append(model.forward(np.asarray(tokens[i : i + w], np.int64), state))
@@ -224,7 +234,7 @@ def llama_cpp_logits(path: str, tokens, **kwargs) -> np.ndarray:
     """Logits [T, vocab] (float64) of llama.cpp over `tokens` at positions 0..T-1 (one batch, F32 KV cache)."""
     installed("llama_cpp")
     llm = open_llama_cpp(
-        path, logits_all=True, n_ctx=64, n_threads=2,
+        path, logits_all=True, n_ctx=max(64, len(tokens)), n_threads=2,
         type_k=0, type_v=0,  # GGML_TYPE_F32 K/V cache (the f16 default alone costs ~5e-3 on F32 models)
         flash_attn=False, **kwargs,
     )
@@ -275,40 +285,64 @@ def test_llama_cpp_oracle_tiny_q8_0(name, tiny_path, tiny_llama_cpp):
 
 
 @pytest.fixture(scope="module")
-def smol_llama_cpp(dense_path, moe_path):
+def smol_tokens(dense_path):
+    """SMOL_TEXT's first SMOL_LEN ids, from llama.cpp's tokenizer."""
+    llama_cpp = installed("llama_cpp")
+    llm = llama_cpp.Llama(dense_path, vocab_only=True, verbose=False)
+    ids = tuple(llm.tokenize(SMOL_TEXT.encode(), add_bos=False, special=False))
+    assert len(ids) >= SMOL_LEN
+    return ids[:SMOL_LEN]
+
+
+@pytest.fixture(scope="module")
+def smol_llama_cpp(dense_path, moe_path, smol_tokens):
     installed("llama_cpp")
     cache: dict[str, np.ndarray] = {}
 
     def get(which: str) -> np.ndarray:
         if which not in cache:
-            cache[which] = llama_cpp_logits({"dense": dense_path, "moe": moe_path}[which], SMOL_TOKENS)
+            cache[which] = llama_cpp_logits({"dense": dense_path, "moe": moe_path}[which], smol_tokens)
         return cache[which]
 
     return get
 
 
-# Bounds for the Q4_1 SmolLM2 models (see the module docstring for what was measured and why it is not tighter):
-# max |Δ| 3.0 (measured 1.52 dense, 1.86 MoE), mean |Δ| 0.45 (measured 0.296 / 0.303), top-1 agreement where
-# llama.cpp's top-2 gap exceeds 0.75 (the gap moved by at most 0.43 / 0.56; 6-7 of the 12 positions qualify).
-# For scale: guild with rope_base 10000 instead of 100000 gives mean |Δ| 0.52 and flips the top-1 at margins
-# 0.48 and 0.20; with NEOX rope, max |Δ| 24; the MoE without top-k renormalisation, max |Δ| 39.
-SMOL_BOUNDS = dict(max_abs=3.0, mean_abs=0.45, argmax_margin=0.75)
+# Bounds for the Q4_1 SmolLM2 models over SMOL_TEXT, from today's numerics. Both sides quantise the activations
+# of every Q4_1 matmul to 8 bits per 32-element block, but llama.cpp stores the block scale in f16 (its Q8_1
+# blocks) and guild in f32, so elements near a rounding boundary round differently: noise of the quantisation's
+# own size, not a bias, carried through 30 layers. Measured (int8 numerics; every window split bitwise alike):
+# dense max |Δ| 1.48, mean 0.187; MoE max 1.49, mean 0.180 (max |logit| ~ 31); top-1 differs only where
+# llama.cpp's top-2 gap is under 0.3 (dense 0.07, MoE 0.29) and the gap moves by at most 0.38 / 0.81.
+# Bounds: max 2.5, mean 0.3 (1.6-1.7x the honest figures), top-1 agreement where the gap exceeds 1.0 (66-67 of
+# the 160 positions). A rope base x10 (the GGUF's freq_base read x10 in guild/models/base.py) gives
+# dense max 8.70, mean 1.02; MoE max 8.70, mean 1.00: 3.4-3.5x over these bounds (it passed the former
+# 3.0 / 0.45 over 12 positions: max 2.32 / 2.78, mean 0.376 / 0.349). test_smol_bounds_reject_rope_base_x10 holds
+# that margin.
+SMOL_BOUNDS = dict(max_abs=2.5, mean_abs=0.3, argmax_margin=1.0)
 
 
-def test_llama_cpp_oracle_dense(dense_model, smol_llama_cpp):
+def test_llama_cpp_oracle_dense(dense_model, smol_llama_cpp, smol_tokens):
     ref = smol_llama_cpp("dense")
-    assert ref.shape == (len(SMOL_TOKENS), dense_model.args.vocab_size)
-    for windows in WINDOWS:
-        assert_close(guild_logits(dense_model, SMOL_TOKENS, windows), ref, **SMOL_BOUNDS,
+    assert ref.shape == (SMOL_LEN, dense_model.args.vocab_size)
+    for windows in SMOL_WINDOWS:
+        assert_close(guild_logits(dense_model, smol_tokens, windows), ref, **SMOL_BOUNDS,
                      what=f"SmolLM2 Q4_1 vs llama.cpp, windows {windows}")
 
 
-def test_llama_cpp_oracle_moe(moe_model, smol_llama_cpp):
+def test_llama_cpp_oracle_moe(moe_model, smol_llama_cpp, smol_tokens):
     ref = smol_llama_cpp("moe")
-    assert ref.shape == (len(SMOL_TOKENS), moe_model.args.vocab_size)
-    for windows in WINDOWS:
-        assert_close(guild_logits(moe_model, SMOL_TOKENS, windows), ref, **SMOL_BOUNDS,
+    assert ref.shape == (SMOL_LEN, moe_model.args.vocab_size)
+    for windows in SMOL_WINDOWS:
+        assert_close(guild_logits(moe_model, smol_tokens, windows), ref, **SMOL_BOUNDS,
                      what=f"upcycled MoE vs llama.cpp, windows {windows}")
+
+
+def test_smol_bounds_reject_rope_base_x10(dense_path, dense_model, smol_llama_cpp, smol_tokens):
+    """The bounds above fail a rope base x10 by a wide margin (at least 2x on max and mean), not just."""
+    ref = smol_llama_cpp("dense")
+    bad = load_model(dense_path, rope_base=10 * dense_model.args.rope_base)
+    d = np.abs(guild_logits(bad, smol_tokens, (SMOL_LEN,)) - ref)
+    assert d.max() > 2 * SMOL_BOUNDS["max_abs"] and d.mean() > 2 * SMOL_BOUNDS["mean_abs"], (d.max(), d.mean())
 
 
 # =========================================================================================================

@@ -16,6 +16,7 @@ from guild.load import load
 from guild.plans.plan import MAX_T, CpuTuning, DraftCalibration, GpuInfo, KernelTuning, Placement, load_plan, read_plan
 from guild.plans.plan import write_plan as write
 from guild.tools.tiny import write_tiny_model
+from tests.helpers.optional import installed
 
 # the quick optimize of the tiny MoE in CPU seconds, every thread's (Numba compiles included on a cold cache):
 # measured 36 s on a cold Numba cache, 0.5 s warm; the bound leaves room for a slower CPU, not for a runaway
@@ -175,7 +176,7 @@ def test_inspect_hybrid_layer_pattern_from_metadata(tmp_path):
 
 
 def test_inspect_plot(plan, tmp_path):
-    pytest.importorskip("matplotlib")
+    installed("matplotlib")  # in the test extra: skips only where it is not installed, fails where it is broken
     png = tmp_path / "v.png"
     r = cli("inspect", plan.path, "--plot", png)
     assert r.exit_code == 0, r.output

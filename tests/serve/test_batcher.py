@@ -137,6 +137,7 @@ def test_a_failing_forward_fails_its_requests_not_the_server(lm):
         e.close()
 
 
+@pytest.mark.gpu  # the fake device
 def test_engine_on_the_fake_gpu_equals_the_cpu(lm, moe_path, monkeypatch):
     """The serving engine on the GPU engine (GUILD_FAKE_GPU: the counting host backend) gives the CPU's tokens."""
     monkeypatch.setenv("GUILD_FAKE_GPU", "1")

@@ -2,6 +2,7 @@
 completions, streaming, stop strings, seeds, token parity with the library's solo run, prefix reuse, a 16-client
 load test, and the 400 / 429 / disconnect / SIGTERM cases."""
 
+import http.client
 import json
 import os
 import signal
@@ -183,6 +184,87 @@ def test_bad_requests(server, client):
     assert f"context is {CONTEXT} tokens" in err["error"]["message"]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=USER, temperature=9)
+
+
+
+def _raw(port, method, path, body=b"", headers=None, chunks=None):
+    """One request on a fresh connection, the body as given (or sent chunked): (status, headers, JSON body)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        c.putrequest(method, path)
+        for k, v in {"Content-Type": "application/json", **(headers or {})}.items():
+            c.putheader(k, v)
+        if chunks is not None:
+            c.putheader("Transfer-Encoding", "chunked")
+        elif body or method == "POST":
+            c.putheader("Content-Length", (headers or {}).get("Content-Length", str(len(body))))
+        c.endheaders()
+        try:
+            for ch in chunks or ():
+                c.send(b"%x\r\n%s\r\n" % (len(ch), ch))
+            c.send(b"0\r\n\r\n" if chunks is not None else body)
+        except OSError:  # the server answered and closed before reading it all (413)
+            pass
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
+    finally:
+        c.close()
+
+
+def _openai_error(err, status_kind="invalid_request_error"):
+    """OpenAI's error object: one line of message, type, param, code."""
+    e = err["error"]
+    assert set(e) == {"message", "type", "param", "code"} and e["type"] == status_kind, err
+    assert e["message"] and "\n" not in e["message"] and "Traceback" not in e["message"], err
+    return e
+
+
+def test_http_edges_answer_openai_errors(server):
+    """Bodies too large (declared, or streamed chunked past the limit), unknown routes, a wrong method, bodies that
+    are not UTF-8, a lone surrogate in a prompt and max_tokens < 1: each an OpenAI error object with its status,
+    and the server serves on."""
+    port, limit = server, 8 * 2**20
+    not_found = 'guild_requests_total{endpoint="other",status="404"}'
+
+    def count(line):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(line + " "))
+
+    before = count(not_found)
+    status, _, err = _raw(port, "POST", "/v1/chat/completions", headers={"Content-Length": str(limit + 1)})
+    assert status == 413 and str(limit) in _openai_error(err)["message"]
+    status, _, err = _raw(port, "POST", "/v1/completions", chunks=[b" " * 2**20] * 9)  # no Content-Length
+    assert status == 413 and "over the limit" in _openai_error(err)["message"]
+
+    status, _, err = _raw(port, "GET", "/v1/engines")
+    assert status == 404 and "/v1/engines" in _openai_error(err, "not_found_error")["message"]
+    status, _, err = _raw(port, "POST", "/v2/chat/completions", json.dumps({"messages": USER}).encode())
+    assert status == 404
+    status, hdrs, err = _raw(port, "GET", "/v1/chat/completions")
+    assert status == 405 and hdrs.get("allow") == "POST" and "GET" in _openai_error(err)["message"]
+    status, hdrs, err = _raw(port, "POST", "/v1/models", b"{}")
+    assert status == 405 and "GET" in hdrs.get("allow", "")
+
+    body = json.dumps({"messages": USER}).encode()
+    for raw, where in [(body.replace(b"rainbow", b"rainb\xffw"), body.index(b"rainbow") + 5),
+                       (b"\xff\xfe" + body.decode().encode("utf-16-le"), 0),  # UTF-16 with its BOM: not JSON's
+                       (body.decode().encode("utf-32"), 0)]:
+        status, _, err = _raw(port, "POST", "/v1/chat/completions", raw)
+        assert status == 400 and f"not UTF-8 (byte 0x{raw[where]:02x} at offset {where})" in \
+            _openai_error(err)["message"], raw[:20]
+    status, _, err = _raw(port, "POST", "/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 2}')
+    assert status == 400 and _openai_error(err)["param"] == "prompt" and "surrogate" in err["error"]["message"]
+
+    for field in ("max_tokens", "max_completion_tokens"):
+        for n in (0, -1):
+            for path, extra in (("/v1/chat/completions", {"messages": USER}), ("/v1/completions", {"prompt": "Hi"})):
+                status, _, err = _raw(port, "POST", path, json.dumps({**extra, field: n}).encode())
+                assert status == 400 and _openai_error(err)["param"] == field, (path, field, n)
+                assert f"'{field}' must be an integer >= 1, got {n}" == err["error"]["message"]
+
+    status, _, ok = _raw(port, "POST", "/v1/completions", json.dumps({"prompt": "Hi", "max_tokens": 1}).encode())
+    assert status == 200 and ok["usage"]["completion_tokens"] == 1
+    assert count(not_found) - before == 2
 
 
 PROMPTS = ["Write a haiku about the sea.", "List the first five prime numbers.", "What is the capital of Italy?",

@@ -188,21 +188,6 @@ def test_tokenizer_vocabulary():
     assert tiny_vocab(512)[2][:61] == merges  # a larger vocabulary extends the same merge list
 
 
-def test_tokenizer_round_trips_with_hf_tokenizers(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")
-    g = GGUFFile(write_tiny_model(tmp_path / "m.gguf", vocab=400))
-    m = g.metadata
-    vocab = {t: i for i, t in enumerate(m["tokenizer.ggml.tokens"])}
-    merges = [tuple(s.split(" ")) for s in m["tokenizer.ggml.merges"]]
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, merges))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    text = "The model reads the prompt — and then the next token. def f(x): return x + 1 ünïcödé 🙂"
-    ids = tok.encode(text).ids
-    assert max(ids) < 397 and len(ids) < len(text.encode())  # merges fire, no special ids
-    assert tok.decode(ids) == text
-
-
 def test_chat_template_renders(tmp_path):
     jinja2 = pytest.importorskip("jinja2")
     m = GGUFFile(write_tiny_model(tmp_path / "m.gguf")).metadata
