@@ -21,9 +21,8 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 CLOCKS = {"time", "perf_counter", "monotonic", "time_ns", "perf_counter_ns", "monotonic_ns", "now", "utcnow"}
 MIN_TIMEOUT_S = 60
-# wall-clock waits in files another change owns (issue 55's server items); each entry must still match, so it
-# is removed once fixed
-PENDING = {("serve/test_serve.py", "while len(results) < 2 and time.time() < deadline:")}
+# wall-clock waits allowed while their fix is pending, as (file, line text); an entry that no longer matches fails
+PENDING: set[tuple[str, str]] = set()
 
 
 def _is_clock(node: ast.AST) -> bool:
