@@ -56,8 +56,9 @@ def _cache_dir():
 
 @pytest.fixture
 def fixed_clock(monkeypatch):
-    """A clock that advances 1 ms a read, for the session's timings and (passed to it) the adaptive drafter's: the
-    scheduler's choices then rest on acceptance alone, so adaptive cells are the same on every machine and load."""
+    """Fixed times: the session's clock advances 1 ms a read (every window costs the same whatever its T), and the
+    returned clock, for the adaptive drafter, stands still (asking drafters is free): the scheduler's choices then
+    rest on acceptance alone, so adaptive cells are the same on every machine and load."""
     import guild.engine.session as session
 
     tick = itertools.count()
@@ -66,7 +67,7 @@ def fixed_clock(monkeypatch):
         return next(tick) * 1e-3
 
     monkeypatch.setattr(session, "time", types.SimpleNamespace(perf_counter=clock))
-    return clock
+    return lambda: 0.0
 
 
 @pytest.fixture

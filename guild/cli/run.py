@@ -220,4 +220,7 @@ def write_trace(path: str | Path, turns: Sequence[Turn], session: int | None = N
                 rec = {"turn": i + 1, "window": j, **({"session": session} if session is not None else {}),
                        **asdict(w), "decision": w.decision.as_dict() if w.decision else None}
                 rec["draft_ms"], rec["verify_ms"] = round(w.draft_ms, 4), round(w.verify_ms, 4)
+                rec["measured_ms_per_token"] = round((w.draft_ms + w.verify_ms) / max(w.emitted, 1), 4)
+                if w.propose_ms is not None:
+                    rec["propose_ms"] = {k: round(v, 4) for k, v in w.propose_ms.items()}
                 f.write(json.dumps(rec) + "\n")

@@ -38,6 +38,8 @@ class WindowRecord:
     distinct_experts: tuple[int, ...]  # per layer, union of experts over the window's rows (MoE models)
     decision: object | None = None  # the adaptive scheduler's Decision: candidates and choice (--trace)
     forced: int = 0  # drafts the grammar forced (accepted whatever the logits)
+    context: int = 0  # KV positions before the window's first row
+    propose_ms: dict | None = None  # per drafter asked (adaptive), its propose time within draft_ms
 
 
 @dataclass
@@ -70,12 +72,22 @@ class GenerationStats:
         accepted = sum(r.emitted - 1 for r in w)
         forced = sum(r.forced for r in w)
         by_strategy: dict[str, dict] = {}
+        propose: dict[str, float] = {}
         for r in w:
-            s = by_strategy.setdefault(r.strategy, {"windows": 0, "tokens": 0, "drafted": 0, "accepted": 0})
+            s = by_strategy.setdefault(r.strategy, {"windows": 0, "tokens": 0, "drafted": 0, "accepted": 0,
+                                                    "draft_ms": 0.0, "verify_ms": 0.0})
             s["windows"] += 1
             s["tokens"] += r.emitted
             s["drafted"] += r.k
             s["accepted"] += r.emitted - 1
+            s["draft_ms"] += r.draft_ms
+            s["verify_ms"] += r.verify_ms
+            for name, ms in (r.propose_ms or {}).items():
+                propose[name] = propose.get(name, 0.0) + ms
+        for s in by_strategy.values():
+            s["draft_ms"], s["verify_ms"] = round(s["draft_ms"], 3), round(s["verify_ms"], 3)
+        # the scheduler's prediction beside what its windows took (the first, unseeded step predicts nothing)
+        judged = [r for r in w if r.decision is not None and r.decision.predicted > 0]
         return {
             "windows": len(w),
             "drafted": drafted,
@@ -85,6 +97,12 @@ class GenerationStats:
             "tokens_per_window": round(sum(r.emitted for r in w) / len(w), 3) if w else None,
             "t_histogram": dict(sorted(Counter(r.k + 1 for r in w).items())),
             "strategies": by_strategy,
+            **({"propose_ms": {k: round(v, 3) for k, v in propose.items()},
+                "rest_windows": sum(r.decision.reason == "rest" for r in judged),
+                "predicted_ms_per_token": round(sum(r.decision.predicted * r.emitted for r in judged)
+                                                / sum(r.emitted for r in judged), 3),
+                "measured_ms_per_token": round(sum(r.draft_ms + r.verify_ms for r in judged)
+                                               / sum(r.emitted for r in judged), 3)} if judged else {}),
         }
 
     def as_dict(self) -> dict:
@@ -281,7 +299,7 @@ class Generation:
         d.observe_logits(out.logits[res.keep - 1])
         self.st.windows.append(WindowRecord(
             strategy, k, draft_ms, verify_ms, emitted, emitted,
-            tuple(int(x) for x in out.distinct_experts), dr.decision, forced,
+            tuple(int(x) for x in out.distinct_experts), dr.decision, forced, pos0, dr.propose_ms,
         ))
         if stopped:
             self.st.stop_reason = "stop"

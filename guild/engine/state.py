@@ -75,6 +75,8 @@ class KVCache:
         if rows <= self.v.shape[2]:
             return
         self.cap = min(self.n_ctx, max(rows, 2 * self.cap))
+        if 4 * (self.n_ctx - self.cap) < self.cap:  # the rest is small: take it now, not in a later copy of the
+            self.cap = self.n_ctx  # whole cache (a 16K prompt then grew at its first decoded row: 0.6 s)
         cap = tile_rows(self.cap)
         for name, tiled in self._arrays():
             a = getattr(self, name)

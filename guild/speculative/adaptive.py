@@ -56,6 +56,8 @@ class AdaptiveDrafter(Drafter):
         self.clock = clock
         self.pending: list[tuple[Proposal, int]] = []  # (proposal, absolute position of its first token)
         self.constraint = None  # the grammar the generation follows (observe_constraint)
+        self.context: int | None = None  # the KV length of the window drafted last (its rows follow it)
+        self.ask_ms = 0.0  # what drafting the last window added to a plain step: every propose and the choice
 
     def ingest(self, tokens) -> None:
         """Reference text for the drafters that keep a corpus (retrieval)."""
@@ -91,19 +93,30 @@ class AdaptiveDrafter(Drafter):
 
     def draft(self, history: Sequence[int], k: int) -> Draft:
         """Every drafter's proposal of at most k tokens (k: the window's one draft cap), the scheduler's pick."""
+        t0 = self.clock()
+        dr = self._draft(history, k)
+        self.ask_ms = (self.clock() - t0) * 1e3
+        return dr
+
+    def _draft(self, history: Sequence[int], k: int) -> Draft:
         self._resolve(history)
+        self.context = len(history) - 1  # the root is the window's first row
+        rest = self.scheduler.rest() if k > 0 else None
+        if rest is not None:  # the guard rests the drafters: a plain step that asks none of them
+            return Draft(np.empty(0, np.int32), rest.strategy, rest, 0, {})
         c = self.constraint
         forced = c.forced((), k) if c is not None and k > 0 else ()
-        props = []
+        props, ms = [], {}
         for d in self.drafters:  # the lazy ones (MTP) last: asked only when they could beat what is on the table
-            if d.lazy and not self.scheduler.ask(d.name, props, k):
-                continue
+            if d.lazy and (self.scheduler.guard.resting or not self.scheduler.ask(d.name, props, k)):
+                continue  # a resting guard's peek asks only the drafters that cost no forward
             if d.name in self.scheduler.muted:  # backed off: its proposal could not run, so it costs nothing
                 continue
             t = self.clock()
             toks = d.propose(history, max(k, 0)) if k > 0 else np.empty(0, np.int32)
+            ms[d.name] = (self.clock() - t) * 1e3
             if d.catchup_rows <= MAX_CATCHUP_TIMED:  # a long lagging catch-up is not the steady cost
-                self.scheduler.observe_draft_ms(d.name, (self.clock() - t) * 1e3)
+                self.scheduler.observe_draft_ms(d.name, ms[d.name])
             sig = dict(d.signals())
             if d.lazy and toks.size:  # e.g. the head's confidence (docs/adaptive.md "MTP confidence")
                 agree(sig, d.name, toks, props)
@@ -122,13 +135,15 @@ class AdaptiveDrafter(Drafter):
                     cands.append(Proposal(name, forced, {}, (True,) * len(forced)))
         dec = self.scheduler.decide(cands, k)
         if dec.k == 0:
-            return Draft(np.empty(0, np.int32), dec.strategy, dec)
+            return Draft(np.empty(0, np.int32), dec.strategy, dec, 0, ms)
         chosen = next(p for p in cands if p.strategy == dec.strategy)
-        return Draft(np.asarray(chosen.tokens[: dec.k], np.int32), dec.strategy, dec, sum(chosen.certain[: dec.k]))
+        return Draft(np.asarray(chosen.tokens[: dec.k], np.int32), dec.strategy, dec, sum(chosen.certain[: dec.k]),
+                     ms)
 
     def observe_residency(self, cold_ms) -> None:
         self.scheduler.observe_residency(cold_ms)
 
     def observe(self, strategy: str, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
         """The session's measurement of the window just verified."""
-        self.scheduler.observe_window(strategy, k, draft_ms, verify_ms, emitted)
+        # the drafter's own time, not the session's draft_ms: what a plain step would not have paid
+        self.scheduler.observe_window(strategy, k, self.ask_ms, verify_ms, emitted, self.context)

@@ -32,6 +32,7 @@ class Draft:
     strategy: str | None = None  # whose tokens they are (None: the drafter's own name); a pool's choice
     decision: object | None = None  # the adaptive scheduler's Decision: candidates and choice (--trace)
     forced: int = 0  # how many of the tokens a grammar forces
+    propose_ms: dict | None = None  # per drafter asked, its propose time (a pool's breakdown for --trace)
 
 
 class Drafter:
@@ -50,6 +51,18 @@ class Drafter:
         """The drafter of `--decode-strategy <name>` from DraftOptions `o`, the MTP head (or None) and the
         context rows a head's cache needs."""
         return cls()
+
+    @classmethod
+    def warm(cls) -> None:
+        """Once per process, at build: load what a first propose would (Numba's compiled kernels, 4-6 ms a
+        drafter), so that cost is paid with the model's load, not inside a decode window."""
+        if not cls.__dict__.get("_warmed"):
+            cls._warmed = True
+            cls._warm()
+
+    @classmethod
+    def _warm(cls) -> None:
+        """A tiny start and propose through the drafter's kernels (nothing to load by default)."""
 
     @classmethod
     def member(cls, o, head, n_ctx: int) -> Drafter | None:

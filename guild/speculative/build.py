@@ -18,8 +18,11 @@ def make_drafter(strategy: str | DraftOptions = "adaptive", *, costs: DraftCosts
     if o.strategy == NORMAL:
         return NoDrafter()
     if o.strategy == ADAPTIVE:
-        pool = (d.member(o, mtp_head, n_ctx) for d in DRAFTERS.values())
+        pool = [d for d in (c.member(o, mtp_head, n_ctx) for c in DRAFTERS.values()) if d is not None]
+        for d in pool:
+            d.warm()
         # the lazy ones (a forward per proposal) last: asked only when they could beat what is on the table
-        return AdaptiveDrafter(sorted((d for d in pool if d is not None), key=lambda d: d.lazy), costs,
-                               mtp_cap_k=o.mtp.k)
-    return DRAFTERS[o.strategy].build(o, mtp_head, n_ctx)
+        return AdaptiveDrafter(sorted(pool, key=lambda d: d.lazy), costs, mtp_cap_k=o.mtp.k)
+    d = DRAFTERS[o.strategy].build(o, mtp_head, n_ctx)
+    d.warm()
+    return d

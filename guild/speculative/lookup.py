@@ -262,6 +262,13 @@ class SuffixDrafter(Drafter):
         return cls(min_match=o.min_match, max_history=o.lookup_window)
 
     @classmethod
+    def _warm(cls) -> None:
+        h = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+        d = cls(max_history=64)
+        d.start(h[:6], 0)
+        d.propose(h, 2)
+
+    @classmethod
     def bucket(cls, signals: dict) -> str:
         ml = int(signals.get("match_len", 0))
         if signals.get("group", 1) >= 2 and signals.get("consensus", 1.0) < 0.5:

@@ -382,6 +382,14 @@ class RetrievalDrafter(Drafter):
     weights = {"len": 0.56, "vote": 1.55, "cands": -0.27, "agree": 0.15}
 
     @classmethod
+    def _warm(cls) -> None:
+        h = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+        d = cls(max_corpus_tokens=64, max_stream_tokens=64)
+        d.ingest(h)
+        d.start(h[:6], 0)
+        d.propose(h, 2)
+
+    @classmethod
     def bucket(cls, signals: dict) -> str:
         ml = int(signals.get("match_len", 0))
         if ml >= 8:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..window import MAX_WINDOW as MAX_T
 from .costs import DraftCosts
@@ -68,6 +68,13 @@ class SchedulerConfig:
     default_slope: float = 0.25  # V(T)/V(1) = 1 + slope (T-1) until measured (without a plan; int8 kernels: 0.15-0.23)
     probe_every: int = 16  # a lazy drafter (MTP) not asked for this many windows is asked anyway; a probe that
     probe_max: int = 64  # finds nothing worth drafting doubles that gap, up to probe_max windows
+    guard_windows: int = 16  # asking windows the guard judges together (docs/adaptive.md "Guard")
+    guard_margin: float = 0.03  # realised ms/token above plain's by more than this share rests the drafters
+    guard_budget: float = 4.0  # ... as does an excess over plain of this many plain steps, at once
+    rest_min: int = 16  # plain windows that ask no drafter after a loss; doubles per loss in a row up to rest_max
+    rest_max: int = 256
+    peek_every: int = 8  # a resting window asks the drafters that cost no forward this often
+    probe_windows: int = 8  # after a rest, asking windows judged together (a shorter run: it lost before)
 
     def __post_init__(self):
         if not 0 <= self.mtp_cap_k <= MAX_T - 1:
@@ -79,6 +86,10 @@ class SchedulerConfig:
             raise ValueError("decays in (0, 1], precisions > 0")
         if not 1 <= self.probe_every <= self.probe_max:
             raise ValueError("1 <= probe_every <= probe_max")
+        if min(self.guard_windows, self.probe_windows) < 1 or not 0 <= self.guard_margin < 1 or self.guard_budget <= 0:
+            raise ValueError("guard_windows, probe_windows >= 1, guard_margin in [0, 1), guard_budget > 0")
+        if not 1 <= self.rest_min <= self.rest_max or self.peek_every < 1:
+            raise ValueError("1 <= rest_min <= rest_max, peek_every >= 1")
 
 
 class Acceptance:
@@ -176,7 +187,9 @@ class Costs:
             self.v1 = base
             self.draft_ms = dict(plan.draft_ms)
             self.catchup_ms = dict(plan.catchup_ms)
+            self.context = plan.context  # the KV length V(T) was last measured at
         else:
+            self.context = 0
             self.prior_rho = [1.0 + cfg.default_slope * (t - 1) for t in range(1, MAX_T + 1)]
             self.v1 = None  # seeded by the first plain step
             self.draft_ms = {}
@@ -216,14 +229,15 @@ class Costs:
     def observe_verify(self, t: int, ms: float) -> None:
         g = self.cfg.cost_decay
         ms = max(ms - self.cold_ms[t - 1], 0.1 * ms)  # the compute part: reads are priced apart
-        if not self.v1_n:
-            if t == 1:  # the first plain step seeds V(1) directly
-                self.v1, self.v1_n = ms, 1
+        if not self.v1_n or (t == 1 and self.v1_n < 3):
+            if t == 1:  # the first 3 plain steps seed V(1) at this context, the least of them: a first step's
+                self.v1 = min(self.v1, ms) if self.v1_n else ms  # one-off stall (page faults) is no V(1)
+                self.v1_n += 1
             return
         pred = self.warm(t)
         ms = min(max(ms, pred / 3), pred * 3)  # a one-off stall (JIT, page faults) moves the estimate little
         if t == 1:
-            self.v1 = g * self.v1 + (1 - g) * ms if self.v1_n >= 3 else (self.v1 * self.v1_n + ms) / (self.v1_n + 1)
+            self.v1 = g * self.v1 + (1 - g) * ms
             self.v1_n += 1
             return
         r = ms / self.v1
@@ -242,6 +256,65 @@ class Costs:
             self.catchup_ms.pop(strategy, None)
         old = self.draft_ms.get(strategy)
         self.draft_ms[strategy] = ms if old is None else 0.9 * old + 0.1 * ms
+
+
+class Guard:
+    """The promise that adaptive costs no more than plain steps, held by measurement rather than by the cost
+    model: whatever the model misses (a drafter's propose time at a long history, V(T) at another context,
+    Python per window) shows in the realised ms per committed token of the windows that asked the drafters.
+    Each run of `guard_windows` such windows (`probe_windows` after a rest) is judged against plain's V(1); one
+    that lost by more than `guard_margin` (or at once by `guard_budget` plain steps) rests the drafters for
+    `rest` windows: plain steps that ask none of them, but for a peek every `peek_every` windows at the drafters
+    that cost no forward, which ends the rest when one of them proposes a draft that pays (the reply starts to
+    copy its input). `rest` doubles per loss in a row up to `rest_max`, and returns to `rest_min` after a run
+    that did not lose. Clock-free: it reads only the times it is handed."""
+
+    def __init__(self, cfg: SchedulerConfig):
+        self.cfg = cfg
+        self.rest_left = 0  # plain windows left to rest
+        self.rested = 0  # windows of this rest so far
+        self.rest = cfg.rest_min  # the next rest's length
+        self.ms = self.tokens = 0.0  # the current run's realised sums
+        self.n = 0  # its windows
+        self.run = cfg.guard_windows  # the current run's length
+        self.rests = 0  # rests so far (reported)
+
+    @property
+    def resting(self) -> bool:
+        return self.rest_left > 0
+
+    @property
+    def peek(self) -> bool:
+        """Whether this resting window asks the drafters that cost no forward."""
+        return self.resting and (self.rested + 1) % self.cfg.peek_every == 0
+
+    def wake(self) -> None:
+        """A peek found a draft that pays: the rest ends, and a new run is judged from here."""
+        self.rest_left = 0
+        self.ms = self.tokens = 0.0
+        self.n = 0
+
+    def observe(self, asked: bool, ms: float, emitted: int, plain_ms: float) -> None:
+        """A window measured: `asked` whether it asked the drafters (else it rested), `ms` what it took beside
+        the session's own work, `plain_ms` V(1), what a plain step costs now."""
+        if not asked:
+            self.rest_left = max(self.rest_left - 1, 0)
+            self.rested += 1
+            return
+        c = self.cfg
+        self.ms, self.tokens, self.n = self.ms + ms, self.tokens + max(emitted, 1), self.n + 1
+        excess = self.ms - plain_ms * self.tokens
+        if excess > c.guard_budget * plain_ms or (self.n >= self.run and excess > c.guard_margin * plain_ms
+                                                  * self.tokens):
+            self.rest_left, self.rest, self.rested = self.rest, min(2 * self.rest, c.rest_max), 0
+            self.rests += 1
+            self.run = c.probe_windows
+        elif self.n < self.run:
+            return
+        else:
+            self.rest, self.run = c.rest_min, c.guard_windows
+        self.ms = self.tokens = 0.0
+        self.n = 0
 
 
 @dataclass(frozen=True)
@@ -270,12 +343,13 @@ class Decision:
     mode: str  # the scheduler's mode after this decision
     predicted: float  # ms per committed token of the choice
     costs: dict  # {"normal": ms/token, strategy: [ms/token for k = 1..], ...}
-    reason: str  # why: "best", "hysteresis", "dwell", "backoff", "empty", "unseeded", ...
+    reason: str  # why: "best", "hysteresis", "dwell", "backoff", "empty", "unseeded", "rest", ...
+    vt_context: int = 0  # the KV length the window costs V(T) were last measured at (a plan's, then live)
 
     def as_dict(self) -> dict:
         cands = {s: round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v] for s, v in self.costs.items()}
         return {"choice": self.strategy, "k": self.k, "mode": self.mode, "predicted_ms_per_token":
-                round(self.predicted, 4), "candidates": cands, "reason": self.reason}
+                round(self.predicted, 4), "candidates": cands, "reason": self.reason, "vt_context": self.vt_context}
 
 
 class AdaptiveScheduler:
@@ -303,6 +377,8 @@ class AdaptiveScheduler:
         self.lazy_keeps: dict[str, tuple] = {}  # _bucket_keeps' cache
         self.unasked: dict[str, int] = {}  # windows since each lazy drafter was last asked
         self.probe_gap: dict[str, int] = {}  # windows between probes of each lazy drafter
+        self.guard = Guard(self.cfg)
+        self.asked: bool | None = None  # whether the window decided last asked the drafters (None: not judged)
 
     # ---------------------------------------------------------------- cost model
     def _blend(self, s: str, c_model: float) -> float:
@@ -398,8 +474,29 @@ class AdaptiveScheduler:
             return True
         return False
 
+    def rest(self) -> Decision | None:
+        """A plain step asking no drafter while the guard rests them (else None: ask them, then `decide`; on a
+        peek, only those that cost no forward)."""
+        if not self.guard.resting or self.guard.peek:
+            return None
+        self.asked = False
+        v1 = self.costs.verify(1)
+        return self._take("normal", 0, v1, {"normal": v1}, "rest")
+
     def decide(self, proposals: Sequence[Proposal], room: int) -> Decision:
         """The window to run: (strategy, k) from this window's proposals (empty ones mean Normal)."""
+        dec = self._decide(proposals, room)
+        if self.guard.resting:  # a peek: a draft that pays wakes the drafters, else the window still rests
+            if dec.k:
+                self.guard.wake()
+            else:
+                dec = self.last = replace(dec, reason="rest")
+            self.asked = bool(dec.k)
+        else:
+            self.asked = self.costs.seeded  # the unseeded first step is plain's own measure, not the drafters'
+        return dec
+
+    def _decide(self, proposals: Sequence[Proposal], room: int) -> Decision:
         c = self.cfg
         if self.muted:
             for s in list(self.muted):
@@ -440,13 +537,21 @@ class AdaptiveScheduler:
 
     def _take(self, s: str, k: int, cost: float, table: dict, reason: str) -> Decision:
         self.dwell += 1
-        self.last = Decision(s, k, self.mode, cost, table, reason)
+        self.last = Decision(s, k, self.mode, cost, table, reason, self.costs.context)
         return self.last
 
     # ---------------------------------------------------------------- feedback (times measured by the caller)
-    def observe_window(self, strategy: str, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:
-        """A window ran: `k` drafts of `strategy` ("normal" when k == 0), emitting `emitted` tokens."""
+    def observe_window(self, strategy: str, k: int, draft_ms: float, verify_ms: float, emitted: int,
+                       context: int | None = None) -> None:
+        """A window ran: `k` drafts of `strategy` ("normal" when k == 0), emitting `emitted` tokens, its rows
+        after `context` KV positions (None: unknown)."""
         g = self.cfg.cost_decay
+        if context is not None:
+            self.costs.context = context
+        if self.asked is not None:  # judged at the V(1) before this window; a one-off stall counts as 3 windows
+            ms = min(draft_ms + verify_ms, 3 * self.costs.verify(k + 1))
+            self.guard.observe(self.asked, ms, emitted, self.costs.verify(1))
+            self.asked = None
         self.costs.observe_verify(k + 1, verify_ms)
         s = strategy if k else "normal"
         for d in (self.emp_t, self.emp_n, self.emp_w):  # every window ages every strategy's record

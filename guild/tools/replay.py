@@ -186,6 +186,7 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: 
             dr = ad.draft(h[:n], room) if room > 0 else None
             draft = list(dr.tokens)[:room] if dr is not None else []
             d_ms = (clock[0] - c0) * 1e3 + OVERHEAD_MS
+            ad.ask_ms = d_ms  # what the scheduler learns from: the modelled proposes and the drafter's own work
             for p, pos in ad.pending:
                 if pos == n:
                     calib += _calibration(p, ad.scheduler.acceptance(p, len(p.tokens)), _accepted(h, n, end, p.tokens),
