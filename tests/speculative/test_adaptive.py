@@ -78,6 +78,16 @@ def test_cli_trace_and_default_strategy(tmp_path, moe_path):
     for x in lines:
         assert x["strategy"] in ("normal", "lookup", "retrieval", "mtp") and x["verify_ms"] > 0
         assert x["emitted"] >= 1 and 1 <= x["kept"] <= x["k"] + 1
+        assert x["measured_ms_per_token"] == pytest.approx((x["draft_ms"] + x["verify_ms"]) / x["emitted"], abs=1e-3)
+    # the per-window breakdown: where each window's rows start, each drafter's propose time, the context V(T)
+    # was last measured at (live: the window before)
+    assert [x["context"] for x in lines] == sorted(x["context"] for x in lines) and lines[0]["context"] >= 20
+    for a, b in zip(lines, lines[1:], strict=False):
+        assert b["context"] == a["context"] + a["kept"]
+        assert b["decision"] is None or b["decision"]["vt_context"] == a["context"]  # None: no room to draft
+    assert {"lookup", "retrieval"} <= set(decided[0]["propose_ms"])
+    assert out["propose_ms"]["lookup"] > 0 and out["measured_ms_per_token"] > 0 and out["rest_windows"] >= 0
+    assert out["predicted_ms_per_token"] > 0
 
 
 def test_cli_mtp_uses_the_shipped_head(moe_path):
