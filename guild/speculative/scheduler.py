@@ -291,6 +291,9 @@ class Guard:
     def wake(self) -> None:
         """A peek found a draft that pays: the rest ends, and a new run is judged from here."""
         self.rest_left = 0
+        self._restart()
+
+    def _restart(self) -> None:
         self.ms = self.tokens = 0.0
         self.n = 0
 
@@ -313,8 +316,7 @@ class Guard:
             return
         else:
             self.rest, self.run = c.rest_min, c.guard_windows
-        self.ms = self.tokens = 0.0
-        self.n = 0
+        self._restart()
 
 
 @dataclass(frozen=True)
