@@ -120,8 +120,8 @@ bench-beyond-ram: setup
 # retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
 # an interrupted run resumes from guild/heads/*.ckpt/
 mtp-head: setup-oracle
-	$(BIN)/guild train-mtp smollm2-135m-moe -o guild/heads/smollm2-135m-moe.mtp.gguf --steps 400 \
-		--text-tokens 120000 --gen-tokens 30000
+	$(BIN)/guild train-mtp smollm2-135m-moe -o guild/heads/smollm2-135m-moe.mtp.gguf --steps 300 --depth 2 \
+		--text-tokens 200000 --gen-tokens 60000
 
 lint: setup
 	$(BIN)/ruff check .

@@ -37,6 +37,7 @@ FIGURES: dict[str, Figure] = {
     "speedup": Figure("x", True, "vs baseline"),
     "oracle_speedup": Figure("x", True, "a policy that knew each draft's fate"),
     "windows": Figure("windows", False, "verification windows by strategy"),
+    "accepted_per_window": Figure("tokens", True, "accepted drafts per window, by drafter"),
     "generated_tokens": Figure("tokens", True, "generated"),
     "round_ms": Figure("ms", False, "batched round of all sessions"),
     "gweights_s": Figure("G/s", True, "weights per second"),

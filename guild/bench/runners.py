@@ -86,6 +86,7 @@ class WorkloadRun:
     drafted: int = 0
     accepted: int = 0
     windows: Counter = field(default_factory=Counter)  # by the strategy that drafted them
+    accepted_by: Counter = field(default_factory=Counter)  # accepted drafts, by the strategy that drafted them
     sizes: list[int] = field(default_factory=list)  # T of every window
     emitted: list[int] = field(default_factory=list)  # tokens every window emitted
     experts: list[float] = field(default_factory=list)  # per window: its distinct experts, the mean over layers
@@ -122,6 +123,7 @@ def guild_workload(lm, w, opts) -> WorkloadRun:
         for r in (r for t in turns for r in t.stats.windows):
             out.drafted, out.accepted = out.drafted + r.k, out.accepted + r.emitted - 1
             out.windows[r.strategy] += 1
+            out.accepted_by[r.strategy] += r.emitted - 1
             out.sizes.append(r.k + 1)
             out.emitted.append(r.emitted)
             if r.distinct_experts:

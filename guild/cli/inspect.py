@@ -104,6 +104,7 @@ def head_summary(path: str | os.PathLike, g: GGUFFile) -> dict:
         "block": {"layers": len(blocks), "ffn": meta.get("ffn"), "expert_count": int(exps),
                   "embedding_length": None if dim is None else int(dim)},
         "draft_vocab": None if vocab is None else int(vocab),
+        "feature_layers": [int(v) for v in meta.get("feature_layers", [])],
         "training": train,
         **_file_fields(g),
     }
@@ -120,10 +121,16 @@ def print_head(d: dict, console: Console) -> None:
                               + (f" ({blk['expert_count']} experts)" if blk["expert_count"] else "")
                               + (f" · width {blk['embedding_length']}" if blk["embedding_length"] else "")))
     t.add_row("draft vocabulary", f"{d['draft_vocab']} most frequent targets" if d["draft_vocab"] else "whole")
+    t.add_row("reads", "the final hidden fused with layers " + ", ".join(map(str, d["feature_layers"]))
+              if d["feature_layers"] else "the final hidden")
     if "heldout_acceptance" in tr:
         before = tr.get("heldout_acceptance_step0")
         t.add_row("held-out acceptance", f"{tr['heldout_acceptance'] * 100:.1f}% over {tr.get('heldout_rows', '?')} "
                   "rows" + (f" (before training {before * 100:.1f}%)" if before is not None else ""))
+    d2 = tr.get("heldout_acceptance_d2")
+    if d2 is not None and d2 == d2:
+        t.add_row("chained", f"second draft right {d2 * 100:.1f}% of the times the first was (trained to depth "
+                  f"{tr.get('depth', '?')})")
     if "steps" in tr:
         t.add_row("training", escape(f"{tr['steps']} steps · {tr.get('rows', '?')} rows of {tr.get('seq_len', '?')} "
                                      f"tokens" + (f" · {tr['seconds'] / 60:.1f} min" if "seconds" in tr else "")))

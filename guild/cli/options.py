@@ -56,7 +56,8 @@ _FLAGS = {  # parameter → (flags, default, help); help None: each command says
     "strategy": (("--decode-strategy",), "adaptive", None),
     "max_draft": (("--spec-max-draft", "--draft-max", "--draft"), 4, None),
     "mtp_head": (("--mtp-head",), None, None),
-    "mtp_k": (("--spec-mtp-k",), MTP_K, "MTP drafts per window at most (1..7)."),
+    "mtp_k": (("--spec-mtp-k",), MTP_K, "MTP drafts per window at most (1..7; 0: as deep as the head was "
+                                        "trained to chain, train-mtp --depth)."),
     "mtp_vocab": (("--spec-mtp-vocab",), MTP_VOCAB, None),
     "sessions": (("--sessions",), 1, None),
     "as_json": (("--json",), False, None),

@@ -17,3 +17,6 @@ class ForwardResult:
     # they end on a device (moved to the host only when a consumer reads them: np.asarray, slicing stays put)
     hidden: object
     distinct_experts: np.ndarray  # [n_layers] union of routed experts over the forward's rows (zeros: dense)
+    # the residual rows [T, dim] after each layer the MTP head fuses (model.mtp_features), in that order: arrays
+    # or DeviceRows as `hidden`; empty unless a head with fused features is loaded
+    features: tuple = ()

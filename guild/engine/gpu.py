@@ -151,9 +151,11 @@ def place_head(model, head, g, bid: int, p: str):
         return head
     w = copy.copy(head)
     with be.activate():
-        for k in ("enorm", "hnorm", "head_norm"):
+        for k in ("enorm", "hnorm", "head_norm", "unit"):
             setattr(w, k, be.upload(getattr(head, k)))
         w.eh_proj = be.linear(head.eh_proj, head.eh_proj.tensors, p + "eh_proj")
+        if head.fc is not None:
+            w.fc = be.linear(head.fc, head.fc.tensors, p + "fc")
         w.block = _twin_block(model, head.block, be, g, f"blk.{bid}.")
         if g.has(p + "embed_tokens.weight"):
             w.embed = _matrix(be, head.embed, g.tensor(p + "embed_tokens.weight"), p + "embed_tokens")

@@ -169,7 +169,7 @@ class GuildSession:
             self.state.commit(chunk.size)
             logits = res.logits
             if drafter is not None and drafter.follows_rows:
-                drafter.observe_hidden(pos0, res.hidden)
+                drafter.observe_hidden(pos0, res.hidden, res.features)
         return logits[-1]
 
     def generate(
@@ -291,7 +291,7 @@ class Generation:
             s.state.commit(emitted)
         self.logprobs += res.logprobs[:emitted]
         if d.follows_rows:
-            d.observe_hidden(pos0, out.hidden[:emitted])
+            d.observe_hidden(pos0, out.hidden[:emitted], tuple(f[:emitted] for f in out.features))
         verify_ms = (time.perf_counter() - t_forward) * 1e3
         k = len(window) - 1
         strategy = (dr.strategy or self.strategy) if k else "normal"

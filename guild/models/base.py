@@ -154,6 +154,7 @@ class Architecture(ABC):
     GPU = False
     MTP_TRAINABLE = False
     placement = None  # the GpuSplit guild.engine.gpu placed this model with; None on the CPU
+    mtp_features: tuple[int, ...] = ()  # layers whose output rows forwards keep for a loaded MTP head (fused input)
 
     @classmethod
     @abstractmethod

@@ -257,6 +257,7 @@ class HybridMoe(Architecture):
             x = w.enter(li, x)
             with w.be(li).activate():  # the layer's kernels on the stream its transfers use (a device's own)
                 self.block(li, (self.norms[li], self.mixers[li], self.ffns[li]), x, w.be(li).empty(x.shape), w)
+            w.leave(li, x)
         return output_logits(self, x, w, last_only)
 
     def block(self, li: int, blk, x, h, w: Window) -> None:

@@ -168,6 +168,7 @@ class Llama(Architecture):
             x = w.enter(li, x)
             with w.be(li).activate():  # the layer's kernels on the stream its transfers use (a device's own)
                 self.block(li, L, x, w.be(li).empty(x.shape), w)
+            w.leave(li, x)
         return output_logits(self, x, w, last_only)
 
 
@@ -178,7 +179,7 @@ class Window:
     it records, and the layout: which backend runs each layer."""
 
     __slots__ = ("states", "offs", "pos0s", "positions", "scores", "distinct", "layout", "rope", "meta", "tokens",
-                 "cur", "experts")
+                 "cur", "experts", "keep", "features")
 
     def __init__(self, states, offs, pos0s, positions, n_heads: int, n_layers: int, layout: Layout | None = None,
                  tokens: np.ndarray | None = None):
@@ -198,6 +199,8 @@ class Window:
                     st.dst_on(name, d)
         self.cur = self.layout.embed_be
         self.experts = None  # the model's expert cache (guild.engine.experts), if it streams its experts
+        self.keep: tuple[int, ...] = ()  # layers whose output rows the MTP head fuses (model.mtp_features)
+        self.features: list = []  # (backend, rows) copied after each of them
 
     @classmethod
     def open(cls, model, windows, **begin) -> Window:
@@ -211,6 +214,7 @@ class Window:
         a = model.args
         w = cls(states, offs, pos0s, positions, a.n_heads, a.n_layers, model.layout, np.concatenate(toks))
         w.experts = getattr(model, "expert_cache", None)
+        w.keep = tuple(getattr(model, "mtp_features", ()))
         return w
 
     def be(self, li: int):
@@ -236,6 +240,14 @@ class Window:
             self.experts.layers[li].predict(x)  # its experts read while attention runs
         return x
 
+    def leave(self, li: int, x) -> None:
+        """After layer li: a copy of its output rows when the MTP head fuses them (the next layer adds to x in
+        place), left on the layer's backend."""
+        if li in self.keep:
+            be = self.be(li)
+            with be.activate():
+                self.features.append((be, be.concat([x])))  # concat of one array: a copy on that backend
+
     def attend(self, li: int, be, q, k, v, att) -> None:
         """Each session's rows write their keys/values into its cache and attend over it."""
         scale = np.float32(1.0 / np.sqrt(q.shape[2]))
@@ -255,10 +267,9 @@ def output_logits(model, x, w: Window, last_only: bool) -> list[ForwardResult]:
     be = lay.out_be
     x = lay.move(x, w.cur, be)
     n = len(offs) - 1
-    if be.device:
-        hidden = [DeviceRows(lay, be, x, offs[i], offs[i + 1]) for i in range(n)]
-    else:
-        hidden = [x[offs[i] : offs[i + 1]] for i in range(n)]
+    hidden = _window_rows(lay, be, x, offs)
+    feats = [_window_rows(lay, fbe, f, offs) for fbe, f in w.features]
+    feats = [tuple(f[i] for f in feats) for i in range(n)]
     with be.activate():
         if last_only:
             x = be.take_rows(x, offs[1:] - 1, w.meta[be.name][2])
@@ -269,4 +280,12 @@ def output_logits(model, x, w: Window, last_only: bool) -> list[ForwardResult]:
         logits = lay.download(be, logits)
     check_finite(logits, model.gguf.path)
     split = [logits[i : i + 1] for i in range(n)] if last_only else [logits[offs[i] : offs[i + 1]] for i in range(n)]
-    return [ForwardResult(lg, hd, w.distinct) for lg, hd in zip(split, hidden, strict=True)]
+    return [ForwardResult(lg, hd, w.distinct, ft) for lg, hd, ft in zip(split, hidden, feats, strict=True)]
+
+
+def _window_rows(lay, be, x, offs) -> list:
+    """Each window's rows of x [R, D]: slices, or DeviceRows when x is on a device (moved only when read)."""
+    n = len(offs) - 1
+    if be.device:
+        return [DeviceRows(lay, be, x, offs[i], offs[i + 1]) for i in range(n)]
+    return [x[offs[i] : offs[i + 1]] for i in range(n)]

@@ -25,9 +25,10 @@ from ..engine.state import DeviceKVCache, KVCache
 from ..errors import GuildError
 from ..formats.gguf import GGUFFile, f32
 from ..formats.repack_cache import pack
+from ..window import MAX_DRAFT
 from .base import check_finite
 from .llama import Window
-from .validate import check_mtp_head
+from .validate import check_mtp_head, mtp_feature_layers
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads shipped for the embedded models
 SIDECAR_SUFFIX = ".mtp.gguf"
@@ -45,6 +46,7 @@ class MtpInfo:
     ffn: str  # "moe" or "dense"
     heldout_acceptance: float | None  # measured by train-mtp, when it trained the head
     draft_vocab: int  # tokens the draft LM head scores (vocab size when the full head is used)
+    depth: int = 1  # drafts the head was trained to chain (train-mtp --depth; 1 for a nextn block)
 
 
 class MtpHead:
@@ -65,6 +67,12 @@ class MtpHead:
         if tuple(eh.shape) != (a.dim, 2 * a.dim):
             raise MtpError(f"{g.path}: {p}eh_proj is {tuple(eh.shape)}, expected ({a.dim}, {2 * a.dim})")
         self.eh_proj = Linear([eh])
+        # EAGLE-3 (arXiv 2503.01840): the base's output rows of a low, a middle and a high layer, RMS-normed,
+        # fused with its normed final hidden by fc into the hidden the head reads (the draft's first step only)
+        self.feature_layers = mtp_feature_layers(g, a.n_layers)
+        self.fc = Linear([g.tensor(p + "fc.weight")]) if self.feature_layers else None
+        self.unit = np.ones(a.dim, np.float32)
+        base.mtp_features = self.feature_layers  # the base's forwards keep those rows from now on
         if g.has(p + "embed_tokens.weight"):
             e = g.tensor(p + "embed_tokens.weight")
             self.embed = pack(e.qtype, e.data, e.shape[0], e.shape[1])
@@ -82,7 +90,10 @@ class MtpHead:
             self.output = pack(t.qtype, np.ascontiguousarray(t.data[ids]), ids.size, t.shape[1])
             self.vocab_ids = ids
         acc = g.get("guild.mtp.train.heldout_acceptance", float, None)
-        self.info = MtpInfo(str(g.path), kind, ffn, acc, self.output.n_rows)
+        depth = g.get("guild.mtp.train.depth", int, 1)
+        if not 1 <= depth <= MAX_DRAFT:
+            raise MtpError(f"{g.path}: guild.mtp.train.depth {depth} is outside 1..{MAX_DRAFT}")
+        self.info = MtpInfo(str(g.path), kind, ffn, acc, self.output.n_rows, depth)
         # the weights the forward reads: these, or their device twins where the base placed the head
         self.w = place_head(base, self, g, bid, p)
 
@@ -97,13 +108,25 @@ class MtpHead:
             return DeviceKVCache([be], a.n_kv_heads, a.head_dim, n_ctx)
         return KVCache(1, a.n_kv_heads, a.head_dim, n_ctx)
 
-    def base_hidden(self, x):
-        """The base's normed hidden [R, dim] from its final residual rows x (ForwardResult.hidden: an array or
-        DeviceRows), on the head's backend: rows left on that device move nowhere."""
-        be = self.be
+    def base_hidden(self, x, features=()):
+        """The hidden [R, dim] the head reads from the base's final residual rows x and, for a head that fuses
+        layers, their output rows `features` (ForwardResult.hidden/.features: arrays or DeviceRows), on the
+        head's backend: rows left on that device move nowhere."""
+        a, be, W = self.args, self.be, self.w
         x = rows_on(x, be)
-        h = be.empty(x.shape)
-        be.rmsnorm(x, self.base.out_norm, self.args.norm_eps, h)
+        if W.fc is None:
+            h = be.empty(x.shape)
+            be.rmsnorm(x, self.base.out_norm, a.norm_eps, h)
+            return h
+        if len(features) != len(self.feature_layers):
+            raise ValueError(f"MtpHead.base_hidden: {len(features)} feature rows for layers {self.feature_layers}")
+        R, d = x.shape[0], a.dim
+        cat = be.empty((R, (1 + len(features)) * d))  # [normed final ; rms(f_low) ; rms(f_mid) ; rms(f_high)]
+        be.rmsnorm(x, self.base.out_norm, a.norm_eps, cat[:, :d])
+        for i, f in enumerate(features, 1):
+            be.rmsnorm(be.contiguous(rows_on(f, be)), W.unit, a.norm_eps, cat[:, i * d : (i + 1) * d])
+        h = be.empty((R, d))
+        be.matmul(W.fc, cat, h)
         return h
 
     def forward(self, tokens, hidden, cache, n_logits: int = 1):

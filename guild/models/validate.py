@@ -231,8 +231,35 @@ def check_mtp_head(g, base, bid: int) -> None:
         ids = np.asarray(t.data)
         if ids.size and (ids.min() < 0 or ids.max() >= a.vocab_size):
             raise ModelValidationError(f"{g.path}: tensor 'mtp.draft_vocab' holds ids outside 0..{a.vocab_size - 1}")
+    layers = mtp_feature_layers(g, a.n_layers)
+    fc = p + "nextn.fc.weight"
+    if layers and not g.has(fc):
+        raise ModelValidationError(f"{g.path}: the head fuses layers {list(layers)} but has no '{fc}'")
+    if g.has(fc):
+        want = (a.dim, (1 + len(layers)) * a.dim)
+        if not layers or tuple(g.tensor(fc).shape) != want:
+            raise ModelValidationError(f"{g.path}: '{fc}' is {tuple(g.tensor(fc).shape)}, expected {want} "
+                                       f"(guild.mtp.feature_layers {list(layers)})")
     if g is not getattr(base, "gguf", None):  # the model's own nextn block was scanned with the model
         scan_finite(g)
+
+
+FEATURE_KEY = "guild.mtp.feature_layers"
+
+
+def mtp_feature_layers(g, n_layers: int) -> tuple[int, ...]:
+    """The trunk layers whose output rows a head fuses with the final hidden (EAGLE-3's low/mid/high
+    features): increasing, distinct, each before the last layer; () for a head that reads the final hidden only."""
+    raw = g.metadata.get(FEATURE_KEY, [])
+    if isinstance(raw, (str, bytes)) or not hasattr(raw, "__len__") or \
+            not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
+        raise ModelValidationError(f"{g.path}: {FEATURE_KEY} must be a list of layer numbers")
+    layers = tuple(int(v) for v in raw)
+    if len(layers) > 8 or any(b <= a for a, b in zip(layers, layers[1:], strict=False)) or \
+            any(not 0 <= v < n_layers - 1 for v in layers):
+        raise ModelValidationError(f"{g.path}: {FEATURE_KEY} {list(layers)} must be at most 8 increasing layer "
+                                   f"numbers in 0..{n_layers - 2}")
+    return layers
 
 
 # -- numerics ------------------------------------------------------------------------------------------

@@ -64,10 +64,11 @@ class AdaptiveDrafter(Drafter):
         for d in self.drafters:
             d.ingest(tokens)
 
-    def observe_hidden(self, pos0: int, rows) -> None:
-        """The session's committed hidden rows, for the drafters that follow them (MTP)."""
+    def observe_hidden(self, pos0: int, rows, features=()) -> None:
+        """The session's committed hidden rows (and the fused layers' rows), for the drafters that follow them
+        (MTP)."""
         for d in self.drafters:
-            d.observe_hidden(pos0, rows)
+            d.observe_hidden(pos0, rows, features)
 
     def start(self, history: Sequence[int], prompt_start: int) -> None:
         self.pending.clear()  # what follows a new prompt is not the continuation they predicted

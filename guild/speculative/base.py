@@ -97,7 +97,7 @@ class Drafter:
     def ingest(self, tokens) -> None:
         pass
 
-    def observe_hidden(self, pos0: int, rows: np.ndarray) -> None:
+    def observe_hidden(self, pos0: int, rows: np.ndarray, features=()) -> None:
         pass
 
     def observe(self, strategy: str, k: int, draft_ms: float, verify_ms: float, emitted: int) -> None:

@@ -22,7 +22,7 @@ def make_drafter(strategy: str | DraftOptions = "adaptive", *, costs: DraftCosts
         for d in pool:
             d.warm()
         # the lazy ones (a forward per proposal) last: asked only when they could beat what is on the table
-        return AdaptiveDrafter(sorted(pool, key=lambda d: d.lazy), costs, mtp_cap_k=o.mtp.k)
+        return AdaptiveDrafter(sorted(pool, key=lambda d: d.lazy), costs, mtp_cap_k=o.mtp.depth(mtp_head))
     d = DRAFTERS[o.strategy].build(o, mtp_head, n_ctx)
     d.warm()
     return d

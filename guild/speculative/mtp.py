@@ -36,12 +36,12 @@ class MtpDrafter(Drafter):
     def build(cls, o, head, n_ctx: int) -> MtpDrafter:
         if head is None:
             raise BadFlagError("--decode-strategy mtp needs an MTP head (guild train-mtp MODEL -o HEAD.gguf)")
-        return cls(head, n_ctx, max_k=o.mtp.k, min_p=o.mtp.min_p)
+        return cls(head, n_ctx, max_k=o.mtp.depth(head), min_p=o.mtp.min_p)
 
     @classmethod
     def member(cls, o, head, n_ctx: int) -> MtpDrafter | None:
         # the scheduler weighs the head's confidence itself: no min_p here
-        return None if head is None else cls(head, n_ctx, max_k=o.mtp.k)
+        return None if head is None else cls(head, n_ctx, max_k=o.mtp.depth(head))
 
     @classmethod
     def bucket(cls, signals: dict) -> str:
@@ -60,23 +60,25 @@ class MtpDrafter(Drafter):
             raise ValueError(f"mtp max_k must be in 1..{MAX_DRAFT}, got {max_k}")
         self.head, self.max_k, self.min_p = head, max_k, min_p
         self.cache = head.new_cache(n_ctx)
-        self._rows: list[tuple[int, np.ndarray]] = []  # (position, final residual rows) not yet in the cache
+        self._rows: list[tuple] = []  # (position, final residual rows, fused layers' rows) not yet in the cache
         self.last_prob = 0.0
         self.catchup_rows = 0  # rows the last propose caught up (the M_catchup part of its cost)
 
     # -- the session's hooks --------------------------------------------------------------------------------
-    def observe_hidden(self, pos0: int, rows: np.ndarray) -> None:
-        """The base committed rows at positions pos0..; rows: their final residuals [n, dim]."""
+    def observe_hidden(self, pos0: int, rows, features=()) -> None:
+        """The base committed rows at positions pos0..; rows: their final residuals [n, dim], features: their
+        output rows of the layers the head fuses (ForwardResult.features)."""
         end = self._end()
         if pos0 < end:  # a rewind: forget what is past pos0
-            self._rows = [(p, r[: max(0, pos0 - p)]) for p, r in self._rows if p < pos0]
+            self._rows = [(p, r[: max(0, pos0 - p)], tuple(f[: max(0, pos0 - p)] for f in fs))
+                          for p, r, fs in self._rows if p < pos0]
             if self.cache.pos > pos0:
                 self.cache.truncate(pos0)
             end = self._end()
         if pos0 != end:
             raise RuntimeError(f"MtpDrafter: rows at {pos0} after {end} (the drafter missed the rows between)")
         if len(rows):
-            self._rows.append((pos0, rows))
+            self._rows.append((pos0, rows, tuple(features)))
 
     def signals(self) -> dict:
         return {"prob": self.last_prob}
@@ -86,10 +88,10 @@ class MtpDrafter(Drafter):
         the last, whose token is the one about to be sampled."""
         n = self._end() - self.cache.pos - 1
         if n > 0:
-            last = self._rows[-1]
-            self._rows[-1] = (last[0], last[1][:-1])
+            p, r, fs = self._rows[-1]
+            self._rows[-1] = (p, r[:-1], tuple(f[:-1] for f in fs))
             self.catch_up(history, False)
-            self._rows = [(last[0] + len(last[1]) - 1, last[1][-1:])]
+            self._rows = [(p + len(r) - 1, r[-1:], tuple(f[-1:] for f in fs))]
 
     def _end(self) -> int:
         return self._rows[-1][0] + len(self._rows[-1][1]) if self._rows else self.cache.pos
@@ -100,10 +102,11 @@ class MtpDrafter(Drafter):
         Returns (the last row's normed output [1, dim], its draft logits or None)."""
         rows = [r for r in self._rows if len(r[1])]
         self._rows = []
-        x = np.concatenate([r for _, r in rows]) if len(rows) > 1 else rows[0][1]
+        x, *fs = (np.concatenate(c) if len(rows) > 1 else c[0]
+                  for c in zip(*((r, *f) for _, r, f in rows), strict=True))
         p0 = self.cache.pos
         toks = np.asarray(history[p0 + 1 : p0 + 1 + x.shape[0]], np.int64)
-        h, logits = self.head.forward(toks, self.head.base_hidden(x), self.cache, 1 if with_logits else 0)
+        h, logits = self.head.forward(toks, self.head.base_hidden(x, fs), self.cache, 1 if with_logits else 0)
         self.cache.commit(toks.size)
         self.catchup_rows = toks.size
         return h[-1:], logits

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import BadFlagError
 from ..window import MAX_DRAFT
 
-MTP_K = 1  # default MTP draft depth: the head is trained for one step; chaining it is seldom right past draft 1
+MTP_K = 0  # default MTP draft depth, 0: as deep as the head was trained to chain (guild train-mtp --depth)
 MTP_VOCAB = 8192  # draft LM head rows by default (0 = the whole vocabulary); see README "MTP heads"
 
 
@@ -18,17 +18,22 @@ class MtpOptions:
     """How the MTP head drafts (`--mtp-head`, `--spec-mtp-k`, `--spec-min-p`, `--spec-mtp-vocab`)."""
 
     head: str | None = None  # a head GGUF (default: the model's nextn block, a sidecar beside it, a shipped one)
-    k: int = MTP_K  # drafts per window at most
+    k: int = MTP_K  # drafts per window at most (0: the head's trained depth)
     min_p: float = 0.0  # fixed mtp: a plain step when the head's top-1 probability is below this
     vocab: int = MTP_VOCAB  # score only the head's most frequent `vocab` tokens (0 = all)
 
     def __post_init__(self):
-        if not 1 <= self.k <= MAX_DRAFT:
-            raise BadFlagError(f"--spec-mtp-k must be in 1..{MAX_DRAFT}, got {self.k}")
+        if not 0 <= self.k <= MAX_DRAFT:
+            raise BadFlagError(f"--spec-mtp-k must be in 0..{MAX_DRAFT} (0: the head's trained depth), got {self.k}")
         if not 0.0 <= self.min_p < 1.0:
             raise BadFlagError(f"--spec-min-p must be in [0, 1), got {self.min_p}")
         if self.vocab < 0:
             raise BadFlagError(f"--spec-mtp-vocab must be >= 0, got {self.vocab}")
+
+    def depth(self, head) -> int:
+        """MTP drafts per window at most with `head` (guild.models.mtp.MtpHead or None): --spec-mtp-k, else the
+        depth the head was trained to chain."""
+        return self.k or (head.info.depth if head is not None else 1)
 
 
 @dataclass(frozen=True)

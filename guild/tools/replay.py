@@ -32,7 +32,6 @@ from ..formats.files import write_bytes
 from ..load import load_for, slots
 from ..speculative.adaptive import AdaptiveDrafter, agree
 from ..speculative.base import Draft, Drafter, top1
-from ..speculative.options import MTP_K
 from ..speculative.registry import DRAFTERS
 from ..speculative.scheduler import Acceptance, Proposal, features
 from ..text.chat import run_turn
@@ -146,6 +145,12 @@ def _propose_ms(wl: dict) -> tuple[dict[str, float], dict[str, bool]]:
     return ms, {name: p["lazy"] for name, p in some.items()}
 
 
+def _mtp_depth(wl: dict) -> int:
+    """The most MTP drafts one recorded proposal holds (the depth the recording ran with), at least 1."""
+    return max([1] + [len(w["proposals"]["mtp"]["tokens"]) for t in wl["turns"] for w in t["windows"].values()
+                      if "mtp" in w["proposals"]])
+
+
 def _accepted(tokens: list[int], n: int, end: int, draft: Sequence[int]) -> int:
     a = 0
     while a < len(draft) and n + a < end and tokens[n + a] == draft[a]:
@@ -167,7 +172,7 @@ def replay(wl: dict, make: Callable | None = None, max_draft: int = 4, flatten: 
     rho = _rho(wl, flatten)
     fakes = [_Replayed(name, lazy[name], ms[name], clock) for name in ms]
 
-    ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, mtp_cap_k=MTP_K)))(fakes, lambda: clock[0])
+    ad = (make or (lambda ds, c: AdaptiveDrafter(ds, clock=c, mtp_cap_k=_mtp_depth(wl))))(fakes, lambda: clock[0])
     t_plain = t_ad = t_draft = 0.0
     n_win = drafted = accepted = 0
     ks: list[int] = []
@@ -288,7 +293,7 @@ def fitted(wl: dict, max_draft: int = 4, flatten: float = 1.0) -> float:
     weights = {s: fit(rows) for s, rows in outcomes(wl, max_draft).items()}
 
     def make(ds, clock):
-        ad = AdaptiveDrafter(ds, clock=clock, mtp_cap_k=MTP_K)
+        ad = AdaptiveDrafter(ds, clock=clock, mtp_cap_k=_mtp_depth(wl))
         ad.scheduler.acc = _Fitted(ad.scheduler.cfg, weights)
         return ad
     return replay(wl, make, max_draft, flatten)["speedup"]

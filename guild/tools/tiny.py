@@ -390,11 +390,12 @@ def write_tiny_model(
 
 
 def write_tiny_mtp_head(base: str | PathLike, path: str | PathLike, *, seed: int = 1, draft_vocab: int = 0,
-                        qtype: str = "F32", copy_bias: float = 0.0) -> Path:
+                        qtype: str = "F32", copy_bias: float = 0.0, fuse: tuple[int, ...] = ()) -> Path:
     """A random MTP head sidecar for a llama-family model written by write_tiny_model, in the layout `guild
     train-mtp` writes (guild/models/mtp.py): nextn tensors and one layer of the base's kind at block 0, the
     base's identity digest; `draft_vocab` > 0 adds `mtp.draft_vocab` (that many ids, a seeded permutation);
-    `copy_bias` > 0 writes the eh_proj of a copy model's head (copy_eh_proj)."""
+    `copy_bias` > 0 writes the eh_proj of a copy model's head (copy_eh_proj); `fuse` (trunk layers) makes a
+    head that fuses those layers' rows with the final hidden (nextn.fc, guild.mtp.feature_layers)."""
 
     g = GGUFFile(base)
     a = ModelArgs.from_gguf(g)
@@ -420,6 +421,9 @@ def write_tiny_mtp_head(base: str | PathLike, path: str | PathLike, *, seed: int
         matrix(p + "nextn.eh_proj.weight", (d, 2 * d))
     for n in ("enorm", "hnorm", "shared_head_norm"):
         norm(p + f"nextn.{n}.weight", d)
+    if fuse:
+        w.add_array("guild.mtp.feature_layers", [int(v) for v in fuse])
+        matrix(p + "nextn.fc.weight", (d, (1 + len(fuse)) * d))
     f = g.tensor("blk.0.ffn_gate_exps.weight").shape[1] if a.is_moe else g.tensor("blk.0.ffn_gate.weight").shape[0]
     _layer(matrix, norm, p, d, a.n_heads, a.n_kv_heads, hd, g.has(p + "attn_q_norm.weight"), a.n_experts, f)
     if draft_vocab:

@@ -504,7 +504,7 @@ def test_hybrid_engine_windows_rollback_and_logits(gpu, hybrid):
 # input-grounded prompts; the emulator costs ~15-40 s a cell)
 CELLS = [("llama-moe", "mtp", "greedy"), ("qwen35moe", "mtp", "seeded"), ("qwen3next", "adaptive", "greedy"),
          ("qwen3moe", "lookup", "seeded"), ("llama", "retrieval", "greedy"), ("qwen3", "adaptive", "seeded"),
-         ("qwen3", "normal", "greedy")]
+         ("qwen3", "normal", "greedy"), ("llama-moe-fused", "mtp", "seeded")]
 
 
 @pytest.mark.parametrize("name,strategy,sampling", CELLS)

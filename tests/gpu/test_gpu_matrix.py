@@ -39,7 +39,9 @@ ARCHS = {
     "qwen3moe": dict(arch="qwen3moe", n_experts=4, top_k=2, qtype="Q4_0"),
     "qwen3next": dict(arch="qwen3next", nextn=True, n_layers=4),
     "qwen35moe": dict(arch="qwen35moe", nextn=True, n_layers=4, qtype="Q8_0", shared_ffn=64),
+    "llama-moe-fused": dict(arch="llama", n_experts=4, top_k=2, qtype="Q8_0", n_layers=3),
 }
+FUSE = {"llama-moe-fused": (0, 1)}  # its head fuses these layers' rows with the final hidden (EAGLE-3)
 HYBRIDS = ("qwen3next", "qwen35moe")
 # (model, MTP head) copy biases: a head right most of the time, not always; the hybrids' recurrent layers pull
 # harder off the chain
@@ -63,7 +65,7 @@ def write_arch(root, name: str, seed: int = 3) -> str:
         return str(write_tiny_hybrid(root / f"{name}.gguf", seed=seed, copy_bias=model, mtp_copy_bias=head, **kw))
     model, head = COPY_BIAS["llama-family"]
     path = write_tiny_model(root / f"{name}.gguf", seed=seed, copy_bias=model, **kw)
-    write_tiny_mtp_head(path, root / f"{name}.mtp.gguf", copy_bias=head)
+    write_tiny_mtp_head(path, root / f"{name}.mtp.gguf", copy_bias=head, fuse=FUSE.get(name, ()))
     return str(path)
 
 
@@ -152,6 +154,23 @@ def test_split_placement_with_the_head_on_the_host(tmp_path):
     got, st = generate(eng, "mtp", SAMPLING["greedy"])
     assert got == ref and any(w.k for w in st.windows)
     assert find_mtp_head(eng).be is not eng.dev
+
+
+@pytest.mark.parametrize("gpu_layers", [1, 2])
+def test_fused_head_reads_rows_from_both_sides_of_a_split(tmp_path, gpu_layers):
+    """A head fusing layers 0 and 1 while the split puts one or both of them on the host: the fused rows come
+    from the device and the host as placed, the head runs on the device, the stream is the CPU's."""
+    path = write_arch(tmp_path, "llama-moe-fused")
+    cpu = load_model(path)
+    ref, _ = generate(cpu, "normal", SAMPLING["greedy"])
+    eng = split_onto_device(cpu, HostBackend.fake_device(), GpuSplit(gpu_layers))
+    assert not eng.forward_batch([(PROMPT[:5], eng.new_state(16))])[0].features  # no head loaded: nothing kept
+    find_mtp_head(eng)
+    out = eng.forward_batch([(PROMPT[:5], eng.new_state(16))])[0]
+    assert [isinstance(f, DeviceRows) for f in out.features] == [True, gpu_layers == 2]
+    got, st = generate(eng, "mtp", SAMPLING["greedy"])
+    assert got == ref and any(w.emitted > 1 for w in st.windows)
+    assert find_mtp_head(eng).be is eng.dev and find_mtp_head(eng).feature_layers == (0, 1)
 
 
 def test_hidden_rows_move_only_when_read(tmp_path):

@@ -74,15 +74,31 @@ def _config(g: GGUFFile, T: int):
     return c, *rope_tables(T, n_rot, md.get(f"{a}.rope.freq_base", 10000.0))
 
 
-def reference_hidden(path: str, tokens) -> np.ndarray:
-    """The model's final hidden rows after its output norm [T, dim] (float64): what an MTP head reads."""
+def reference_hidden(path: str, tokens, layers: tuple[int, ...] = ()):
+    """The model's final hidden rows after its output norm [T, dim] (float64): what an MTP head reads; with
+    `layers`, also those layers' output rows (a list, the rows a fusing head reads)."""
     g = GGUFFile(path)
     tokens = np.asarray(tokens)
     c, cos, sin = _config(g, tokens.size)
     x = _w(g, "token_embd.weight")[tokens]
+    feats = []
     for i in range(g.metadata[f"{g.architecture}.block_count"]):
         x = _layer(g, f"blk.{i}.", x, c, cos, sin)
-    return ref.rmsnorm(x, _w(g, "output_norm.weight"), c["eps"]).astype(np.float64)
+        if i in layers:
+            feats.append(x)
+    h = ref.rmsnorm(x, _w(g, "output_norm.weight"), c["eps"]).astype(np.float64)
+    return (h, feats) if layers else h
+
+
+def reference_fused_hidden(path: str, head_path: str, tokens) -> np.ndarray:
+    """The hidden a fusing head reads (EAGLE-3): its fc over [normed final hidden ; RMS-normed rows of its
+    feature layers] [T, dim] (float64)."""
+    hg = GGUFFile(head_path)
+    layers = tuple(int(v) for v in hg.metadata["guild.mtp.feature_layers"])
+    h, feats = reference_hidden(path, tokens, layers)
+    eps = _config(GGUFFile(path), 1)[0]["eps"]
+    parts = [h, *(ref.rmsnorm(f, np.ones(f.shape[1]), eps).astype(np.float64) for f in feats)]
+    return _mm(hg, "blk.0.nextn.fc.weight", np.concatenate(parts, axis=1))
 
 
 def reference_mtp(base_path: str, head_path: str, tokens, hidden) -> np.ndarray:

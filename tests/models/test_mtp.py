@@ -17,10 +17,11 @@ from guild.speculative.mtp import MtpDrafter
 from guild.speculative.options import MtpOptions
 from guild.tools.tiny import write_tiny_model, write_tiny_mtp_head
 from guild.tools.tiny_hybrid import write_tiny_hybrid
-from tests.helpers.reference import reference_hidden, reference_mtp
+from tests.helpers.reference import reference_fused_hidden, reference_hidden, reference_mtp
 
 KINDS = {"llama": dict(), "llama-moe": dict(n_experts=4, top_k=2), "qwen3": dict(arch="qwen3"),
-         "q8": dict(qtype="Q8_0")}
+         "q8": dict(qtype="Q8_0"), "fused": dict(n_experts=4, top_k=2, n_layers=3)}
+FUSE = {"fused": (0, 1)}  # heads that fuse these trunk layers' rows with the final hidden (EAGLE-3)
 SEQ = [7, 100, 31, 45, 200, 9, 9, 63, 150, 88, 12, 250, 40, 41, 42, 43]
 
 
@@ -28,7 +29,8 @@ SEQ = [7, 100, 31, 45, 200, 9, 9, 63, 150, 88, 12, 250, 40, 41, 42, 43]
 def pair(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     base = write_tiny_model(d / "m.gguf", **KINDS[request.param])
-    head = write_tiny_mtp_head(base, d / "m.mtp.gguf", qtype="Q8_0" if request.param == "q8" else "F32")
+    head = write_tiny_mtp_head(base, d / "m.mtp.gguf", qtype="Q8_0" if request.param == "q8" else "F32",
+                               fuse=FUSE.get(request.param, ()))
     return base, head
 
 
@@ -37,15 +39,19 @@ def test_head_logits_match_twin(pair):
     m = load_model(base)
     head = find_mtp_head(m)
     assert head.info.kind == "sidecar" and head.info.source == str(head_path)
-    hidden = reference_hidden(str(base), SEQ[:-1]).astype(np.float32)  # h_p, rows 0..T-1
+    fused = bool(head.feature_layers)
+    twin = reference_fused_hidden if fused else (lambda b, _, t: reference_hidden(b, t))
+    hidden = twin(str(base), str(head_path), SEQ[:-1]).astype(np.float32)  # h_p, rows 0..T-1
     toks = SEQ[1:]  # x_{p+1}
     want = reference_mtp(str(base), str(head_path), toks, hidden)
     cache = head.new_cache(64)
     _, got = head.forward(toks, hidden, cache, n_logits=len(toks))
     assert np.abs(got - want).max() <= 1e-3 * max(1.0, np.abs(want).max())
-    # the base's own hidden rows are the twin's (ForwardResult.hidden: before the output norm)
+    # the base's own rows give the twin's hidden (ForwardResult.hidden: before the output norm; .features: the
+    # fused layers' output rows, kept only while a fusing head is loaded)
     out = m.forward_batch([(SEQ[:-1], m.new_state(64))])[0]
-    assert np.abs(head.base_hidden(out.hidden) - hidden).max() <= 1e-3 * np.abs(hidden).max()
+    assert len(out.features) == len(head.feature_layers) == (2 if fused else 0)
+    assert np.abs(head.base_hidden(out.hidden, out.features) - hidden).max() <= 1e-3 * np.abs(hidden).max()
 
 
 def _drive(m, head, keeps, k=3):
@@ -56,7 +62,7 @@ def _drive(m, head, keeps, k=3):
     toks = list(SEQ[:6])
     out = m.forward_batch([(toks, st)])[0]
     st.commit(len(toks))
-    d.observe_hidden(0, out.hidden)
+    d.observe_hidden(0, out.hidden, out.features)
     toks.append(int(SEQ[6]))
     rng = np.random.default_rng(0)
     for keep in keeps:
@@ -65,7 +71,7 @@ def _drive(m, head, keeps, k=3):
         pos0 = st.pos
         out = m.forward_batch([(window, st)])[0]
         st.commit(keep)
-        d.observe_hidden(pos0, out.hidden[:keep])
+        d.observe_hidden(pos0, out.hidden[:keep], tuple(f[:keep] for f in out.features))
         toks += window[1:keep] + [int(rng.integers(3, 300))]
     return d, toks
 
@@ -79,16 +85,16 @@ def test_catch_up_and_rollback_equal_a_fresh_recompute(pair):
     P = d.cache.pos
     assert P == len(toks) - 1  # every committed position, nothing of the speculative chain
     # fresh: the base over all committed tokens at once, the head over all rows at once (row invariance)
-    hidden = m.forward_batch([(toks[:-1], m.new_state(128))])[0].hidden
+    full = m.forward_batch([(toks[:-1], m.new_state(128))])[0]
     fresh = head.new_cache(128)
-    head.forward(toks[1:], head.base_hidden(hidden), fresh, 0)
+    head.forward(toks[1:], head.base_hidden(full.hidden, full.features), fresh, 0)
     fresh.commit(P)
     assert np.array_equal(get_keys(d.cache.k, 0, P), get_keys(fresh.k, 0, P))
     assert np.array_equal(d.cache.v[:, :, :P], fresh.v[:, :, :P])
     assert not get_keys(d.cache.k, P, d.cache.v.shape[2]).any() and not d.cache.v[:, :, P:].any()
     # the drafts equal those of a drafter that saw every row in one go
     d2 = MtpDrafter(head, 128, max_k=3)
-    d2.observe_hidden(0, hidden)
+    d2.observe_hidden(0, full.hidden, full.features)
     p1 = d.last_prob
     assert d2.propose(toks, 3).tolist() == drafts and len(drafts) == 3
     assert d2.last_prob == p1
@@ -101,12 +107,12 @@ def test_rewind_truncates_the_head(pair):
     head = find_mtp_head(m)
     d, toks = _drive(m, head, [2, 2])
     d.propose(toks, 1)
-    hidden = m.forward_batch([(toks[:4], m.new_state(128))])[0].hidden
-    d.observe_hidden(3, hidden[3:4])  # the session rewound to 3 tokens and fed one
+    out = m.forward_batch([(toks[:4], m.new_state(128))])[0]
+    d.observe_hidden(3, out.hidden[3:4], tuple(f[3:4] for f in out.features))  # the session rewound to 3, fed one
     d.propose(toks[:5], 1)
     assert d.cache.pos == 4
     with pytest.raises(RuntimeError, match="missed"):
-        d.observe_hidden(9, hidden[:1])
+        d.observe_hidden(9, out.hidden[:1])
 
 
 @pytest.mark.parametrize("strategy", ["mtp", "adaptive"])
@@ -166,9 +172,9 @@ def test_nextn_block_of_a_hybrid_model(tmp_path):
     assert head.info.kind == "nextn" and head.info.ffn == "moe"
     d, toks = _drive(m, head, [1, 3, 2], k=2)
     d.propose(toks, 2)
-    hidden = m.forward_batch([(toks[:-1], m.new_state(128))])[0].hidden
+    full = m.forward_batch([(toks[:-1], m.new_state(128))])[0]
     fresh = head.new_cache(128)
-    head.forward(toks[1:], head.base_hidden(hidden), fresh, 0)
+    head.forward(toks[1:], head.base_hidden(full.hidden, full.features), fresh, 0)
     P = d.cache.pos
     assert np.array_equal(get_keys(d.cache.k, 0, P), get_keys(fresh.k, 0, P))
     ref, _ = GuildSession(m, n_ctx=128).generate(SEQ, 24)
@@ -191,3 +197,40 @@ def test_missing_and_foreign_heads(tmp_path):
         find_mtp_head(ma, tmp_path / "nope.gguf")
     with pytest.raises(MtpError, match="not an MTP head"):
         find_mtp_head(ma, b)
+
+
+@pytest.mark.parametrize("fuse,why", [((2,), "increasing layer numbers in 0..1"), ((1, 0), "increasing"),
+                                      ((0, 0), "increasing")])
+def test_fused_head_with_bad_feature_layers_is_refused(tmp_path, fuse, why):
+    """A head whose guild.mtp.feature_layers name the last layer, a layer past it, or repeat: one clean error."""
+    from guild.models.validate import ModelValidationError
+
+    base = write_tiny_model(tmp_path / "m.gguf", n_layers=3)
+    bad = write_tiny_mtp_head(base, tmp_path / "bad.mtp.gguf", fuse=fuse)
+    with pytest.raises(ModelValidationError, match=why):
+        find_mtp_head(load_model(base), bad)
+
+
+def test_fused_head_without_its_fc_is_refused(tmp_path):
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from guild.formats.gguf import GGUFFile
+    from guild.models.validate import ModelValidationError
+
+    base = write_tiny_model(tmp_path / "m.gguf", n_layers=3)
+    good = GGUFFile(write_tiny_mtp_head(base, tmp_path / "good.mtp.gguf", fuse=(0,)))
+    w = GGUFWriter(tmp_path / "bad.mtp.gguf", "guild-mtp")
+    for k, v in good.metadata.items():
+        if k.startswith("guild."):
+            (w.add_array if isinstance(v, list) else w.add_string)(k, v)
+    for n, t in good.tensors.items():
+        if n != "blk.0.nextn.fc.weight":
+            w.add_tensor(n, np.asarray(t.data).reshape(t.shape) if t.qtype.name == "F32" else np.asarray(t.data),
+                         raw_dtype=None if t.qtype.name == "F32" else t.qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelValidationError, match="fuses layers \\[0\\] but has no 'blk.0.nextn.fc.weight'"):
+        find_mtp_head(load_model(base), tmp_path / "bad.mtp.gguf")

@@ -98,7 +98,7 @@ def test_head_at_init_is_the_base_last_layer(models, kind):
     hn = rng.standard_normal((T, args.dim)).astype(np.float32) * 3
     e = rng.standard_normal((T, args.dim)).astype(np.float32)
     with torch.no_grad():
-        got = head(torch.from_numpy(hn)[None], torch.from_numpy(e)[None])[0].numpy()
+        got = head(torch.from_numpy(hn)[None], torch.from_numpy(e)[None])[0][0].numpy()
     want = _reference_head(g, args, hn, np.full(args.dim, 2.5, np.float32))
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
@@ -164,6 +164,9 @@ def test_train_writes_the_head_gguf(models, kind, tmp_path):
         "blk.0.ffn_norm.weight": ((D,), "F32"),
         "mtp.draft_vocab": ((args.vocab_size,), "I32"),
     }
+    layers = tm.feature_layers(args.n_layers)  # fused with the final hidden by fc (EAGLE-3)
+    assert layers and list(g.metadata["guild.mtp.feature_layers"]) == list(layers) == s["feature_layers"]
+    want["blk.0.nextn.fc.weight"] = ((D, (1 + len(layers)) * D), "F16")
     if kind == "qwen3":
         want.update({"blk.0.attn_q_norm.weight": ((hd,), "F32"), "blk.0.attn_k_norm.weight": ((hd,), "F32"),
                      "blk.0.ffn_gate.weight": ((args.ffn_dim, D), ffn_q),
@@ -187,6 +190,8 @@ def test_train_writes_the_head_gguf(models, kind, tmp_path):
     assert md["guild.mtp.train.heldout_acceptance"] == pytest.approx(s["heldout_acceptance"], abs=1e-6)
     assert 0.0 <= s["heldout_acceptance"] <= 1.0 and s["heldout_rows"] > 0
     assert md["guild.mtp.train.seconds"] > 0
+    d2 = s["heldout_acceptance_d2"]  # None when no held-out chain got past its first draft (3 steps)
+    assert md["guild.mtp.train.depth"] == s["depth"] == 2 and (d2 is None or 0.0 <= d2 <= 1.0)
     # the draft vocabulary: a permutation of the vocabulary, most frequent targets first
     dv = np.asarray(g.tensors["mtp.draft_vocab"].data)
     assert sorted(dv.tolist()) == list(range(args.vocab_size))
@@ -252,11 +257,11 @@ def test_cli(models, tmp_path):
     from guild.cli.commands.train_mtp import command as cmd
     defaults = {k: v.default.default for k, v in inspect.signature(cmd).parameters.items() if k != "model"}
     assert (defaults["steps"], defaults["text_tokens"], defaults["gen_tokens"], defaults["seq_len"],
-            defaults["batch"], defaults["lr"], defaults["seed"]) == (
+            defaults["batch"], defaults["lr"], defaults["seed"], defaults["depth"]) == (
         tm.DEFAULT_STEPS, tm.DEFAULT_TEXT_TOKENS, tm.DEFAULT_GEN_TOKENS, tm.DEFAULT_SEQ_LEN, tm.DEFAULT_BATCH,
-        tm.DEFAULT_LR, tm.DEFAULT_SEED)
+        tm.DEFAULT_LR, tm.DEFAULT_SEED, tm.DEFAULT_DEPTH)
     r = CliRunner().invoke(app, ["train-mtp", "--help"])
-    assert r.exit_code == 0 and "standard library" in r.output and "minutes" in r.output
+    assert r.exit_code == 0 and "standard library" in r.output and "hour" in r.output
     out = tmp_path / "h.gguf"
     args = ["train-mtp", str(models["dense"]), "-o", str(out), "--steps", "2", "--text-tokens", "400",
             "--gen-tokens", "60", "--seq-len", "32", "--batch", "2", "-t", "1", "--json"]

@@ -84,6 +84,8 @@ def _strategy(a, name: str, strategy: str, warmed: set) -> Runner:
         r = R.guild_workload(a.lm, a.instances[pt["workload"]], _opts(a, pt, strategy))
         figs = {"decode_tok_s": r.tok_s, "generated_tokens": r.generated,
                 "windows": {s: r.windows[s] for s in WINDOWS},
+                "accepted_per_window": {s: r.accepted_by[s] / r.windows[s] if r.windows[s] else 0.0
+                                        for s in WINDOWS[1:]},
                 "distinct_experts": statistics.mean(r.experts) if r.experts else 0.0}
         if r.drafted:
             figs["acceptance"] = r.accepted / r.drafted

@@ -21,9 +21,9 @@ that differs from 1.00 by less than the noise; for adaptive, "N% of X×" is the 
 X× being the replayed speedup of a policy that knew each draft's fate (python -m guild.tools.replay) ·
 acceptance: accepted drafts / drafted tokens · mean T: mean verification window size (1 root + drafts) ·
 tokens/window: tokens a window emitted (accepted drafts + 1) · windows: verification windows per run, by the
-strategy that drafted them (normal = plain one-token steps) · experts/layer: distinct routed experts per layer per
-window, the union over the window's rows (dense models: 0) · noise: CV (stdev / mean) of normal's tok/s over its
-runs (its rounds and the noise check)."""
+strategy that drafted them (normal = plain one-token steps), "(+a)": that drafter's accepted drafts per window ·
+experts/layer: distinct routed experts per layer per window, the union over the window's rows (dense models: 0) ·
+noise: CV (stdev / mean) of normal's tok/s over its runs (its rounds and the noise check)."""
 
 
 def _at(r: Record) -> tuple[str, int]:
@@ -81,7 +81,9 @@ def table(records: Sequence[Record], a) -> str:
         if r.runner == "adaptive" and at in oracles and sp is not None and (c := captured(sp, oracles[at])) is not None:
             vs += f" · {c * 100:.0f}% of {oracles[at]:.2f}×"
         acc = f"{r.median('acceptance') * 100:.0f}%" if "acceptance" in f else "–"
-        wins = ", ".join(f"{k} {w['median']:.0f}" for k, w in f["windows"]["series"].items() if w["median"])
+        apw = f["accepted_per_window"]["series"] if "accepted_per_window" in f else {}
+        wins = ", ".join(f"{k} {w['median']:.0f}" + (f" (+{apw[k]['median']:.2f})" if k in apw else "")
+                         for k, w in f["windows"]["series"].items() if w["median"])
         cells = [_label(at, several), r.runner, f"{tok_s:.1f}", f"{1000 / tok_s:.1f}" if tok_s else "–", vs, acc,
                  f"{r.median('window_size'):.2f}" if "window_size" in f else "1.00",
                  f"{r.median('tokens_per_window'):.2f}" if "tokens_per_window" in f else "1.00", wins,

@@ -38,6 +38,7 @@ torch is needed only here (`pip install 'guild[train]'`) and is imported lazily.
 
 from .config import (
     DEFAULT_BATCH,
+    DEFAULT_DEPTH,
     DEFAULT_GEN_TOKENS,
     DEFAULT_LR,
     DEFAULT_SEED,
@@ -50,6 +51,7 @@ from .config import (
     SUPPORTED_ARCHS,
     TrainConfig,
     TrainMtpError,
+    feature_layers,
 )
 from .data import PROMPTS, STYLES, generate_documents, prompt_items, text_documents
 from .model import _lm_head_ce, base_block, build_head, fake_quant
@@ -58,9 +60,9 @@ from .train import evaluate, train_mtp
 from .write import dequantized, export_tensors, gguf_name, write_head_gguf, written_type
 
 __all__ = [
-    "DEFAULT_BATCH", "DEFAULT_GEN_TOKENS", "DEFAULT_LR", "DEFAULT_SEED", "DEFAULT_SEQ_LEN", "DEFAULT_STEPS",
-    "DEFAULT_TEXT_TOKENS", "FORMAT_VERSION", "PROMPTS", "QUANTIZABLE", "SOURCES", "STYLES", "SUPPORTED_ARCHS",
-    "Dataset", "TrainConfig", "TrainMtpError", "_lm_head_ce", "base_block", "build_head", "dequantized", "evaluate",
-    "export_tensors", "fake_quant", "generate_documents", "gguf_name", "prompt_items", "teacher_pass",
-    "text_documents", "train_mtp", "write_head_gguf", "written_type",
+    "DEFAULT_BATCH", "DEFAULT_DEPTH", "DEFAULT_GEN_TOKENS", "DEFAULT_LR", "DEFAULT_SEED", "DEFAULT_SEQ_LEN",
+    "DEFAULT_STEPS", "DEFAULT_TEXT_TOKENS", "FORMAT_VERSION", "PROMPTS", "QUANTIZABLE", "SOURCES", "STYLES",
+    "SUPPORTED_ARCHS", "Dataset", "TrainConfig", "TrainMtpError", "_lm_head_ce", "base_block", "build_head",
+    "dequantized", "evaluate", "export_tensors", "fake_quant", "feature_layers", "generate_documents", "gguf_name",
+    "prompt_items", "teacher_pass", "text_documents", "train_mtp", "write_head_gguf", "written_type",
 ]

@@ -64,13 +64,16 @@ def fake_quant(torch, w, qtype: str):
 
 
 def build_head(torch, args, block: dict, out_norm: np.ndarray, seq_len: int, seed: int,
-               emb_std: float | None = None, hidden_scale: float = 1.0, qtypes: dict | None = None):
+               emb_std: float | None = None, hidden_scale: float = 1.0, qtypes: dict | None = None,
+               n_features: int = 0):
     """The MTP head module, initialised from the base's last layer (see the module docstring).
 
     eh_proj = [N(0, emb_std) | identity] (emb_std default EMB_INIT_REL / sqrt(dim)); enorm and hnorm start at
     `hidden_scale` (the typical RMS of the base's final residual, so the block sees inputs of the scale the
     base's last layer was trained on), shared_head_norm at the base's output_norm. `qtypes`: {tensor: quant
-    type} of the FFN matrices that will be written quantised: the forward uses them fake-quantised."""
+    type} of the FFN matrices that will be written quantised: the forward uses them fake-quantised.
+    `n_features` > 0: fc fuses the normed final hidden with that many RMS-normed layer outputs (EAGLE-3), starting
+    as [identity | 0 ...] so the head starts as one that reads the final hidden only."""
 
     nn, F = torch.nn, torch.nn.functional
     dim, H, Hkv, hd, eps = args.dim, args.n_heads, args.n_kv_heads, args.head_dim, args.norm_eps
@@ -87,6 +90,11 @@ def build_head(torch, args, block: dict, out_norm: np.ndarray, seq_len: int, see
             std = EMB_INIT_REL / math.sqrt(dim) if emb_std is None else emb_std
             eh[:, :dim] = torch.randn(dim, dim, generator=gen) * std
             eh[:, dim:] = torch.eye(dim)
+            fused = {}
+            if n_features:
+                fc = torch.zeros(dim, (1 + n_features) * dim)
+                fc[:, :dim] = torch.eye(dim)
+                fused = {"fc": nn.Parameter(fc)}
             self.quant = {k: t for k in block if (t := written_type(k, qtypes or {})) in QUANTIZABLE}
             self.p = nn.ParameterDict({
                 "eh_proj": nn.Parameter(eh),
@@ -94,6 +102,7 @@ def build_head(torch, args, block: dict, out_norm: np.ndarray, seq_len: int, see
                 "hnorm": nn.Parameter(torch.full((dim,), float(hidden_scale))),
                 "shared_head_norm": nn.Parameter(torch.from_numpy(np.array(out_norm, np.float32))),
                 **{k: nn.Parameter(torch.from_numpy(np.array(v, np.float32))) for k, v in block.items()},
+                **fused,
             })
             cos, sin = rope_tables(max(seq_len, 1), n_rot, args.rope_base, args.rope_scaling)
             self.register_buffer("cos", torch.from_numpy(cos), persistent=False)
@@ -111,8 +120,7 @@ def build_head(torch, args, block: dict, out_norm: np.ndarray, seq_len: int, see
                 rot = torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2)
             return torch.cat([rot, rest], -1)
 
-        def block(self, x):
-            """One base-kind layer over x [B, T, dim] at positions 0..T-1, causal."""
+        def qkv(self, x):
             p = self.p
             B, T, _ = x.shape
             n = rms(x, p["attn_norm"])
@@ -121,14 +129,36 @@ def build_head(torch, args, block: dict, out_norm: np.ndarray, seq_len: int, see
             v = (n @ p["attn_v"].T).view(B, T, Hkv, hd)
             if "attn_q_norm" in p:
                 q, k = rms(q, p["attn_q_norm"]), rms(k, p["attn_k_norm"])
-            q, k = self.rope(q), self.rope(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k, v = self.rope(q).transpose(1, 2), self.rope(k).transpose(1, 2), v.transpose(1, 2)
             if Hkv != H:
                 k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-            att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd))
+            return q, k, v
+
+        def block(self, x, kvs=()):
+            """One base-kind layer over x [B, T, dim] at positions 0..T-1. Alone (kvs empty): causal, the rows a
+            catch-up commits. Chained at depth d = len(kvs) + 1 (training-time test, EAGLE-3): row p is the
+            d-th draft of a chain whose committed rows end at p-d+1, so it attends to the first pass's keys
+            j <= p-d+1, to pass k's key at p-d+k (k = 2..d-1), and to its own: what the drafter's cache holds
+            when it chains. Returns (rows out, this pass's (k, v))."""
+            p = self.p
+            B, T, _ = x.shape
+            q, k, v = self.qkv(x)
+            if not kvs:
+                att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd))
+            else:
+                d = len(kvs) + 1
+                (k1, v1), chain = kvs[0], [*kvs[1:], (k, v)]
+                s1 = (q @ k1.transpose(-1, -2)) / math.sqrt(hd)
+                s1 = s1.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(-(d - 1)), float("-inf"))
+                shifted = [(_shift(kk, d - j), _shift(vv, d - j)) for j, (kk, vv) in enumerate(chain, 2)]
+                sd = [(q * kk).sum(-1, keepdim=True) / math.sqrt(hd) for kk, _ in shifted]
+                w = torch.softmax(torch.cat([s1, *sd], -1), -1)
+                att = w[..., :T] @ v1
+                for j, (_, vv) in enumerate(shifted):
+                    att = att + w[..., T + j : T + j + 1] * vv
             x = x + att.transpose(1, 2).reshape(B, T, H * hd) @ p["attn_output"].T
             n = rms(x, p["ffn_norm"])
-            return x + (self.moe(n) if "ffn_gate_inp" in p else self.dense(n))
+            return x + (self.moe(n) if "ffn_gate_inp" in p else self.dense(n)), (k, v)
 
         def w(self, name):
             """A weight as the forward uses it: fake-quantised when it will be written quantised."""
@@ -158,12 +188,35 @@ def build_head(torch, args, block: dict, out_norm: np.ndarray, seq_len: int, see
                 out = out.index_add(0, rows, y * w[rows, slot, None])
             return out.view(shape)
 
-        def forward(self, hn, emb_next):
-            """hn [B, T, dim] base normed hidden, emb_next [B, T, dim] embedding of the next token → the normed
-            head output [B, T, dim] (shared_head_norm applied; the LM head comes after)."""
+        def hidden_in(self, hn, feats=None):
+            """The hidden the head's first step reads: the base's normed final hidden, fused with the RMS-normed
+            layer outputs feats [B, T, n_features * dim] by fc when the head has one."""
+            if "fc" not in self.p:
+                return hn
+            parts = [hn, *(f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) for f in feats.split(dim, -1))]
+            return torch.cat(parts, -1) @ self.p["fc"].T
+
+        def forward(self, hn, emb_next, feats=None, depth: int = 1):
+            """hn [B, T, dim] base normed hidden, emb_next [B, T, dim] embedding of the next token, feats the
+            fused layers' rows → per draft depth 1..depth the normed head outputs [B, T, dim] (shared_head_norm
+            applied; the LM head comes after). Depth d row p chains on depth d-1's output at row p-1 and
+            predicts the same target as depth 1 at row p (the committed token x_{p+1} is the accepted draft)."""
             p = self.p
-            x = torch.cat([rms(emb_next, p["enorm"]), rms(hn, p["hnorm"])], -1) @ p["eh_proj"].T
-            return rms(self.block(x), p["shared_head_norm"])
+            e = rms(emb_next, p["enorm"])
+            h = self.hidden_in(hn, feats)
+            outs, kvs = [], []
+            for _ in range(depth):
+                x = torch.cat([e, rms(h, p["hnorm"])], -1) @ p["eh_proj"].T
+                y, kv = self.block(x, kvs)
+                kvs.append(kv)
+                outs.append(rms(y, p["shared_head_norm"]))
+                h = _shift(outs[-1], 1, dim=1)
+            return outs
+
+    def _shift(t, n: int, dim: int = 2):
+        """t moved n places later along `dim` (the first n zero): row p reads what row p-n had."""
+        pad = torch.zeros_like(t.narrow(dim, 0, n))
+        return torch.cat([pad, t.narrow(dim, 0, t.shape[dim] - n)], dim)
 
     return MtpHead()
 

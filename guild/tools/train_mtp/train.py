@@ -17,22 +17,27 @@ from ...formats.files import atomic_path
 from ...formats.gguf import GGUFFile, f32
 from ...load import set_threads
 from ...models import load_model
+from ...models.validate import FEATURE_KEY
 from ...text.tokenizer import Tokenizer
 from ...upcycle import resolve_model
 from .config import (
     CE_CHUNK,
     DEFAULT_BATCH,
+    DEFAULT_DEPTH,
     DEFAULT_GEN_TOKENS,
     DEFAULT_LR,
     DEFAULT_SEED,
     DEFAULT_SEQ_LEN,
     DEFAULT_STEPS,
     DEFAULT_TEXT_TOKENS,
+    DEPTH_WEIGHT,
     DRAFT_VOCAB,
+    MAX_DEPTH,
     SOURCES,
     SUPPORTED_ARCHS,
     TrainConfig,
     TrainMtpError,
+    feature_layers,
 )
 from .data import generate_documents, text_documents
 from .model import _lm_head_ce, base_block, build_head
@@ -108,10 +113,13 @@ def _batch_chunks(train: np.ndarray, batch: int, seed: int, step: int) -> np.nda
 
 
 def evaluate(torch, head, emb, lm_head, ds: Dataset, chunks: np.ndarray, draft_vocab: np.ndarray | None = None,
-             batch: int = 8) -> dict:
+             batch: int = 8, depth: int = 2) -> dict:
     """Held-out top-1 acceptance (head argmax == base greedy target), mean loss, and with a draft vocabulary its
-    coverage of the targets and the acceptance of an argmax restricted to it."""
+    coverage of the targets and the acceptance of an argmax restricted to it. With depth >= 2, `acceptance_d{d}`:
+    the acceptance of the d-th chained draft where the chain's earlier drafts were right and the text went
+    their way (what a window that got that far sees)."""
     n = correct = correct_dv = covered = 0
+    deep = np.zeros((2, depth + 1), np.int64)  # [right, asked] per depth
     loss = 0.0
     dv = None if draft_vocab is None else torch.from_numpy(np.asarray(draft_vocab, np.int64))
     in_dv = None
@@ -120,10 +128,9 @@ def evaluate(torch, head, emb, lm_head, ds: Dataset, chunks: np.ndarray, draft_v
         in_dv[dv] = True
     with torch.no_grad():
         for i in range(0, chunks.size, batch):
-            hn, nxt, tgt, valid = ds.batch(chunks[i : i + batch])
-            m = torch.from_numpy(valid)
-            y = head(torch.from_numpy(hn), emb[torch.from_numpy(nxt)])[m]
-            t = torch.from_numpy(tgt)[m]
+            hn, ft, nxt, tgt, valid = (torch.from_numpy(a) for a in ds.batch(chunks[i : i + batch]))
+            outs = head(hn, emb[nxt], ft, depth)
+            y, t = outs[0][valid], tgt[valid]
             for s in range(0, y.shape[0], CE_CHUNK):
                 lg = y[s : s + CE_CHUNK] @ lm_head.T
                 tt = t[s : s + CE_CHUNK]
@@ -133,7 +140,21 @@ def evaluate(torch, head, emb, lm_head, ds: Dataset, chunks: np.ndarray, draft_v
                     correct_dv += int((dv[lg[:, dv].argmax(-1)] == tt).sum())
                     covered += int(in_dv[tt].sum())
                 n += tt.numel()
+            ok = valid
+            followed = torch.zeros_like(valid)
+            followed[:, 1:] = nxt[:, 1:] == tgt[:, :-1]  # the token after row p-1's target is the greedy one
+            for d, o in enumerate(outs, 1):
+                right = ((o @ lm_head.T).argmax(-1) == tgt) & valid
+                if d == 1:
+                    ok = right
+                    continue
+                asked = torch.zeros_like(valid)
+                asked[:, 1:] = ok[:, :-1] & followed[:, 1:]  # the chain reached depth d at row p
+                ok = right & asked
+                deep[:, d] += (int(ok.sum()), int(asked.sum()))
     out = {"rows": n, "acceptance": correct / n if n else float("nan"), "loss": loss / n if n else float("nan")}
+    for d in range(2, depth + 1):
+        out[f"acceptance_d{d}"] = deep[0, d] / deep[1, d] if deep[1, d] else float("nan")
     if dv is not None:
         out.update(draft_vocab_acceptance=correct_dv / n if n else float("nan"),
                    draft_vocab_coverage=covered / n if n else float("nan"))
@@ -166,6 +187,8 @@ def train_mtp(
     batch: int = DEFAULT_BATCH,
     lr: float = DEFAULT_LR,
     seed: int = DEFAULT_SEED,
+    depth: int = DEFAULT_DEPTH,
+    fuse: bool = True,
     threads: int | None = None,
     resume: bool = True,
     progress: bool = True,
@@ -175,13 +198,17 @@ def train_mtp(
     """Train an MTP head for the base `model_path` (a GGUF path or tag), write it to `out_path` (GGUF) and return
     a summary (held-out acceptance, rows, phase times...). Checkpoints go to `<out_path>.ckpt/`; with `resume`
     a run of the same configuration continues from there (teacher data and training state). `stop_after`
-    (tests) stops after that many steps of this call, checkpointed, without writing the head."""
+    (tests) stops after that many steps of this call, checkpointed, without writing the head. `depth`: the draft
+    depths trained (training-time test); `fuse`: the head fuses a low, a middle and a high layer's rows with
+    the final hidden (EAGLE-3), else it reads the final hidden only."""
 
     t_start = time.perf_counter()
     for flag, v, lo in (("--steps", steps, 1), ("--text-tokens", text_tokens, 0), ("--gen-tokens", gen_tokens, 0),
-                        ("--seq-len", seq_len, 16), ("--batch", batch, 1), ("--seed", seed, 0)):
+                        ("--seq-len", seq_len, 16), ("--batch", batch, 1), ("--seed", seed, 0), ("--depth", depth, 1)):
         if int(v) != v or v < lo:
             raise TrainMtpError(f"{flag} must be an integer >= {lo}, got {v}")
+    if depth > MAX_DEPTH:
+        raise TrainMtpError(f"--depth must be at most {MAX_DEPTH}, got {depth}")
     if text_tokens + gen_tokens < 64:
         raise TrainMtpError("--text-tokens + --gen-tokens must be at least 64")
     if not (lr > 0 and math.isfinite(lr)):
@@ -213,8 +240,9 @@ def train_mtp(
         if seq_len > args.context_length:
             raise TrainMtpError(f"--seq-len {seq_len} exceeds the model's context length {args.context_length}")
         tok = Tokenizer.from_metadata(g.metadata)
-        cfg = TrainConfig(g.identity_digest(), int(text_tokens), int(gen_tokens), int(seq_len), int(seed),
-                          int(steps), int(batch), float(lr))
+        layers = feature_layers(args.n_layers) if fuse else ()
+        cfg = TrainConfig(g.identity_digest(), layers, int(depth), int(text_tokens), int(gen_tokens), int(seq_len),
+                          int(seed), int(steps), int(batch), float(lr))
         ckpt = Path(f"{out_path}.ckpt")
         if not resume and ckpt.exists():
             shutil.rmtree(ckpt)
@@ -240,7 +268,7 @@ def train_mtp(
                                                   adv)
                 n_rows = sum(len(ids) for _, ids in docs)
                 adv = bars.bar(f"teacher pass ({name})", n_rows, "rows") if n_rows else (lambda n=1, **kw: None)
-                part = teacher_pass(model, docs, seq_len, adv)
+                part = teacher_pass(model, docs, seq_len, adv, layers)
                 _save_npz(f, part, cfg.data_key(name))
             phases[f"data_{name}"] = time.perf_counter() - t0
             parts.append(part)
@@ -265,7 +293,8 @@ def train_mtp(
             np.array(f32(g.tensor("output.weight")), np.float32))
         torch.manual_seed(seed)
         hidden_scale = float(np.median(ds.rms[tmask])) if tmask.any() else 1.0
-        head = build_head(torch, args, block, out_norm, seq_len, seed, hidden_scale=hidden_scale, qtypes=qtypes)
+        head = build_head(torch, args, block, out_norm, seq_len, seed, hidden_scale=hidden_scale, qtypes=qtypes,
+                          n_features=len(layers))
         params = [p for p in head.parameters()]
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
         ce = _lm_head_ce(torch)
@@ -292,7 +321,7 @@ def train_mtp(
         t0 = time.perf_counter()
         if step0 is None:
             head.eval()
-            step0 = evaluate(torch, head, emb, lm_head, ds, held_chunks)
+            step0 = evaluate(torch, head, emb, lm_head, ds, held_chunks, depth=depth)
             bars.log(f"step 0: held-out acceptance {step0['acceptance']:.3f}, loss {step0['loss']:.3f}")
         phases["eval"] = time.perf_counter() - t0
 
@@ -306,13 +335,17 @@ def train_mtp(
         consistent = True  # the parameters are those of `step` (not inside an optimizer update)
         try:
             while step < steps and (stop_after is None or done_here < stop_after):
-                hn, nxt, tgt, valid = ds.batch(_batch_chunks(train_chunks, batch, seed, step))
-                m = torch.from_numpy(valid)
+                hn, ft, nxt, tgt, valid = (torch.from_numpy(a)
+                                           for a in ds.batch(_batch_chunks(train_chunks, batch, seed, step)))
                 for group in opt.param_groups:
                     group["lr"] = _lr_at(step, steps, lr)
-                y = head(torch.from_numpy(hn), emb[torch.from_numpy(nxt)])[m]
-                t = torch.from_numpy(tgt)[m]
-                loss, pred = ce(y, lm_head, t)
+                outs = head(hn, emb[nxt], ft, depth)
+                t = tgt[valid]
+                loss, pred = ce(outs[0][valid], lm_head, t)
+                for d, o in enumerate(outs[1:], 1):  # depth d+1: rows p >= d chain on rows the batch holds
+                    m = valid.clone()
+                    m[:, :d] = False
+                    loss = loss + DEPTH_WEIGHT**d * ce(o[m], lm_head, tgt[m])[0]
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -346,12 +379,12 @@ def train_mtp(
         tensors = export_tensors(values, qtypes)
         shapes = {gguf_name(k): v.shape for k, v in values.items()}
         written = dequantized(tensors, shapes)
-        float_eval = evaluate(torch, head, emb, lm_head, ds, held_chunks, draft_vocab)
+        float_eval = evaluate(torch, head, emb, lm_head, ds, held_chunks, draft_vocab, depth=max(2, depth))
         with torch.no_grad():
             for k, p in head.p.items():
                 p.copy_(torch.from_numpy(written[gguf_name(k)]))
         by_source = {name: evaluate(torch, head, emb, lm_head, ds, held_chunks[ds.sources[held_chunks] == i],
-                                    draft_vocab) for i, name in enumerate(("text", "gen"))}
+                                    draft_vocab, depth=max(2, depth)) for i, name in enumerate(("text", "gen"))}
         file_eval = _pool(list(by_source.values()))
         phases["eval"] += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -370,6 +403,9 @@ def train_mtp(
             "guild.mtp.train.hidden_scale": float(hidden_scale),
             "guild.mtp.train.heldout_acceptance": float(file_eval["acceptance"]),
             "guild.mtp.train.heldout_acceptance_step0": float(step0["acceptance"]),
+            "guild.mtp.train.heldout_acceptance_d2": float(file_eval["acceptance_d2"]),
+            "guild.mtp.train.depth": int(depth),
+            **({FEATURE_KEY: list(layers)} if layers else {}),
             "guild.mtp.train.seconds": float(seconds),
         }
         size = write_head_gguf(out_path, tensors, meta)
@@ -389,6 +425,10 @@ def train_mtp(
             "heldout_acceptance": file_eval["acceptance"],
             "heldout_acceptance_float": float_eval["acceptance"],
             "heldout_acceptance_step0": step0["acceptance"],
+            "heldout_acceptance_d2": file_eval["acceptance_d2"],
+            "heldout_acceptance_d2_gen": by_source["gen"]["acceptance_d2"],
+            "feature_layers": list(layers),
+            "depth": depth,
             "heldout_acceptance_text": by_source["text"]["acceptance"],
             "heldout_acceptance_gen": by_source["gen"]["acceptance"],
             "heldout_loss": file_eval["loss"],

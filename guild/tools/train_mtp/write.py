@@ -15,7 +15,8 @@ from .config import QUANTIZABLE
 # Export
 # =========================================================================================================
 NEXTN = {"eh_proj": "blk.0.nextn.eh_proj.weight", "enorm": "blk.0.nextn.enorm.weight",
-         "hnorm": "blk.0.nextn.hnorm.weight", "shared_head_norm": "blk.0.nextn.shared_head_norm.weight"}
+         "hnorm": "blk.0.nextn.hnorm.weight", "shared_head_norm": "blk.0.nextn.shared_head_norm.weight",
+         "fc": "blk.0.nextn.fc.weight"}
 F32_TENSORS = frozenset({"enorm", "hnorm", "shared_head_norm", "attn_norm", "attn_q_norm", "attn_k_norm",
                          "ffn_norm", "ffn_gate_inp"})
 
@@ -75,6 +76,8 @@ def write_head_gguf(path: Path, tensors, meta: dict) -> int:
                     w.add_uint64(k, v) if v >= 2**32 else w.add_uint32(k, v)
                 elif isinstance(v, float):
                     w.add_float32(k, v)
+                elif isinstance(v, list):
+                    w.add_array(k, v)
                 else:
                     w.add_string(k, str(v))
             for name, data, typ in tensors:
