@@ -23,6 +23,7 @@ COMMANDS = (  # (name, module of guild/cli/commands/), in `guild --help` order
     ("inspect", "inspect"),
     ("upcycle", "upcycle"),
     ("train-mtp", "train_mtp"),
+    ("cache", "cache"),
 )
 
 

@@ -188,7 +188,7 @@ def build(g: GGUFFile, path: Path, load_model, progress=None) -> None:
             with pack_hook(rec):
                 load_model(g)
             header = json.dumps({"format": FORMAT, "layout": layout_digest(), "numerics": current_numerics(),
-                                 "source": key,
+                                 "source": {**key, "path": str(Path(g.path).resolve())},
                                  "finite_checked": bool(g.finite_checked), "data_end": rec.pos,
                                  "matrices": rec.matrices}, separators=(",", ":")).encode()
             f.write(header)
@@ -207,6 +207,31 @@ def _int(v, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
     return v
 
 
+def read_header(f, size: int) -> tuple[dict, int]:
+    """(the JSON header, its offset) of the cache file open as f (`size` bytes), its trailer and checksum checked;
+    StaleCache if they do not hold."""
+    if size < len(MAGIC) + _TRAILER.size:
+        raise StaleCache(f"truncated ({size} bytes)")
+    f.seek(size - _TRAILER.size)
+    h_off, h_len, h_sha, magic = _TRAILER.unpack(f.read(_TRAILER.size))
+    f.seek(0)
+    if f.read(len(MAGIC)) != MAGIC or magic != MAGIC:
+        raise StaleCache("not a guild repack cache, or truncated (no trailer)")
+    if h_len > MAX_HEADER or h_off < len(MAGIC) or h_off + h_len + _TRAILER.size != size:
+        raise StaleCache("truncated or extended (header extent does not match the file size)")
+    f.seek(h_off)
+    raw = f.read(h_len)
+    if hashlib.sha256(raw).digest() != h_sha:
+        raise StaleCache("header checksum mismatch")
+    try:
+        hdr = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise StaleCache("header is not JSON") from None
+    if not isinstance(hdr, dict):
+        raise StaleCache("header is not an object")
+    return hdr, h_off
+
+
 class CacheFile:
     """An opened, checked cache file (see the module docstring): `matrices` in pack order, mapped lazily."""
 
@@ -219,25 +244,7 @@ class CacheFile:
             raise StaleCache(f"cannot open ({e.strerror or e})") from None
         with f:
             size = os.fstat(f.fileno()).st_size
-            if size < len(MAGIC) + _TRAILER.size:
-                raise StaleCache(f"truncated ({size} bytes)")
-            f.seek(size - _TRAILER.size)
-            h_off, h_len, h_sha, magic = _TRAILER.unpack(f.read(_TRAILER.size))
-            f.seek(0)
-            if f.read(len(MAGIC)) != MAGIC or magic != MAGIC:
-                raise StaleCache("not a guild repack cache, or truncated (no trailer)")
-            if h_len > MAX_HEADER or h_off < len(MAGIC) or h_off + h_len + _TRAILER.size != size:
-                raise StaleCache("truncated or extended (header extent does not match the file size)")
-            f.seek(h_off)
-            raw = f.read(h_len)
-            if hashlib.sha256(raw).digest() != h_sha:
-                raise StaleCache("header checksum mismatch")
-            try:
-                hdr = json.loads(raw)
-            except (ValueError, RecursionError):
-                raise StaleCache("header is not JSON") from None
-            if not isinstance(hdr, dict):
-                raise StaleCache("header is not an object")
+            hdr, h_off = read_header(f, size)
             if hdr.get("format") != FORMAT:
                 raise StaleCache(f"cache format {hdr.get('format')!r}, this guild writes {FORMAT}")
             if hdr.get("layout") != layout_digest():
@@ -360,15 +367,30 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: boo
     key = _source_key(g)
     path = cache_path(key["digest"], current_numerics())
     built = False
+    from . import cache_store  # the store's policy reads this module's headers
+
     while True:
         try:
-            return _replay(g, CacheFile(path, key), load_model, read_ahead), ("built" if built else "cache")
+            model = _replay(g, CacheFile(path, key), load_model, read_ahead)
+            cache_store.touch(path)  # its last use, for eviction
+            return model, ("built" if built else "cache")
         except StaleCache as e:
             if built:
                 raise GuildError(f"{path}: the repack cache just written does not read back ({e})") from None
             log.info("repack cache %s: %s; rebuilding", path, e)
-        if not _writable(path, weights):
+        if not cache_store.fits(weights):
+            log.warning("%s: its repacked copy (%.1f GB) is larger than the repack cache's limit (%s); repacking "
+                        "into memory", Path(g.path).name, weights / 1e9, cache_store.describe_limit())
             return _in_memory(g, load_model, progress, weights), "memory"
+        if not _writable(path):
+            return _in_memory(g, load_model, progress, weights), "memory"
+        cache_store.prune(weights, keep=path)  # orphans, then the least recently used, until it fits the limit
+        need = int(weights * 1.1) + (256 << 20)
+        if _free_bytes(path.parent) < need:
+            raise cache_store.CacheSpaceError(
+                f"{Path(g.path).name}: its repack cache needs {need / 1e9:.1f} GB at {path.parent}, "
+                f"{_free_bytes(path.parent) / 1e9:.1f} GB free; free space there (guild cache prune), point "
+                "GUILD_CACHE_DIR elsewhere, or set GUILD_REPACK_CACHE=0 to repack into memory")
         bar = _Progress(progress, weights, f"repacking {Path(g.path).name}")
         try:
             build(g, path, load_model, bar)
@@ -427,14 +449,12 @@ def prefetch(path, wait: bool = False) -> None:
                          name="guild-prefetch").start()
 
 
-def _writable(path: Path, need: int) -> bool:
+def _writable(path: Path) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         return False
-    if not os.access(path.parent, os.W_OK):
-        return False
-    return _free_bytes(path.parent) > need * 1.1 + (256 << 20)
+    return os.access(path.parent, os.W_OK)
 
 
 def _in_memory(g: GGUFFile, load_model, progress: bool, weights: int):
