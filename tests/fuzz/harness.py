@@ -13,6 +13,7 @@ import json
 import os
 import resource
 import selectors
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -248,7 +249,20 @@ class _Proc:
 def run_cases(cases: list[tuple[str, int]], workers: int = 2, cpu_limit: float = 10.0, env: dict | None = None,
               start_timeout: float = 900.0, progress=None) -> list[dict]:
     """Run (category, index) cases over `workers` processes; returns one record per case. `cpu_limit`: CPU
-    seconds a case may take (the worker's, /proc), with WALL_BACKSTOP times that in wall time as a backstop."""
+    seconds a case may take (the worker's, /proc), with WALL_BACKSTOP times that in wall time as a backstop.
+    The workers' guild cache (repacked copies of the mutated models) is a directory of this run, removed at its
+    end, unless GUILD_CACHE_DIR is set."""
+    if "GUILD_CACHE_DIR" in {**os.environ, **(env or {})}:
+        return _run_cases(cases, workers, cpu_limit, env, start_timeout, progress)
+    own = tempfile.mkdtemp(prefix="guild-fuzz-cache-")
+    try:
+        return _run_cases(cases, workers, cpu_limit, {**(env or {}), "GUILD_CACHE_DIR": own}, start_timeout,
+                          progress)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def _run_cases(cases, workers, cpu_limit, env, start_timeout, progress) -> list[dict]:
     # workers run outside the checkout so that a PYTHONPATH given here (another guild, e.g. the code before a
     # fix) comes first; this checkout after it provides tests.fuzz
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
