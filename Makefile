@@ -117,7 +117,7 @@ $(LLAMA_SERVER): $(LLAMA_SDIST)
 bench-beyond-ram: setup
 	$(BIN)/python -m guild.bench beyond_ram $(ARGS)
 
-# retrain the MTP head shipped for the embedded MoE (guild/heads/, ~45 min on 2 cores; torch from setup-oracle);
+# retrain the MTP head shipped for the embedded MoE (guild/heads/, ~55 min on 2 cores; torch from setup-oracle);
 # an interrupted run resumes from guild/heads/*.ckpt/
 mtp-head: setup-oracle
 	$(BIN)/guild train-mtp smollm2-135m-moe -o guild/heads/smollm2-135m-moe.mtp.gguf --steps 300 --depth 2 \

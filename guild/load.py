@@ -104,7 +104,7 @@ class LoadedModel:
         llama.cpp's warm-up run at load); its time counts as loading."""
         t0 = time.perf_counter()
         s = self.session(64)
-        d = self.drafter(replace(DraftOptions(), strategy=strategy, mtp=mtp), 64)
+        d = self.drafter(replace(DraftOptions(), mtp=mtp).with_strategy(strategy), 64)
         text = "Hello, hello, hello, hello"
         try:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}])

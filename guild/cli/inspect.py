@@ -121,8 +121,8 @@ def print_head(d: dict, console: Console) -> None:
                               + (f" ({blk['expert_count']} experts)" if blk["expert_count"] else "")
                               + (f" · width {blk['embedding_length']}" if blk["embedding_length"] else "")))
     t.add_row("draft vocabulary", f"{d['draft_vocab']} most frequent targets" if d["draft_vocab"] else "whole")
-    t.add_row("reads", "the final hidden fused with layers " + ", ".join(map(str, d["feature_layers"]))
-              if d["feature_layers"] else "the final hidden")
+    t.add_row("reads", "the final hidden fused with the outputs of trunk blocks "
+              + ", ".join(map(str, d["feature_layers"])) if d["feature_layers"] else "the final hidden")
     if "heldout_acceptance" in tr:
         before = tr.get("heldout_acceptance_step0")
         t.add_row("held-out acceptance", f"{tr['heldout_acceptance'] * 100:.1f}% over {tr.get('heldout_rows', '?')} "

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..engine.constraint import Constraint
 from ..engine.sampling import SamplingParams, TokenLogprob
@@ -182,7 +182,7 @@ class BatchEngine:
         self._thread = threading.Thread(target=self._run, name="guild-engine", daemon=True)
 
     def _drafter(self, strategy: str) -> Drafter:
-        return self.lm.drafter(replace(self.draft, strategy=strategy), self.context)
+        return self.lm.drafter(self.draft.with_strategy(strategy), self.context)
 
     # -- the HTTP side ------------------------------------------------------------------------------------------
     def start(self) -> None:

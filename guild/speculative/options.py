@@ -3,7 +3,7 @@ Light on purpose (no numba): `guild --help` imports it; the registry is read whe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import BadFlagError
@@ -69,3 +69,12 @@ class DraftOptions:
         for f in self.corpus:
             if not Path(f).is_file():
                 raise BadFlagError(f"--retrieval-corpus: no such file: {f}")
+
+    def with_strategy(self, strategy: str, **changes):
+        """These options for another strategy (a bench's or a server's several): the head and the corpus kept only
+        where that strategy uses them, as a flag given for the others would be refused."""
+        from .registry import needs
+
+        s = needs(strategy)
+        mtp = self.mtp if s.uses_head else replace(self.mtp, head=None)
+        return replace(self, strategy=strategy, mtp=mtp, corpus=self.corpus if s.uses_corpus else (), **changes)

@@ -150,6 +150,9 @@ def test_brackets_survive_and_mtp_head_inspect(tmp_path):
     d = json.loads(CliRunner().invoke(app, ["inspect", head, "--json"]).stdout)
     assert d["kind"] == "mtp_head" and d["base"]["name"] == "smollm2-135m-moe.gguf" and d["draft_vocab"] == 8192
     assert d["block"] == {"layers": 1, "ffn": "moe", "expert_count": 8, "embedding_length": 576}
+    # the shipped head fuses a low, a middle and a high block with the final hidden and was trained to chain twice
+    assert d["feature_layers"] == [2, 14, 26] and d["training"]["depth"] == 2
+    assert "fused with the outputs of trunk blocks 2, 14, 26" in r.stdout and "second draft right" in r.stdout
 
 
 def test_install_hint_names_the_extra(tmp_path, monkeypatch):

@@ -93,3 +93,19 @@ def test_an_unknown_strategy_is_a_clean_error():
         s.decide([Proposal("nosuch", (1, 2), {"prob": 0.9})], 4)
     with pytest.raises(UnknownStrategyError, match="nosuch"):
         s.ask("nosuch", [], 4)
+
+
+def test_options_for_another_strategy_keep_only_what_it_uses(tmp_path):
+    """A bench or server running several strategies from one set of flags: `normal` drops the head and the corpus
+    (given for it alone they are refused), the strategies that use them keep them."""
+    from guild.speculative.options import DraftOptions, MtpOptions
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("text")
+    o = DraftOptions(strategy="adaptive", mtp=MtpOptions(head="h.gguf"), corpus=(str(corpus),))
+    n = o.with_strategy("normal", max_draft=2)
+    assert (n.strategy, n.mtp.head, n.corpus, n.max_draft) == ("normal", None, (), 2)
+    m = o.with_strategy("mtp")
+    assert (m.mtp.head, m.corpus) == ("h.gguf", ())
+    r = o.with_strategy("retrieval")
+    assert (r.mtp.head, r.corpus) == (None, (str(corpus),))

@@ -13,7 +13,6 @@ reply (or a matcher's error) is listed after the report and makes the exit statu
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 from ...engine.options import DecodeOptions
 from ...errors import BadFlagError
@@ -77,7 +76,7 @@ def _fail(a, msg: str) -> None:
 def _constrained(a, strategy: str, pt) -> Run:
     turns, valid, where = [], 0, f"{strategy} {_key(pt)}"
     for job in a.jobs[_key(pt)]:
-        t = C.reply(a.lm, replace(a.opts, strategy=strategy), job)
+        t = C.reply(a.lm, a.opts.with_strategy(strategy), job)
         ok = not isinstance(t, str) and S.valid(t.text, job.schema)
         if isinstance(t, str):
             _fail(a, f"{job.label} {where}: {t}")
@@ -94,7 +93,7 @@ def _constrained(a, strategy: str, pt) -> Run:
 
 def _unconstrained(a, strategy: str, pt) -> Run:
     """As many tokens as constrained normal's reply, so that both decode the same positions."""
-    turns = [C.reply(a.lm, replace(a.opts, strategy=strategy), job, False, max(len(ref), 1))
+    turns = [C.reply(a.lm, a.opts.with_strategy(strategy), job, False, max(len(ref), 1))
              for job, ref in zip(a.jobs[_key(pt)], a.replies[_key(pt)], strict=True)]
     return Run({"decode_tok_s": C.tally(turns)["decode_tok_s"]})
 

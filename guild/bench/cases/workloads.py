@@ -75,7 +75,7 @@ def points(a) -> list[dict]:
 
 def _opts(a, pt: dict, strategy: str) -> DecodeOptions:
     w = a.instances[pt["workload"]]
-    return replace(a.base, strategy=strategy, max_draft=pt["max_draft"], max_tokens=a.max_tokens or w.max_tokens,
+    return a.base.with_strategy(strategy, max_draft=pt["max_draft"], max_tokens=a.max_tokens or w.max_tokens,
                    sampling=replace(w.sampling_params(), **a.overrides))
 
 
