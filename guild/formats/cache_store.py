@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadFlagError, GuildError
-from .repack_cache import StaleCache, cache_root, read_header
+from .cache_header import StaleCache, cache_root, read_header
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ import math
 import mmap
 import os
 import shutil
-import struct
 import sys
 import threading
 import time
@@ -48,22 +47,20 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import platformdirs
 
 from ..errors import GuildError
 from ..kernels.cpu import quant
 from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout
 from ..kernels.cpu.quant import pack as repack
+from . import cache_store
+from .cache_header import _TRAILER, MAGIC, StaleCache, cache_root, read_header
 from .files import atomic_path
 from .gguf import GGUFFile
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-MAGIC = b"GUILDRPK"
 ALIGN = 64
-_TRAILER = struct.Struct("<QQ32s8s")
-MAX_HEADER = 1 << 28  # bytes of JSON header accepted (a 10k-matrix model needs ~1 MB)
 ENV_SWITCH = "GUILD_REPACK_CACHE"
 
 # Source files that decide the packed bytes or the order in which a model packs its matrices: a change to any
@@ -74,18 +71,8 @@ _LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu
                    "guild/models/*.py")
 
 
-class StaleCache(Exception):
-    """A cache file that must not be used (the message says why); it is rebuilt."""
-
-
 class CacheWriteError(GuildError):
     """The cache could not be written (disk full, permissions): the model is repacked into memory instead."""
-
-
-def cache_root() -> Path:
-    """guild's user cache directory: $GUILD_CACHE_DIR, else the platform's user cache dir for guild."""
-    root = os.environ.get("GUILD_CACHE_DIR")
-    return Path(root or platformdirs.user_cache_dir("guild")).expanduser()
 
 
 def cache_path(digest: str, numerics: str = "i8") -> Path:
@@ -205,31 +192,6 @@ def _int(v, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
     if type(v) is not int or not lo <= v <= hi:
         raise StaleCache(f"{what} is not an integer in {lo}..{hi}")
     return v
-
-
-def read_header(f, size: int) -> tuple[dict, int]:
-    """(the JSON header, its offset) of the cache file open as f (`size` bytes), its trailer and checksum checked;
-    StaleCache if they do not hold."""
-    if size < len(MAGIC) + _TRAILER.size:
-        raise StaleCache(f"truncated ({size} bytes)")
-    f.seek(size - _TRAILER.size)
-    h_off, h_len, h_sha, magic = _TRAILER.unpack(f.read(_TRAILER.size))
-    f.seek(0)
-    if f.read(len(MAGIC)) != MAGIC or magic != MAGIC:
-        raise StaleCache("not a guild repack cache, or truncated (no trailer)")
-    if h_len > MAX_HEADER or h_off < len(MAGIC) or h_off + h_len + _TRAILER.size != size:
-        raise StaleCache("truncated or extended (header extent does not match the file size)")
-    f.seek(h_off)
-    raw = f.read(h_len)
-    if hashlib.sha256(raw).digest() != h_sha:
-        raise StaleCache("header checksum mismatch")
-    try:
-        hdr = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise StaleCache("header is not JSON") from None
-    if not isinstance(hdr, dict):
-        raise StaleCache("header is not an object")
-    return hdr, h_off
 
 
 class CacheFile:
@@ -367,8 +329,6 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: boo
     key = _source_key(g)
     path = cache_path(key["digest"], current_numerics())
     built = False
-    from . import cache_store  # the store's policy reads this module's headers
-
     while True:
         try:
             model = _replay(g, CacheFile(path, key), load_model, read_ahead)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -50,7 +49,7 @@ def test_entries_name_their_gguf_and_last_use(ggufs, store):
     assert e.source == str(ggufs[0].resolve()) and not e.orphan and e.size == e.path.stat().st_size > 0
     os.utime(e.path, (1, 1))  # used long ago
     assert _load(ggufs[0]) == "cache"
-    assert cs.entries()[0].last_used > time.time() - 60  # a load that maps it is a use
+    assert cs.entries()[0].last_used > 1  # a load that maps it is a use
 
 
 def test_least_recently_used_goes_when_the_limit_is_passed(ggufs, store, monkeypatch):
