@@ -345,11 +345,11 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: boo
         if not _writable(path):
             return _in_memory(g, load_model, progress, weights), "memory"
         cache_store.prune(weights, keep=path)  # orphans, then the least recently used, until it fits the limit
-        need = int(weights * 1.1) + (256 << 20)
-        if _free_bytes(path.parent) < need:
+        need, free = int(weights * 1.1) + (256 << 20), _free_bytes(path.parent)
+        if free < need:
             raise cache_store.CacheSpaceError(
                 f"{Path(g.path).name}: its repack cache needs {need / 1e9:.1f} GB at {path.parent}, "
-                f"{_free_bytes(path.parent) / 1e9:.1f} GB free; free space there (guild cache prune), point "
+                f"{free / 1e9:.1f} GB free; free space there (guild cache prune), point "
                 "GUILD_CACHE_DIR elsewhere, or set GUILD_REPACK_CACHE=0 to repack into memory")
         bar = _Progress(progress, weights, f"repacking {Path(g.path).name}")
         try:
