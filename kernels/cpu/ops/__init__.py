@@ -4,7 +4,7 @@ All keep the row-invariance contract (docs/contracts.md "Row invariance"): work 
 features, never inside one reduction, and every reduction runs in a fixed order that does not depend on T or
 the thread count.
 Twins: guild.kernels.ref (same names). rows.py: the row-wise ops; kv.py: the KV cache's stored forms; gqa.py: the
-attention kernels over them.
+attention kernels over them; gqa_row.py: one row's (a decode step's) on AVX-512 hosts, heads in fours.
 """
 
 from .gqa import KV_ROWS, PREFILL_ROWS, attention, attention_kv, scores_kv, softmax_window, values_kv

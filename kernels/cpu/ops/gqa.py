@@ -8,7 +8,8 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from ..intrinsics import fma32
-from ..simd import fma_f, lane, ld_f32, max_f, splat_f, st_f32, zero_f
+from ..simd import fma_f, ld_f32, splat_f, st_f32, zero_f
+from .gqa_row import _fma4, _softmax_rows, _store_heads, _vmax, attention_row, row_fits
 from .kv import KV_TILE, is_q8, k_scales, key_at, kv_block, kv_parts, kv_stride1, ld_kv, stored_f32, v_scale, value_at
 from .rows import expf, sum_fixed
 
@@ -73,22 +74,6 @@ def _softmax_pv(vc, scores, out, g, t, h0, group, hd, L, vec):
 
 
 @njit(cache=True, inline="always")
-def _softmax_rows(scores, t, H, h0, group, L, vec):
-    """(exp(s - max) [group, L], 1 / their sums [group]) of the row's scores[t * H + h, :L] for the heads
-    h = h0 .. h0 + group - 1."""
-    invs = np.empty(group, np.float32)
-    pb = np.empty((group, L), np.float32)  # exp(s - max): a separate buffer (in place, LLVM's alias check fails)
-    for r in range(group):
-        sc = scores[t * H + h0 + r][:L]
-        m = _vmax(sc, L) if vec else np.max(sc)
-        p = pb[r]
-        for j in range(L):  # one vectorised pass (expf: fmas, 16 lanes)
-            p[j] = expf(sc[j] - m)
-        invs[r] = np.float32(1.0) / sum_fixed(p)
-    return pb, invs
-
-
-@njit(cache=True, inline="always")
 def _scores_scalar(q, kt, ks, g, t, h, hd, j0, L, scale, sc):
     """sc[j] for j0 <= j < L: one chain over i of (q[t, h, i] * scale) * k[g, i, j] (multiply, then add; kt, ks:
     kv_parts of the stored keys)."""
@@ -98,12 +83,6 @@ def _scores_scalar(q, kt, ks, g, t, h, hd, j0, L, scale, sc):
         qi = q[t, h, i] * scale
         for j in range(j0, L):
             sc[j] += qi * key_at(kt, ks, g, i, j)
-
-
-@njit(cache=True, inline="always")
-def _fma4(p, k0, k1, k2, k3, a0, a1, a2, a3):
-    """a_i + p * k_i for four vectors (one chain step of four accumulators)."""
-    return fma_f(p, k0, a0), fma_f(p, k1, a1), fma_f(p, k2, a2), fma_f(p, k3, a3)
 
 
 @njit(cache=True, inline="always")
@@ -177,26 +156,6 @@ def _scores_vec(q, kt, g, t, h0, group, hd, L, scale, scores, th0, j0):
 
 
 @njit(cache=True, inline="always")
-def _vmax(sc, L):
-    """max(sc[:L]) (exact in any order): 16 lanes at a time."""
-    p = sc.ctypes.data
-    m = sc[0]
-    if L >= 16:
-        v = ld_f32(p)
-        j = 16
-        while j + 16 <= L:
-            v = max_f(v, ld_f32(p + 4 * j))
-            j += 16
-        for i in range(16):
-            m = max(m, lane(v, i))
-    else:
-        j = 1
-    for jj in range(j, L):
-        m = max(m, sc[jj])
-    return m
-
-
-@njit(cache=True, inline="always")
 def _pv_vec(scores, invs, vc, g, t, h0, group, L, out, hd, th0):
     """out[t, h0 + r, i] = fma chain over j < L of (scores[th0 + r, j] * invs[r]) * v[g, j, i]: up to three
     heads x 64 features at a time in registers, each V vector loaded once for the three (hd a multiple of
@@ -233,20 +192,6 @@ def _pv_vec(scores, invs, vc, g, t, h0, group, L, out, hd, th0):
                 _store_heads(out, t, h0 + r + 2, c, n, e0, e1, e2, e3)
 
 
-@njit(cache=True, inline="always")
-def _store_heads(out, t, h, c, n, a0, a1, a2, a3):
-    po = out.ctypes.data + t * out.strides[0] + h * out.strides[1] + 4 * c
-    st_f32(po, a0)
-    if n > 1:
-        st_f32(po + 64, a1)
-    if n > 2:
-        st_f32(po + 128, a2)
-    if n > 3:
-        st_f32(po + 192, a3)
-
-
-
-
 # =========================================================================================================
 # Attention over a typed KV cache (--cache-type-k / --cache-type-v, guild/engine/state.py): the kernels read the
 # stored type, never a float32 copy of the cache. f16: IEEE halves, passed as their uint16 bits. q8_0: llama.cpp's
@@ -269,7 +214,6 @@ KV_ROWS = 16  # rows per pass over V: their accumulators stay in L1 (every verif
 # rows per block of a prefill chunk's attention: a 512-row chunk at 16K positions (SmolLM2's heads, f16) 0.80x
 # the time of one block, at 4.6K (Qwen3-30B-A3B's, f32) 0.92x; 16 or 64 rows did no better
 PREFILL_ROWS = 2 * KV_ROWS
-
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -541,7 +485,6 @@ def _values_six(pt, acc, vc, pv, sj, pd, sd, j0, j1, c, p, m):
     _store_six(pa, sa, m, p, p1, p2, p3, p4, p5, a0, a1, a2, a3, a4, a5)
 
 
-
 def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
     """Attention over a cache layer's stored keys and values, each a float32 array, f16 bits (uint16) or a q8_0
     (quants, scale bits) pair. float32 on both sides: one row is the one-pass `attention`, a window the score,
@@ -550,6 +493,9 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
     T, H, hd = q.shape
     if hd % 32 and (isinstance(k, tuple) or isinstance(v, tuple)):  # the passes read whole blocks
         raise ValueError(f"q8_0 KV needs a head size that is a multiple of 32, got {hd}")
+    if row_fits(q, k, v, out, scores):  # one row, heads in fours, on an AVX-512 host: gqa_row.py
+        attention_row(q, k, v, pos0, scale, out, scores)
+        return
     if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
         if T == 1 or any(a.strides[-1] != 4 for a in (q, k, v, out, scores)):
             attention(q, k, v, pos0, scale, out, scores)

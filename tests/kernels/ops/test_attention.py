@@ -55,7 +55,9 @@ def test_attention_row_invariance(pos0, H, Hkv, hd, ctx, threads):
 # of 2, 3 and 4 heads (the value kernel's three-head steps and their remainders)
 KV_PAIRS = [("f16", "f16", 16, 6), ("f16", "f16", 64, 6), ("q8_0", "q8_0", 64, 6), ("f32", "q8_0", 64, 6),
             ("q8_0", "f16", 32, 6), ("q8_0", "f32", 128, 8), ("f16", "q8_0", 64, 4), ("f16", "f32", 64, 6),
-            ("f32", "f32", 16, 8), ("f32", "f32", 80, 4), ("f32", "f32", 24, 6), ("f16", "f16", 24, 6)]
+            ("f32", "f32", 16, 8), ("f32", "f32", 80, 4), ("f32", "f32", 24, 6), ("f16", "f16", 24, 6),
+            # groups of 4 and 8 heads with head_dim 64 and 128: one row takes gqa_row.attention_row on AVX-512
+            ("f32", "f32", 64, 8), ("f16", "f16", 64, 8), ("q8_0", "q8_0", 64, 8), ("f16", "q8_0", 128, 16)]
 Q8_PAIRS = [(a, b) for a in ("f32", "f16", "q8_0") for b in ("f32", "f16", "q8_0") if "q8_0" in (a, b)]
 
 
@@ -223,3 +225,24 @@ def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd, H, threads
     # the stored types are what was read: close to float32 attention, not equal to it
     f32 = ref.attention(q, k, v, pos0, hd**-0.5)
     assert 0 < np.abs(full - f32).max() < (0.02 if "q8_0" in (kt, vt) else 2e-3)
+
+
+@pytest.mark.parametrize("kt,vt", [("f32", "f32"), ("f16", "q8_0")])
+def test_one_row_in_fours_takes_the_row_kernel_on_avx512(kt, vt, monkeypatch):
+    """The shapes above with heads in fours reach attention_row where the host has AVX-512 (so the row
+    invariance they assert is the row kernel's against the window passes), and never elsewhere."""
+    from guild.kernels.cpu.ops import gqa_row
+
+    calls = []
+    monkeypatch.setattr(gqa, "attention_row", lambda *a: calls.append(a) or gqa_row.attention_row(*a))
+    H, Hkv, hd, pos0 = 8, 2, 64, 70
+    q, k, v, _, _ = _attn_inputs(1, pos0, H, Hkv, hd, 90)
+    kop, vop = kv_layer(kt, vt, k, v)
+    out = np.empty_like(q)
+    ops.attention_kv(q, kop, vop, pos0, np.float32(hd**-0.5), out, np.empty((H, 90), np.float32))
+    assert len(calls) == (1 if gqa_row.WIDE_ROW else 0)
+    np.testing.assert_allclose(out, ref.attention_kv(q, kop, vop, pos0, hd**-0.5), rtol=1e-4, atol=1e-5)
+    q3, k3, v3, _, _ = _attn_inputs(1, pos0, 6, Hkv, hd, 90)  # groups of 3: the general loops
+    kop, vop = kv_layer(kt, vt, k3, v3)
+    ops.attention_kv(q3, kop, vop, pos0, np.float32(hd**-0.5), np.empty_like(q3), np.empty((6, 90), np.float32))
+    assert len(calls) == (1 if gqa_row.WIDE_ROW else 0)
