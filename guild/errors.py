@@ -49,6 +49,19 @@ class GpuPathError(GuildError):
     """The GPU engine cannot run this model here (architecture, shape, memory)."""
 
 
+class DeviceOutOfMemoryError(GpuPathError):
+    """A device allocation that did not fit: what it was for (a tensor, a KV cache, a buffer), the bytes it needed
+    and the bytes the device had free (None where the device cannot say)."""
+
+    def __init__(self, device: str, what: str, needed: int, free: int | None):
+        def size(n: int) -> str:
+            return f"{n:,} bytes ({n / 2**20:.1f} MiB)"
+
+        super().__init__(f"out of GPU memory on {device}: {what} needs {size(needed)}, "
+                         + ("free memory unknown" if free is None else f"{size(free)} free"))
+        self.device, self.what, self.needed, self.free = device, what, needed, free
+
+
 class ModelNotFoundError(GuildError):
     pass
 

@@ -124,9 +124,9 @@ def _count_gpu_uses() -> None:
 
     made = HostBackend.fake_device.__func__
 
-    def fake_device(cls):
+    def fake_device(cls, *a, **kw):
         _gpu_uses[0] += 1
-        return made(cls)
+        return made(cls, *a, **kw)
 
     HostBackend.fake_device = classmethod(fake_device)
     emu_init = cuda_emu.Emulator.__init__

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import ContextOverflowError, DeviceUnavailableError, GpuPathError, GuildError
+from ..errors import ContextOverflowError, DeviceOutOfMemoryError, DeviceUnavailableError, GpuPathError, GuildError
 from ..formats.files import check_writable
 
 err = Console(stderr=True, highlight=False)
@@ -19,6 +19,8 @@ err = Console(stderr=True, highlight=False)
 _HINTS = (
     (ContextOverflowError, lambda e: f"--context {e.n_ctx}; raise it" if e.n_ctx else "raise --context"),
     (DeviceUnavailableError, lambda e: "--device cpu runs without a GPU"),
+    (DeviceOutOfMemoryError, lambda e: "a smaller --context, a plan with fewer GPU layers (guild optimize), or "
+                                       "--device cpu"),
     (GpuPathError, lambda e: "--device cpu runs everything on the CPU"),
 )
 

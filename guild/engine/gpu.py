@@ -48,11 +48,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import GpuPathError
+from ..errors import DeviceOutOfMemoryError, GpuPathError
 from ..formats.gguf import Tensor
 from ..kvtypes import F32_KV, KVTypes
 from ..plans.machine import fake_gpu_mib
 from .backends import HOST, CudaBackend, HostBackend, Layout, Linear
+from .backends.oom import allocating
 from .placement import VRAM_RESERVE, VRAM_SHARE, GpuSplit, Parts, default_placement, spill_report
 
 __all__ = ["build", "describe", "device_backend", "place_head", "split_onto_device"]
@@ -72,21 +73,31 @@ def _twin(obj, be, g, prefix: str):
     t = copy.copy(obj)
     for k, v in vars(obj).items():
         if isinstance(v, np.ndarray) and v.dtype == np.float32:
-            setattr(t, k, be.upload(v))
+            setattr(t, k, _upload(be, v, prefix + k))
         elif isinstance(v, Linear):
-            setattr(t, k, be.linear(v, v.tensors, prefix + k))
+            setattr(t, k, _linear(be, v, v.tensors, prefix + k))
         elif k == "router":
-            setattr(t, k, be.linear(v, [g.tensor(prefix + "ffn_gate_inp.weight")], prefix + "ffn_gate_inp"))
+            setattr(t, k, _linear(be, v, [g.tensor(prefix + "ffn_gate_inp.weight")], prefix + "ffn_gate_inp"))
     return t
 
 
 def _twin_block(model, blk, be, g, prefix: str):
     """One of the model's blocks on be (the architecture says what a block holds: Architecture.map_block)."""
-    return model.map_block(blk, lambda obj: _twin(obj, be, g, prefix), be.upload)
+    return model.map_block(blk, lambda obj: _twin(obj, be, g, prefix), lambda v: _upload(be, v, prefix + "norm"))
+
+
+def _upload(be, a: np.ndarray, name: str):
+    with allocating(be, name, a.nbytes):
+        return be.upload(a)
+
+
+def _linear(be, cpu_weights, tensors, name: str):
+    with allocating(be, name, sum(int(t.data.nbytes) for t in tensors)):
+        return be.linear(cpu_weights, tensors, name)
 
 
 def _matrix(be, cpu_weights, t: Tensor, name: str):
-    return be.linear(cpu_weights, [t], name)
+    return _linear(be, cpu_weights, [t], name)
 
 
 def split_onto_device(cpu_model, device, split: GpuSplit, host: HostBackend = HOST):
@@ -109,7 +120,7 @@ def split_onto_device(cpu_model, device, split: GpuSplit, host: HostBackend = HO
     for be in (*bes, embed_be, out_be):
         if be.name not in rope:
             with be.activate():
-                rope[be.name] = (be.upload(cpu_model.cos), be.upload(cpu_model.sin))
+                rope[be.name] = (_upload(be, cpu_model.cos, "rope cos"), _upload(be, cpu_model.sin, "rope sin"))
     blocks = []
     for i, (blk, be) in enumerate(zip(cpu_model.blocks(), bes, strict=True)):
         with be.activate():
@@ -125,7 +136,7 @@ def split_onto_device(cpu_model, device, split: GpuSplit, host: HostBackend = HO
         else:
             eng.output = _matrix(out_be, cpu_model.output, g.tensor("token_embd.weight" if tied else "output.weight"),
                                  "output")
-        eng.out_norm = out_be.upload(cpu_model.out_norm)
+        eng.out_norm = _upload(out_be, cpu_model.out_norm, "output_norm")
     eng._layout = Layout(bes, embed_be, out_be, rope)
     eng.cpu, eng.dev, eng.host, eng.placement = cpu_model, device, host, split
     eng.placed_context = a.context_length  # what the spill report sizes the state at (build: the --context)
@@ -149,13 +160,20 @@ def place_head(model, head, g, bid: int, p: str):
     be = model.layout.head_be
     if not be.device:
         return head
+    try:
+        return _place_head(model, head, g, bid, p, be)
+    except DeviceOutOfMemoryError as e:
+        raise DeviceOutOfMemoryError(e.device, f"the MTP head's {e.what}", e.needed, e.free) from None
+
+
+def _place_head(model, head, g, bid: int, p: str, be):
     w = copy.copy(head)
     with be.activate():
         for k in ("enorm", "hnorm", "head_norm", "unit"):
-            setattr(w, k, be.upload(getattr(head, k)))
-        w.eh_proj = be.linear(head.eh_proj, head.eh_proj.tensors, p + "eh_proj")
+            setattr(w, k, _upload(be, getattr(head, k), p + k))
+        w.eh_proj = _linear(be, head.eh_proj, head.eh_proj.tensors, p + "eh_proj")
         if head.fc is not None:
-            w.fc = be.linear(head.fc, head.fc.tensors, p + "fc")
+            w.fc = _linear(be, head.fc, head.fc.tensors, p + "fc")
         w.block = _twin_block(model, head.block, be, g, f"blk.{bid}.")
         if g.has(p + "embed_tokens.weight"):
             w.embed = _matrix(be, head.embed, g.tensor(p + "embed_tokens.weight"), p + "embed_tokens")
@@ -191,17 +209,14 @@ def build(cpu_model, device_info, n_ctx: int, placement: GpuSplit | Mapping | No
             f"nothing fits on {device_info.name}: one layer at a context of {n_ctx} tokens needs "
             f"{need / 2**20:.0f} MiB, {device_info.free_bytes / 2**20:.0f} MiB free"
         )
-    try:
-        eng = split_onto_device(cpu_model, device_backend(device_info.index), placement)
-        eng.placed_context, eng.placed_kv = n_ctx, kv
-        return eng
-    except Exception as e:
-        if type(e).__name__ == "OutOfMemoryError":
-            raise GpuPathError(f"GPU out of memory while uploading the model ({e})") from None
-        raise
+    eng = split_onto_device(cpu_model, device_backend(device_info.index), placement)  # DeviceOutOfMemoryError
+    eng.placed_context, eng.placed_kv = n_ctx, kv
+    return eng
 
 
 def device_backend(index: int = 0):
     """The backend of CUDA device `index`: a CudaBackend, or the counting host backend standing in for a GPU
-    when GUILD_FAKE_GPU is set (guild.engine.device: tests and CI run --device cuda end to end without one)."""
-    return HostBackend.fake_device() if fake_gpu_mib() else CudaBackend(index)
+    when GUILD_FAKE_GPU is set (guild.engine.device: tests and CI run --device cuda end to end without one), its
+    memory the GUILD_FAKE_GPU MiB: an allocation past them fails as on a full GPU."""
+    mib = fake_gpu_mib()
+    return HostBackend.fake_device(mib << 20) if mib else CudaBackend(index)

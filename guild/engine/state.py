@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ContextOverflowError, GpuPathError
+from ..errors import ContextOverflowError, DeviceOutOfMemoryError
 from ..kernels.cpu import ops as cpu_ops
 from ..kvtypes import F32_KV, KVTypes
 from ..window import MAX_WINDOW
 from .backends import HOST
+from .backends.oom import allocating
 
 KV_FIRST_ROWS = 256  # positions a host cache holds before it first grows
 
@@ -338,16 +339,13 @@ class DeviceKVCache:
         self.pending = 0
         self.bes = list(bes)
         self.k, self.v = [], []
-        try:
-            for be in self.bes:
-                with be.activate():
-                    k, v = be.kv_zeros(n_kv_heads, head_dim, n_ctx, kv)
-                    self.k.append(k)
-                    self.v.append(v)
-        except Exception as e:
-            if type(e).__name__ == "OutOfMemoryError":
-                raise GpuPathError(f"GPU out of memory for a KV cache of {n_ctx} tokens") from None
-            raise
+        need = kv.token_bytes(1, n_kv_heads, head_dim) * n_ctx
+        for i, be in enumerate(self.bes):
+            what = f"KV cache {i + 1} of {len(self.bes)} ({n_ctx} tokens, {kv.describe()})"
+            with be.activate(), allocating(be, what, need):
+                k, v = be.kv_zeros(n_kv_heads, head_dim, n_ctx, kv)
+                self.k.append(k)
+                self.v.append(v)
 
     begin = KVCache.begin
 
@@ -414,13 +412,15 @@ class DeviceHybridState(HybridState):
         self._rows = [None] * len(rec_layers)
         self._rec_be = [self.bes[li] for li in rec_layers]
         self.S, self.conv, self._kmap = [], [], {}
-        for be in self._rec_be:
-            with be.activate():
+        for li, be in zip(rec_layers, self._rec_be, strict=True):
+            need = 4 * (2 * self.kmap.size * k_dim * v_dim + (conv_kernel - 1) * conv_dim) + self.kmap.nbytes
+            with be.activate(), allocating(be, f"the recurrent state of layer {li}", need):
                 self.S.append(be.zeros((2, self.kmap.size, k_dim, v_dim)))
                 self.conv.append(be.zeros((conv_kernel - 1, conv_dim)))
                 if be.name not in self._kmap:
                     self._kmap[be.name] = be.upload(self.kmap)
         self._dst: dict = {}
+        self._rec_layers = list(rec_layers)
 
     def begin(self, T: int, prefill: bool = False) -> int:
         pos0 = super().begin(T, prefill)
@@ -428,12 +428,22 @@ class DeviceHybridState(HybridState):
         return pos0
 
     def _grow(self, n_buf: int) -> None:
-        for i, be in enumerate(self._rec_be):
-            if self.S[i].shape[0] < n_buf:
-                with be.activate():
-                    grown = be.zeros((n_buf, *self.S[i].shape[1:]))
-                    grown[: self.S[i].shape[0]] = self.S[i]
-                self.S[i] = grown
+        """Every pool grown to n_buf snapshots, or none (a device out of memory part way leaves the state as it
+        was: the new pools replace the old only once all are allocated)."""
+        grown = {}
+        try:
+            for i, be in enumerate(self._rec_be):
+                if self.S[i].shape[0] < n_buf:
+                    shape = (n_buf, *self.S[i].shape[1:])
+                    what = f"the snapshot pool of layer {self._rec_layers[i]} ({n_buf} states)"
+                    with be.activate(), allocating(be, what, 4 * int(np.prod(shape))):
+                        grown[i] = be.zeros(shape)
+                        grown[i][: self.S[i].shape[0]] = self.S[i]
+        except DeviceOutOfMemoryError:
+            grown.clear()  # the pools grown so far go back now, not when the error's traceback does
+            raise
+        for i, S in grown.items():
+            self.S[i] = S
 
     def _save(self):
         return [S[self.cur].copy() for S in self.S], [c.copy() for c in self.conv]

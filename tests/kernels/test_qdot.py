@@ -301,3 +301,22 @@ def test_expert_tables_are_bounded(monkeypatch):
         kq.ExpertTable.of(ws)
     assert len(kq.ExpertTable._CACHE) == 3 and id(lists[0]) not in kq.ExpertTable._CACHE
     assert kq.ExpertTable.of(lists[4]).ws is lists[4]
+
+
+def test_q8_0_activations_match_gguf_py_but_at_exact_ties():
+    """The activations of the 32-element weight types (one scale per 32) are gguf-py's Q8_0 of the row: the same
+    quants, and a float32 scale whose f16 rounding is gguf-py's stored scale (guild keeps d in float32, ggml in
+    f16), except at exact ties of x * (1 / d), where guild rounds half to even (as ggml's x86 quantize_row_q8_0,
+    which llama.cpp runs on activations: tests/oracles/test_ggml_quantizers.py) and gguf-py half away from zero.
+    The NumPy twin ref_quant.quantize_act_q8 is the same values."""
+    from tests.helpers import q8
+
+    for x in (q8.rows(5), q8.ties()):
+        (qs, d), (gq, gd) = q8.act_q8(x, 1), q8.gguf_q8_0(x)
+        assert np.array_equal(d.astype(np.float16), gd)
+        tie = q8.exact_ties(x, d)
+        assert np.array_equal(qs[~tie], gq[~tie])
+        assert np.array_equal(qs[tie], np.rint(x[tie])) and np.array_equal(gq[tie], q8.half_away(x[tie]))
+        twin = ref_quant.quantize_act_q8(x, 32)
+        assert np.array_equal(twin, qs.astype(np.float64) * np.repeat(d, 32, axis=1).astype(np.float64))
+    assert tie.sum() == x.size // 2 and (qs[tie] != gq[tie]).sum() == x.size // 2 * 5 // 8  # the ties rows' cases

@@ -33,6 +33,7 @@ import pytest
 from gguf import GGUFReader
 
 from guild.bench.runners import open_llama_cpp
+from guild.kvtypes import F32_KV, KVTypes
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model
 from tests.helpers.optional import installed
@@ -84,10 +85,11 @@ def tiny_path(tmp_path_factory):
     return get
 
 
-def guild_logits(model, tokens, windows) -> np.ndarray:
-    """Logits [T, vocab] (float64) of guild's forward over `tokens`, run as consecutive committed windows."""
+def guild_logits(model, tokens, windows, kv: KVTypes = F32_KV) -> np.ndarray:
+    """Logits [T, vocab] (float64) of guild's forward over `tokens`, run as consecutive committed windows (a KV cache
+    of the types `kv`)."""
     assert sum(windows) == len(tokens)
-    state = model.new_state(max(64, len(tokens)))
+    state = model.new_state(max(64, len(tokens)), kv=kv)
     rows, i = [], 0
     for w in windows:
         rows.append(model.forward(np.asarray(tokens[i : i + w], np.int64), state))

@@ -33,6 +33,12 @@ class CudaBackend:
     def counters(self) -> tuple[int, int, int, int]:
         return self.h2d, self.h2d_bytes, self.d2h, self.d2h_bytes
 
+    def free_bytes(self) -> int | None:
+        """Bytes this GPU can still give: the driver's free memory and the blocks CuPy's pool holds unused."""
+        with self._dev:
+            free, _ = self.cp.cuda.runtime.memGetInfo()
+        return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
+
     def empty(self, shape, dtype=np.float32):
         return self.cp.empty(shape, dtype)
 

@@ -4,6 +4,7 @@ stand-in GPU for CPU tests, whose transfers copy and are counted."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from .clock import KernelClock, clocked
 PARALLEL_ROWS = 16  # row-wise host ops (rmsnorm) run on one thread below this many rows: waking the others costs more
 
 
+class OutOfMemoryError(MemoryError):
+    """The fake device's allocation failure, named as CuPy's (cupy.cuda.memory.OutOfMemoryError)."""
+
 
 class HostBackend:
     """NumPy arrays and the CPU kernels. `device=False`: the host itself (arrays are shared with the caller);
@@ -23,14 +27,50 @@ class HostBackend:
 
     clock: KernelClock | None = None  # set only while guild.engine.timing measures a window
 
-    def __init__(self, name: str = "cpu", device: bool = False):
+    def __init__(self, name: str = "cpu", device: bool = False, capacity: int | None = None):
         self.name, self.device = name, device
         self.h2d = self.d2h = 0  # transfers and their bytes (fake device only)
         self.h2d_bytes = self.d2h_bytes = 0
+        # a fake device's memory: `capacity` bytes (None: unlimited), `used` by its live arrays and its weights
+        self.capacity, self.used = capacity, 0
 
     @classmethod
-    def fake_device(cls) -> HostBackend:
-        return cls("fake-gpu", device=True)
+    def fake_device(cls, capacity: int | None = None) -> HostBackend:
+        """A stand-in GPU; with `capacity` (bytes) its arrays and weights are counted against it and an allocation
+        past it raises OutOfMemoryError, as CuPy does on a full GPU."""
+        return cls("fake-gpu", device=True, capacity=capacity)
+
+    def free_bytes(self) -> int | None:
+        """Bytes a device has free: a fake device's capacity less what it holds; None without a capacity (the
+        host, an unlimited fake device)."""
+        return None if self.capacity is None else self.capacity - self.used
+
+    def _take(self, nbytes: int) -> None:
+        if self.capacity is not None:
+            if self.used + nbytes > self.capacity:
+                raise OutOfMemoryError(f"out of memory allocating {nbytes:,} bytes "
+                                       f"({self.capacity - self.used:,} of {self.capacity:,} free)")
+            self.used += nbytes
+
+    def _held(self, a):
+        """`a`, counted against the capacity until it is freed."""
+        if self.capacity is not None:
+            for x in a if isinstance(a, tuple) else (a,):
+                self._take(x.nbytes)
+                weakref.finalize(x, self._give, x.nbytes)
+        return a
+
+    def _give(self, nbytes: int) -> None:
+        self.used -= nbytes
+
+    def _alloc(self, make, shape, dtype):
+        if self.capacity is not None:
+            n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self._take(n)  # refused before the host allocates
+            a = make(shape, dtype)
+            weakref.finalize(a, self._give, n)
+            return a
+        return make(shape, dtype)
 
     def activate(self):
         return contextlib.nullcontext()
@@ -40,13 +80,19 @@ class HostBackend:
 
     # arrays
     def empty(self, shape, dtype=np.float32):
-        return np.empty(shape, dtype)
+        return self._alloc(np.empty, shape, dtype)
 
     def zeros(self, shape, dtype=np.float32):
-        return np.zeros(shape, dtype)
+        return self._alloc(np.zeros, shape, dtype)
 
     def upload(self, a: np.ndarray):
-        return np.array(a, copy=True) if self.device else np.ascontiguousarray(a)
+        if not self.device:
+            return np.ascontiguousarray(a)
+        self._take(a.nbytes)  # refused before the copy
+        b = np.array(a, copy=True)
+        if self.capacity is not None:
+            weakref.finalize(b, self._give, b.nbytes)
+        return b
 
     def contiguous(self, a):
         return np.ascontiguousarray(a)
@@ -55,7 +101,10 @@ class HostBackend:
         return np.concatenate(arrays)
 
     def linear(self, cpu_weights, tensors, name: str):
-        """Weights for matmul: the CPU model's packed matrix or Linear (shared, not copied)."""
+        """Weights for matmul: the CPU model's packed matrix or Linear (shared, not copied; a fake device with a
+        capacity counts the tensors' bytes, as a GPU would hold them, for as long as it lives)."""
+        if self.device:
+            self._take(sum(int(t.data.nbytes) for t in tensors))
         return cpu_weights
 
     def view(self, buf, offset: int, shape, dtype):
@@ -135,8 +184,8 @@ class HostBackend:
         (kernels/cpu/ops.KV_TILE), values per position; each a float32 array, f16 bits (uint16), or a q8_0 pair
         (int8 quants, f16 scale bits per 32 values along head_dim)."""
         n = cpu_ops.key_tiles(n_ctx)
-        return (_host_operand(kv.k, (n_kv_heads, n, head_dim, cpu_ops.KV_TILE)),
-                _host_operand(kv.v, (n_kv_heads, n * cpu_ops.KV_TILE, head_dim)))
+        kt = self._held(_host_operand(kv.k, (n_kv_heads, n, head_dim, cpu_ops.KV_TILE)))
+        return kt, self._held(_host_operand(kv.v, (n_kv_heads, n * cpu_ops.KV_TILE, head_dim)))
 
     def kv_write(self, kt, vc, k, v, pos0) -> None:
         """Rows k, v [T, Hkv, hd] at positions pos0.. of a layer's operands, converted to their stored types."""

@@ -4,6 +4,7 @@ import numpy as np
 
 from guild.kernels import ref
 from guild.kernels.cpu import ops
+from tests.helpers import q8
 
 rng = np.random.default_rng(0)
 
@@ -32,3 +33,21 @@ def test_kv_quantize_q8_0_matches_its_twin():
     assert np.array_equal(qs, rq) and np.array_equal(d.astype(np.float16), rd)
     assert not qs[3, :32].any() and np.abs(qs).max() == 127
 
+
+
+def test_kv_quantize_q8_0_matches_gguf_py_but_at_exact_ties():
+    """gguf-py's Q8_0 (bitwise ggml's quantize_row_q8_0_ref: d = max|x| / 127, q = roundf(x * (1 / d)), d stored
+    as f16) gives the same quants and scales, except where x * (1 / d) is exactly a half-integer: there guild
+    rounds half to even (np.rint, as ggml's x86 quantize_row_q8_0 that llama.cpp runs for its KV cache does:
+    tests/oracles/test_ggml_quantizers.py) and gguf-py half away from zero, one step apart."""
+    x = q8.rows(4)
+    assert all(np.array_equal(a, b) for a, b in zip(q8.kv_q8_0(x), q8.gguf_q8_0(x), strict=True))
+    t = q8.ties()
+    (qs, d), (gq, gd) = q8.kv_q8_0(t), q8.gguf_q8_0(t)
+    assert np.array_equal(d, gd) and (d == 1).all()
+    tie = q8.exact_ties(t, d.astype(np.float32))
+    assert tie.sum() == t.size // 2
+    assert np.array_equal(qs[~tie], gq[~tie])
+    assert np.array_equal(qs[tie], np.rint(t[tie])) and np.array_equal(gq[tie], q8.half_away(t[tie]))
+    # they differ at ±0.5, ±2.5 and 126.5; ±1.5 and -3.5 round to the even integer away from zero on both
+    assert (qs[tie] != gq[tie]).sum() == t.size // 2 * 5 // 8
