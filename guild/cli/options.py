@@ -49,7 +49,7 @@ def _cache_max(value: str | None) -> str | None:
         try:
             parse_size(value, FLAG_MAX)
         except BadFlagError as e:
-            raise typer.BadParameter(str(e)) from None
+            raise typer.BadParameter(str(e).removeprefix(f"{FLAG_MAX}: ")) from None
     return value
 
 

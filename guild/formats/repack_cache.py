@@ -30,6 +30,7 @@ released). A cache directory that cannot be written (read-only, full) also falls
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -45,6 +46,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ..engine.memory import available_memory
 from ..errors import GuildError
@@ -385,3 +387,41 @@ def _in_memory(g: GGUFFile, load_model, progress: bool, weights: int):
             return load_model(g)
     finally:
         bar.close()
+
+
+def survey(g: GGUFFile, load_model) -> dict:
+    """What a load of g repacks under this process's numerics, found by running the loader with a hook that packs
+    nothing: the matrices, their bytes in the cache per layout (why: the int8 path's tiles where the type has int8
+    kernels, else the fp32 dequant-dot tiles), and the tensors used from the GGUF's bytes as they are. The finite
+    scan is skipped (a load does it), so the quantised weights are not read."""
+    spans = sorted((t.data.__array_interface__["data"][0], t.data.nbytes, n) for n, t in g.tensors.items())
+    starts = [s for s, _, _ in spans]
+    packed: set[str] = set()
+    layouts: dict[str, dict] = {}
+
+    def hook(qtype, raw, n_rows, n_cols):
+        for p in raw if isinstance(raw, (list, tuple)) else (raw,):
+            at = np.asarray(p).__array_interface__["data"][0]  # a view into the mapped file: which tensor's
+            i = bisect.bisect_right(starts, at) - 1
+            if i >= 0 and at < starts[i] + spans[i][1]:
+                packed.add(spans[i][2])
+        mode = quant.numerics_for(qtype)
+        nbytes = sum(nb for _, _, nb in _sized_layout(int(qtype), int(n_rows), int(n_cols), mode))
+        kind = layouts.setdefault("int8 tiles" if mode == "i8" else "fp32 dequant-dot tiles",
+                                  {"matrices": 0, "bytes": 0, "types": {}})
+        kind["matrices"] += 1
+        kind["bytes"] += nbytes
+        name = GGMLQuantizationType(int(qtype)).name
+        kind["types"][name] = kind["types"].get(name, 0) + 1
+
+    was, g.finite_checked = g.finite_checked, True
+    try:
+        with pack_hook(hook):
+            load_model(g)
+    finally:
+        g.finite_checked = was
+    raw = sorted(n for n in g.tensors if n not in packed)
+    return {"numerics": current_numerics(), "matrices": sum(k["matrices"] for k in layouts.values()),
+            "bytes": sum(k["bytes"] for k in layouts.values()), "layouts": layouts,
+            "tensors_repacked": len(packed),
+            "from_gguf": {"tensors": len(raw), "bytes": sum(g.tensors[n].data.nbytes for n in raw), "names": raw}}
