@@ -1,6 +1,7 @@
 """`guild inspect`: a `.gexec` plan (identity, placement, CPU tuning, speculative costs, a terminal chart of the
 verify curve; `--json`, `--plot`) or a GGUF model (architecture, experts, quant types, tensors, layer pattern),
-the latter from metadata and the tensor index only: no weights are read."""
+the latter from metadata and the tensor index, and what a first load repacks (the loader run with a hook that packs
+nothing: no quantised weights are read)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from ..calib.optimize import size
 from ..calib.probe import hardware_identity
 from ..errors import BadFlagError, GuildError, PlanMismatchError
 from ..formats.gguf import GGUFFile
+from ..formats.repack_cache import survey
 from ..kernels.rope import RopeScaling
+from ..models import load_model
 from ..models.base import gguf_rope
 from ..models.mtp import ARCH as ARCH_MTP
 from ..models.mtp import sidecar_path
@@ -77,6 +80,7 @@ def model_summary(path: str | os.PathLike) -> dict:
         d["nextn_predict_layers"] = nextn
     side = sidecar_path(path)
     d["mtp_head"] = (f"nextn block (blk.{n_layers - nextn})" if nextn else str(side) if side else None)
+    d["repack"] = survey(g, load_model)
     return d
 
 
@@ -164,7 +168,25 @@ def print_model(d: dict, console: Console) -> None:
     t.add_row("quant types", escape(", ".join(f"{k} × {v}" for k, v in d["quant_types"].items())))
     t.add_row("file", f"{d['file_bytes'] / 2**20:.1f} MiB · identity sha256 {d['sha256'][:16]}…")
     t.add_row("MTP head", escape(d["mtp_head"]) if d["mtp_head"] else "none (guild train-mtp makes one)")
+    for k, v in repack_rows(d["repack"]):
+        t.add_row(k, escape(v))
     console.print(t)
+
+
+def repack_rows(r: dict) -> list[tuple[str, str]]:
+    """What a first load repacks into guild's cache, per layout and why, and what runs from the GGUF's bytes."""
+    why = {"int8 tiles": "int8 tile layout: integer dot products", "fp32 dequant-dot tiles": "fp32 tile layout: "
+           + ("--numerics f32" if r["numerics"] == "f32" else "no int8 kernel for these types")}
+    rows = [("repacked", f"{r['matrices']} matrices from {r['tensors_repacked']} tensors, {r['bytes'] / 1e9:.2f} GB "
+             "in the repack cache (guild cache list)")]
+    for kind, v in r["layouts"].items():
+        types = ", ".join(f"{t} × {n}" for t, n in sorted(v["types"].items(), key=lambda kv: -kv[1]))
+        rows.append(("", f"{v['matrices']} matrices, {v['bytes'] / 1e9:.2f} GB: {why[kind]} ({types})"))
+    g = r["from_gguf"]
+    names = ", ".join(g["names"][:4]) + (", …" if len(g["names"]) > 4 else "")
+    rows.append(("from the GGUF", f"{g['tensors']} tensors, {g['bytes'] / 1e9:.2f} GB used as the file has them"
+                 + (f" ({names})" if names else "")))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------------

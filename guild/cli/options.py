@@ -36,13 +36,31 @@ _EXPERT_CACHE_HELP = ("Memory for a MoE's routed experts, read from disk as the 
 _KV_HELP = (f"{', '.join(KV_TYPES)} (llama.cpp's names and bytes per value; q8_0: 32 int8 and an f16 scale per 34 "
             "bytes). f32 keeps today's numbers; every type runs on the CPU and on the GPU.")
 
+_CACHE_MAX_HELP = ("Size limit of the repack cache (the repacked copies of models, $GUILD_CACHE_DIR/repack): 40G, "
+                   "512M or none; least recently used copies go first; a model larger than it is repacked into "
+                   "memory. Overrides GUILD_CACHE_MAX; default half of the disk's room.")
+
+
+def _cache_max(value: str | None) -> str | None:
+    """--cache-max checked as it is read: a bad size is a usage error (one line, exit status 2)."""
+    if value is not None:
+        from ..formats.cache_store import FLAG_MAX, parse_size  # light: no numba
+
+        try:
+            parse_size(value, FLAG_MAX)
+        except BadFlagError as e:
+            raise typer.BadParameter(str(e).removeprefix(f"{FLAG_MAX}: ")) from None
+    return value
+
+
 MODEL = typer.Argument(None, help=MODEL_HELP)  # the model argument of run, serve, bench, optimize, train-mtp
 
-_FLAGS = {  # parameter → (flags, default, help); help None: each command says what the flag means to it
+_FLAGS = {  # parameter → (flags, default, help[, check]); help None: each command says what the flag means to it
     "model_opt": (("-m", "--model"), None, "The model, as a flag (llama.cpp's -m)."),
     "threads": (("-t", "--threads"), None, "CPU threads (default: all cores)."),
     "numerics": (("--numerics",), "i8", _NUMERICS_HELP),
     "expert_cache": (("--expert-cache-mem",), "auto", _EXPERT_CACHE_HELP),
+    "cache_max": (("--cache-max",), None, _CACHE_MAX_HELP, _cache_max),
     "device": (("--device",), "auto", DEVICE_HELP),
     # KVTypes checks these two
     "cache_type_k": (("-ctk", "--cache-type-k"), "f32", "Stored type of the KV cache's keys: " + _KV_HELP),
@@ -68,9 +86,9 @@ _SHARED = object()  # flag(): the default in _FLAGS
 
 def flag(param: str, default=_SHARED, help: str | None = None, panel: str | None = None):
     """The shared flag of parameter `param` (_FLAGS), with this command's default, help and help panel if given."""
-    names, shared_default, shared_help = _FLAGS[param]
+    names, shared_default, shared_help, *check = _FLAGS[param]
     return typer.Option(shared_default if default is _SHARED else default, *names, help=help or shared_help,
-                        rich_help_panel=panel)
+                        rich_help_panel=panel, callback=check[0] if check else None)
 
 
 class Group:
@@ -157,14 +175,17 @@ def model_arg(model: str | None, model_opt: str | None) -> str | None:
     return model if model is not None else model_opt
 
 
-def set_process_flags(numerics: str, expert_cache: str | None = None) -> None:
+def set_process_flags(numerics: str, expert_cache: str | None = None, cache_max: str | None = None) -> None:
     """The flags every load of this process follows: --numerics, the mode every matrix is packed under
-    (kernels/cpu/quant.py NUMERICS), and --expert-cache-mem if the command takes it (guild.engine.experts)."""
+    (kernels/cpu/quant.py NUMERICS), --expert-cache-mem if the command takes it (guild.engine.experts) and
+    --cache-max if given (guild.formats.cache_store)."""
     from ..engine import experts  # deferred: numba
+    from ..formats import cache_store
     from ..kernels.cpu import quant
 
     if numerics not in quant.NUMERICS:
         raise BadFlagError(f"--numerics must be {' or '.join(quant.NUMERICS)}, not {numerics!r}")
     quant.set_default_numerics(numerics)
+    cache_store.set_limit(cache_max)
     if expert_cache is not None:
         experts.set_default(experts.expert_cache_mem(expert_cache))

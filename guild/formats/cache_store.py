@@ -4,8 +4,9 @@ Each entry is one `.rpk` file of guild.formats.repack_cache, whose header names 
 size, modification time). An entry is an *orphan* when that GGUF is gone or has changed since (its cache can
 never be used again). Its last use is the file's modification time, set at every load that maps it.
 
-The limit is `GUILD_CACHE_MAX` (`guild cache prune --max`): a size such as `40G`, `512M` or `none`; by default
-half of what the cache directory's disk could hold for it (its free space plus what the cache already takes).
+The limit is `--cache-max` (run, serve, chat), else `GUILD_CACHE_MAX` (`guild cache prune --max`): a size such
+as `40G`, `512M` or `none`; by default half of what the cache directory's disk could hold for it (its free space
+plus what the cache already takes).
 Before a new entry is written, orphans go first, then the least recently used entries, until the new one fits
 under the limit; one larger than the limit alone is not cached (the model is repacked into memory).
 """
@@ -26,6 +27,8 @@ from .cache_header import StaleCache, cache_root, read_header
 log = logging.getLogger(__name__)
 
 ENV_MAX = "GUILD_CACHE_MAX"
+FLAG_MAX = "--cache-max"
+_FLAG_VALUE: list[str | None] = [None]  # this process's --cache-max, over the environment's GUILD_CACHE_MAX
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -55,6 +58,22 @@ def parse_size(text: str, what: str = ENV_MAX) -> int | None:
     if m is None:
         raise BadFlagError(f"{what}: '{text}' is not a size (e.g. 40G, 512M, none)")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def set_limit(text: str | None) -> None:
+    """The limit of this process's loads (the --cache-max flag; checked here), over GUILD_CACHE_MAX; None: the
+    environment's again."""
+    if text is not None:
+        parse_size(text, FLAG_MAX)
+    _FLAG_VALUE[0] = text
+
+
+def _setting() -> tuple[str | None, str]:
+    """(the limit as given, where it was given): --cache-max, else GUILD_CACHE_MAX, else (None, "")."""
+    if _FLAG_VALUE[0] is not None:
+        return _FLAG_VALUE[0], FLAG_MAX
+    env = os.environ.get(ENV_MAX)
+    return (env, ENV_MAX) if env else (None, "")
 
 
 def directory() -> Path:
@@ -100,10 +119,11 @@ def used_bytes(es: list[Entry] | None = None) -> int:
 
 
 def limit(es: list[Entry] | None = None) -> int | None:
-    """The store's size limit in bytes (None: none): GUILD_CACHE_MAX, else half of free space + what it holds."""
-    env = os.environ.get(ENV_MAX)
-    if env:
-        return parse_size(env)
+    """The store's size limit in bytes (None: none): --cache-max, else GUILD_CACHE_MAX, else half of free space +
+    what it holds."""
+    text, what = _setting()
+    if text:
+        return parse_size(text, what)
     d = directory()
     while not d.exists() and d != d.parent:
         d = d.parent
@@ -159,7 +179,7 @@ def fits(need: int) -> bool:
 
 def describe_limit() -> str:
     cap = limit()
-    how = ENV_MAX if os.environ.get(ENV_MAX) else "half of the disk's room for it; set GUILD_CACHE_MAX"
+    how = _setting()[1] or "half of the disk's room for it; set --cache-max or GUILD_CACHE_MAX"
     return "none" if cap is None else f"{cap / 1e9:.1f} GB, {how}"
 
 

@@ -85,26 +85,37 @@ class GGUFFile:
         self.finite_checked = False  # set once the float values and block scales were scanned (or a cache says so)
         self.architecture = self.get("general.architecture", str)
 
-    def release(self, *arrays: np.ndarray) -> None:
+    def release(self, *arrays: np.ndarray, drop_cache: bool = False) -> None:
         """Drop this process's mapped pages under `arrays` (views of this file), once they have been read: the
         file stays in the page cache, but the pages stop counting towards this process's resident memory
-        (madvise DONTNEED on a read-only file mapping; a later read maps them again). Other arrays: ignored."""
+        (madvise DONTNEED on a read-only file mapping; a later read maps them again). Other arrays: ignored.
+        drop_cache: the page cache's copy goes too (posix_fadvise DONTNEED), for bytes read once (a repack), so
+        that a model larger than memory does not push everything else out of it."""
         if not hasattr(self._mm, "madvise"):
             return
         base, size = self._base.ctypes.data, self.size
-        for a in arrays:
-            if not isinstance(a, np.ndarray) or not a.size:
-                continue
-            lo = a.__array_interface__["data"][0] - base
-            hi = lo + a.nbytes
-            if lo < 0 or hi > size:
-                continue
-            lo -= lo % _PAGE
-            hi = min(size, -(-hi // _PAGE) * _PAGE)
-            try:
+        try:
+            fd = os.open(self.path, os.O_RDONLY) if drop_cache and hasattr(os, "posix_fadvise") else None
+        except OSError:  # the file went away: its mapping stays readable, nothing to drop from the cache
+            fd = None
+        try:
+            for a in arrays:
+                if not isinstance(a, np.ndarray) or not a.size:
+                    continue
+                lo = a.__array_interface__["data"][0] - base
+                hi = lo + a.nbytes
+                if lo < 0 or hi > size:
+                    continue
+                lo -= lo % _PAGE
+                hi = min(size, -(-hi // _PAGE) * _PAGE)
                 self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-            except (OSError, ValueError):
-                return
+                if fd is not None:
+                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        except (OSError, ValueError):
+            return
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     # -- metadata -----------------------------------------------------------------------------------
     def get(self, key: str, typ: type | None = None, default: Any = ...) -> Any:

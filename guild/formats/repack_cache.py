@@ -30,6 +30,7 @@ released). A cache directory that cannot be written (read-only, full) also falls
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -37,9 +38,7 @@ import math
 import mmap
 import os
 import shutil
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -47,7 +46,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
+from ..engine.memory import available_memory
 from ..errors import GuildError
 from ..kernels.cpu import quant
 from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout
@@ -56,11 +57,13 @@ from . import cache_store
 from .cache_header import _TRAILER, MAGIC, StaleCache, cache_root, read_header
 from .files import atomic_path
 from .gguf import GGUFFile
+from .repack_writer import ALIGN, _pwrite_all
+from .repack_writer import Progress as _Progress
+from .repack_writer import Recorder as _Recorder
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-ALIGN = 64
 ENV_SWITCH = "GUILD_REPACK_CACHE"
 
 # Source files that decide the packed bytes or the order in which a model packs its matrices: a change to any
@@ -132,54 +135,36 @@ pack.accepts_parts = True  # models.llama.fuse hands over its tensors' parts unc
 
 
 # -- writing -------------------------------------------------------------------------------------------
-class _Recorder:
-    """The pack hook of a first load: repack, append the arrays to the cache file, release the GGUF's pages.
-    Returns no matrix: the model of the recording pass is discarded, the real one is built from the cache."""
-
-    def __init__(self, f, g: GGUFFile, progress):
-        self.f, self.g, self.progress = f, g, progress
-        self.pos = len(MAGIC)
-        self.matrices: list = []
-
-    def __call__(self, qtype, raw, n_rows, n_cols):
-        pm = repack(qtype, raw, n_rows, n_cols)
-        offsets = []
-        for a in pm.arrays:
-            pad = -self.pos % ALIGN
-            if pad:
-                self.f.write(b"\0" * pad)
-                self.pos += pad
-            offsets.append(self.pos)
-            self.f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
-            self.pos += a.nbytes
-        self.matrices.append([int(qtype), int(n_rows), int(n_cols), offsets])
-        parts = raw if isinstance(raw, (list, tuple)) else (raw,)
-        self.g.release(*parts)
-        self.progress(sum(np.asarray(p).nbytes for p in parts))
-        return None
-
-
-def build(g: GGUFFile, path: Path, load_model, progress=None) -> None:
-    """Run `load_model(g)` once with every matrix streamed into a new cache file at `path` (atomically)."""
+def build(g: GGUFFile, path: Path, load_model, progress=None, threads: int | None = None) -> None:
+    """Run `load_model(g)` once with every matrix repacked on `threads` threads (repack_writer.Recorder) and
+    written into a new cache file at `path` (atomically: a temporary, renamed once whole)."""
     progress = progress or (lambda n: None)
     key = _source_key(g)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CacheWriteError(f"{path.parent}: cannot create ({e.strerror or e})") from None
+    if g.size <= available_memory() // 2:  # the kernel reads ahead at disk speed while the loader checks the file
+        prefetch(g.path)
     with atomic_path(path, "the repack cache", CacheWriteError) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-            f.write(MAGIC)
-            rec = _Recorder(f, g, progress)
-            with pack_hook(rec):
-                load_model(g)
+        try:
+            os.write(fd, MAGIC)
+            rec = _Recorder(fd, g, progress, threads)
+            try:
+                with pack_hook(rec):
+                    load_model(g)
+                rec.finish()
+            finally:
+                rec.close()
             header = json.dumps({"format": FORMAT, "layout": layout_digest(), "numerics": current_numerics(),
                                  "source": {**key, "path": str(Path(g.path).resolve())},
                                  "finite_checked": bool(g.finite_checked), "data_end": rec.pos,
                                  "matrices": rec.matrices}, separators=(",", ":")).encode()
-            f.write(header)
-            f.write(_TRAILER.pack(rec.pos, len(header), hashlib.sha256(header).digest(), MAGIC))
+            _pwrite_all(fd, memoryview(header + _TRAILER.pack(rec.pos, len(header), hashlib.sha256(header).digest(),
+                                                              MAGIC)), rec.pos)
+        finally:
+            os.close(fd)
 
 
 # -- reading -------------------------------------------------------------------------------------------
@@ -280,37 +265,6 @@ class _Replayer:
 
 
 # -- loading -------------------------------------------------------------------------------------------
-class _Progress:
-    """A bar on stderr for long loads: shown only on a terminal, and only once the load has run ~2 s."""
-
-    DELAY_S = 2.0
-
-    def __init__(self, enabled: bool, total: int, description: str):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.total, self.description = total, description
-        self.done, self.t0, self.bar, self.task = 0, time.perf_counter(), None, None
-
-    def __call__(self, nbytes: int) -> None:
-        self.done += nbytes
-        if not self.enabled:
-            return
-        if self.bar is None:
-            if time.perf_counter() - self.t0 < self.DELAY_S:
-                return
-            from rich.console import Console  # deferred: only long loads on a terminal draw a bar
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
-                                console=Console(stderr=True), transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task(self.description, total=self.total)
-        self.bar.update(self.task, completed=min(self.done, self.total))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def _free_bytes(d: Path) -> int:
     try:
         return shutil.disk_usage(d).free
@@ -433,3 +387,41 @@ def _in_memory(g: GGUFFile, load_model, progress: bool, weights: int):
             return load_model(g)
     finally:
         bar.close()
+
+
+def survey(g: GGUFFile, load_model) -> dict:
+    """What a load of g repacks under this process's numerics, found by running the loader with a hook that packs
+    nothing: the matrices, their bytes in the cache per layout (why: the int8 path's tiles where the type has int8
+    kernels, else the fp32 dequant-dot tiles), and the tensors used from the GGUF's bytes as they are. The finite
+    scan is skipped (a load does it), so the quantised weights are not read."""
+    spans = sorted((t.data.__array_interface__["data"][0], t.data.nbytes, n) for n, t in g.tensors.items())
+    starts = [s for s, _, _ in spans]
+    packed: set[str] = set()
+    layouts: dict[str, dict] = {}
+
+    def hook(qtype, raw, n_rows, n_cols):
+        for p in raw if isinstance(raw, (list, tuple)) else (raw,):
+            at = np.asarray(p).__array_interface__["data"][0]  # a view into the mapped file: which tensor's
+            i = bisect.bisect_right(starts, at) - 1
+            if i >= 0 and at < starts[i] + spans[i][1]:
+                packed.add(spans[i][2])
+        mode = quant.numerics_for(qtype)
+        nbytes = sum(nb for _, _, nb in _sized_layout(int(qtype), int(n_rows), int(n_cols), mode))
+        kind = layouts.setdefault("int8 tiles" if mode == "i8" else "fp32 dequant-dot tiles",
+                                  {"matrices": 0, "bytes": 0, "types": {}})
+        kind["matrices"] += 1
+        kind["bytes"] += nbytes
+        name = GGMLQuantizationType(int(qtype)).name
+        kind["types"][name] = kind["types"].get(name, 0) + 1
+
+    was, g.finite_checked = g.finite_checked, True
+    try:
+        with pack_hook(hook):
+            load_model(g)
+    finally:
+        g.finite_checked = was
+    raw = sorted(n for n in g.tensors if n not in packed)
+    return {"numerics": current_numerics(), "matrices": sum(k["matrices"] for k in layouts.values()),
+            "bytes": sum(k["bytes"] for k in layouts.values()), "layouts": layouts,
+            "tensors_repacked": len(packed),
+            "from_gguf": {"tensors": len(raw), "bytes": sum(g.tensors[n].data.nbytes for n in raw), "names": raw}}

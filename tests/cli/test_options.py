@@ -4,6 +4,7 @@ from its module, a shared flag the same wherever its help is shared, the flag gr
 import subprocess
 import sys
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -38,7 +39,7 @@ def test_a_shared_flag_reads_the_same_in_every_command():
         for param, p in _params(name).items():
             if param not in o._FLAGS or (name, param) in OWN_NAMES:
                 continue
-            names, _, h = o._FLAGS[param]
+            names, _, h, *_ = o._FLAGS[param]
             assert sorted(p.opts) == sorted(names), (name, param)
             if h is not None and (name, param) not in OWN_HELP:
                 assert p.help == h, (name, param)
@@ -73,3 +74,27 @@ def test_an_older_typer_without_the_metavar_hook(monkeypatch):
     monkeypatch.setattr(typer.core, "TyperOption", OldOption)
     cli._plain_flag_metavar()
     assert not hasattr(OldOption, "display_type_rich")
+
+
+@pytest.mark.parametrize("cmd", ["run", "serve", "chat"])
+def test_a_bad_cache_max_is_a_usage_error(cmd):
+    """--cache-max is read as GUILD_CACHE_MAX is (cache_store.parse_size): a bad size is one line naming the flag,
+    exit status 2, before any model loads."""
+    r = subprocess.run([sys.executable, "-m", "guild", cmd, "--cache-max", "lots"], capture_output=True, text=True,
+                       timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "--cache-max" in lines[0] and "'lots' is not a size" in lines[0] and "Traceback" not in r.stderr
+
+
+def test_cache_max_sets_the_limit_of_the_process(monkeypatch):
+    from guild.formats import cache_store as cs
+
+    monkeypatch.setenv(cs.ENV_MAX, "40G")
+    try:
+        o.set_process_flags("i8", None, "512M")
+        assert cs.limit() == 512 << 20
+        o.set_process_flags("i8")  # no flag: the environment's
+        assert cs.limit() == 40 << 30
+    finally:
+        cs.set_limit(None)

@@ -132,3 +132,21 @@ def test_command_list_rm_prune(ggufs, store):
     for bad in (["cache", "bogus"], ["cache", "list", "x"], ["cache", "list", "--max", "1G"], ["cache", "rm"]):
         r = runner.invoke(app, bad)
         assert r.exit_code == 1 and r.output.startswith("error:") and r.output.count("\n") == 1, (bad, r.output)
+
+
+def test_the_flag_is_over_the_environment(ggufs, store, monkeypatch, caplog):
+    """--cache-max (cs.set_limit) wins over GUILD_CACHE_MAX, is named where the limit is reported, and unset
+    hands the limit back to the environment."""
+    monkeypatch.setenv(cs.ENV_MAX, "none")
+    try:
+        cs.set_limit("1K")
+        assert cs.limit() == 1024 and cs.describe_limit().endswith("--cache-max")
+        with caplog.at_level("WARNING", logger=rc.__name__):
+            assert _load(ggufs[0]) == "memory"
+        (w,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert "--cache-max" in w and not cs.entries()
+        with pytest.raises(BadFlagError, match="--cache-max: '1X' is not a size"):
+            cs.set_limit("1X")
+    finally:
+        cs.set_limit(None)
+    assert cs.limit() is None and _load(ggufs[0]) == "built"

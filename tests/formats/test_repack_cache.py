@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 
 import guild.formats.repack_cache as rc
+import guild.formats.repack_writer as rc_writer
 from guild.errors import GgufFormatError
 from guild.formats.gguf import GGUFFile
 from guild.models import load_model
@@ -302,16 +302,17 @@ def test_prefetch_and_progress_are_quiet(tmp_path, capsys):
     assert not bar.enabled and capsys.readouterr().err == ""  # no terminal: no bar
 
 
-# -- a full disk, two writers --------------------------------------------------------------------------
-class _FullDisk(io.FileIO):
-    """A file on a disk that fills up after `room` bytes: a write past it fails with ENOSPC, as write(2) does."""
+# -- a full disk, a failing repack, two writers ----------------------------------------------------------
+def _full_disk(monkeypatch, room: int = 64 << 10) -> None:
+    """Writes past `room` bytes of the file fail with ENOSPC, as pwrite(2) does on a full disk."""
+    pwrite = os.pwrite
 
-    room = 64 << 10
-
-    def write(self, b):
-        if self.tell() + len(b) > self.room:
+    def full(fd, data, offset):
+        if offset + len(data) > room:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return super().write(b)
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(rc_writer.os, "pwrite", full)
 
 
 def test_full_disk_while_writing_leaves_no_entry(models, cache_env, monkeypatch, caplog):
@@ -320,17 +321,10 @@ def test_full_disk_while_writing_leaves_no_entry(models, cache_env, monkeypatch,
     temporary left behind."""
     a, _ = models
     ref = _logits(load_model(a))
-    fdopen = os.fdopen
-
-    def full(fd, mode="r", buffering=-1, **kw):
-        if "w" not in mode:
-            return fdopen(fd, mode, buffering, **kw)
-        return io.BufferedWriter(_FullDisk(fd, "wb"), max(buffering, io.DEFAULT_BUFFER_SIZE))
-
-    monkeypatch.setattr(rc.os, "fdopen", full)
-    with caplog.at_level("WARNING", logger=rc.__name__):
-        m, how = _load(a)
-    monkeypatch.setattr(rc.os, "fdopen", fdopen)
+    with monkeypatch.context() as mp:
+        _full_disk(mp)
+        with caplog.at_level("WARNING", logger=rc.__name__):
+            m, how = _load(a)
     assert how == "memory" and np.array_equal(_logits(m), ref)
     (w,) = [r for r in caplog.records if r.levelname == "WARNING"]
     msg = w.getMessage()
@@ -338,6 +332,59 @@ def test_full_disk_while_writing_leaves_no_entry(models, cache_env, monkeypatch,
     assert list(cache_env.iterdir()) == []  # no .rpk, no .part
     m, how = _load(a)  # room again: the next load writes it whole
     assert how == "built" and np.array_equal(_logits(m), ref)
+
+
+def _serial_reference(g) -> tuple[bytes, list]:
+    """The data section and matrix table a one-matrix-at-a-time writer makes: each matrix repacked in pack order,
+    its arrays appended at 64-byte aligned offsets (the gaps zero)."""
+    out, matrices = bytearray(rc.MAGIC), []
+
+    def hook(qtype, raw, n_rows, n_cols):
+        offsets = []
+        for arr in rc.repack(qtype, raw, n_rows, n_cols).arrays:
+            out.extend(b"\0" * (-len(out) % rc.ALIGN))
+            offsets.append(len(out))
+            out.extend(np.ascontiguousarray(arr).tobytes())
+        matrices.append([int(qtype), int(n_rows), int(n_cols), offsets])
+
+    with rc.pack_hook(hook):
+        load_model(g)
+    return bytes(out), matrices
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_parallel_writer_matches_a_serial_one(models, cache_env, threads):
+    """The threaded writer's file holds, byte for byte, what a serial writer appends (both models: two quant types,
+    a fused matrix), and its header's table is the serial one's."""
+    for path in models:
+        g = GGUFFile(path)
+        ref, matrices = _serial_reference(g)
+        out = cache_env / f"{path.stem}.{threads}.rpk"
+        rc.build(GGUFFile(path), out, load_model, threads=threads)
+        got = out.read_bytes()
+        with open(out, "rb") as f:
+            hdr, h_off = rc.read_header(f, len(got))
+        assert h_off == len(ref) and got[:h_off] == ref
+        assert hdr["matrices"] == matrices and hdr["data_end"] == len(ref)
+
+
+def test_a_failing_repack_leaves_nothing(models, cache_env, monkeypatch):
+    """A repack that fails on a worker thread mid-file stops the build with that error (not a warning: it is no
+    disk trouble), and leaves neither a cache that a later load would take nor a temporary."""
+    a, _ = models
+    calls = []
+
+    def bad(qtype, raw, n_rows, n_cols):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("bad block in matrix 3")
+        return rc.repack(qtype, raw, n_rows, n_cols)
+
+    with monkeypatch.context() as mp, pytest.raises(ValueError, match="bad block in matrix 3"):
+        mp.setattr(rc_writer, "repack", bad)
+        _load(a)
+    assert list(cache_env.iterdir()) == []
+    assert _load(a)[1] == "built"
 
 
 _TWO_WRITERS = textwrap.dedent("""
