@@ -22,6 +22,7 @@ import numpy as np
 from ..engine.session import GuildSession
 from ..engine.timing import time_windows
 from ..errors import BadFlagError, GuildError
+from ..kvtypes import F32_KV, KVTypes
 from ..load import slots
 from ..text.chat import run_turn
 from .harness import ParityError
@@ -44,16 +45,17 @@ def median_seconds(fn, budget: float, min_reps: int = 5, max_reps: int = 2000) -
 
 
 # -- guild ------------------------------------------------------------------------------------------------------
-def guild_decode(model, ids: Sequence[int], n: int) -> tuple[float, float, list[int]]:
-    """(decode tok/s, prefill tok/s, tokens) of one greedy reply of n tokens to ids, on a fresh session."""
-    toks, st = GuildSession(model, n_ctx=len(ids) + n + 8).generate(list(ids), n)
+def guild_decode(model, ids: Sequence[int], n: int, kv: KVTypes = F32_KV) -> tuple[float, float, list[int]]:
+    """(decode tok/s, prefill tok/s, tokens) of one greedy reply of n tokens to ids, on a fresh session whose KV
+    cache stores kv."""
+    toks, st = GuildSession(model, n_ctx=len(ids) + n + 8, kv=kv).generate(list(ids), n)
     return st.decode_tok_s, st.prefill_tok_s, [int(t) for t in toks]
 
 
-def guild_ttft(model, ids: Sequence[int]) -> float:
+def guild_ttft(model, ids: Sequence[int], kv: KVTypes = F32_KV) -> float:
     """ms from a fresh session to the first token of ids' reply (the prefill and one sample)."""
     t0 = time.perf_counter()
-    GuildSession(model, n_ctx=len(ids) + 8).generate(list(ids), 1)
+    GuildSession(model, n_ctx=len(ids) + 8, kv=kv).generate(list(ids), 1)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -164,6 +166,26 @@ def open_llama_cpp(path, **kwargs):
         return llama_cpp.Llama(model_path=str(path), verbose=False, **kwargs)
     finally:
         C.llama_model_default_params = default
+
+
+# llama.cpp's names for the KV cache types (ggml_type ids for llama-cpp-python; llama-bench -ctk/-ctv take the names)
+GGML_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+
+
+def llama_kv_args(cache_type: str | None) -> dict:
+    """llama_cpp.Llama keywords for a KV cache of cache_type (a quantised V cache needs flash attention); {} for
+    llama.cpp's default (f16)."""
+    if cache_type is None:
+        return {}
+    t = GGML_KV_TYPES[cache_type]
+    return {"type_k": t, "type_v": t} | ({"flash_attn": True} if cache_type == "q8_0" else {})
+
+
+def llama_bench_kv_args(cache_type: str | None) -> list[str]:
+    """The same for a llama-bench command line."""
+    if cache_type is None:
+        return []
+    return ["-ctk", cache_type, "-ctv", cache_type] + (["-fa", "1"] if cache_type == "q8_0" else [])
 
 
 def llama_decode(llm, ids: Sequence[int], n: int, stop_eos: bool = False) -> tuple[float, float, list[int]]:

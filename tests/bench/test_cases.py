@@ -87,6 +87,27 @@ def test_llama_bench_binary_as_a_runner(small, tmp_path, capsys):
     assert ik["figures"]["prefill_tok_s"]["median"] == 250.0 and ik["figures"]["decode_tok_s"]["median"] == 40.0
 
 
+def test_decode_cache_type_reaches_every_runner(small, tmp_path, capsys, monkeypatch):
+    """--cache-type f16: guild's sessions store f16 and a llama-bench binary is told -ctk/-ctv f16 (like with like:
+    llama.cpp-family engines default to f16 caches, guild to f32)."""
+    from guild.bench import runners
+    from guild.kvtypes import KVTypes
+
+    seen = []
+    real = runners.GuildSession
+    monkeypatch.setattr(runners, "GuildSession", lambda *a, **k: seen.append(k["kv"]) or real(*a, **k))
+    args = tmp_path / "args"
+    fake = tmp_path / "llama-bench"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {args}\necho '[{{\"n_prompt\": 0, \"n_gen\": 3, \"avg_ts\": 40.0}}]'\n")
+    fake.chmod(0o755)
+    (r, _) = _records(capsys, "decode", "--models", small, "-r", "1", "-n", "3", "-p", "16", "--no-llama", "-t", "1",
+                      "--cache-type", "f16", "--llama-bench", f"ik={fake}", "--json")
+    assert r["point"] == {"model": "q3.gguf", "kv": "f16"}
+    assert seen and set(seen) == {KVTypes("f16", "f16")}
+    assert "-ctk f16 -ctv f16" in args.read_text()
+    assert runners.llama_kv_args("q8_0") == {"type_k": 8, "type_v": 8, "flash_attn": True}
+
+
 @pytest.mark.slow
 def test_fresh_processes_time_to_first_token(small, capsys):
     """A fresh `guild run` and a fresh `guild serve` (first request, later ones) each report a time to first
