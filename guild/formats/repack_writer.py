@@ -25,8 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from ..kernels.cpu.quant import current_numerics, layout
-from ..kernels.cpu.quant import pack as repack
+from ..kernels.cpu.quant import current_numerics, layout, pack_checked
 from .cache_header import MAGIC
 
 ALIGN = 64
@@ -82,14 +81,16 @@ class Recorder:
 
     def _pack_write(self, qtype, raw, n_rows, n_cols, offsets, sizes) -> None:
         try:
-            pm = repack(qtype, raw, n_rows, n_cols)
+            pm, bad = pack_checked(qtype, raw, n_rows, n_cols)
+            parts = _parts(raw)
+            if self.g.scale_ledger is not None:  # the scales checked as read, not by a pass of their own
+                self.g.scale_ledger.packed(parts, bad)
             for a, off, size in zip(pm.arrays, offsets, sizes, strict=True):
                 if a.nbytes != size:  # the reader would refuse the file; say where it went wrong
                     raise RuntimeError(
                         f"repack of a {qtype}:{n_rows}x{n_cols} matrix made {a.nbytes} bytes, its layout {size}"
                     )
                 _pwrite_all(self.fd, memoryview(np.ascontiguousarray(a)).cast("B"), off)
-            parts = _parts(raw)
             self.g.release(*parts, drop_cache=True)
             with self._lock:
                 self.progress(sum(np.asarray(p).nbytes for p in parts))
