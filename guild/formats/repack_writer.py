@@ -3,10 +3,11 @@ matrices repacked and the packed arrays written, overlapped.
 
 The model's loader asks for its matrices one by one (the pack hook). Each array's offset in the file follows
 from the matrices before it alone (their packed layout: `quant.layout`), so the hook fixes the offsets at once
-and hands the repack to a pool of threads (the repack is NumPy over chunks of rows, which runs without the GIL
-for most of its time), each of which writes its arrays at their offsets (pwrite) and then releases the GGUF's
-pages under that matrix, mapped and cached. The bytes are those a serial writer makes: the same arrays at the
-same offsets, and the alignment gaps, never written, read as zeros.
+and hands the repack to a pool of threads (compiled packers that hold no GIL: kernels/cpu/qdot/packers.py; the
+grid types' NumPy packing holds it between small operations), each of which hands the count of inf/NaN block
+scales it read to the file's ScaleLedger (guild/formats/finite.py), writes its arrays at their offsets (pwrite)
+and then releases the GGUF's pages under that matrix, mapped and cached. The bytes are those a serial writer
+makes: the same arrays at the same offsets, and the alignment gaps, never written, read as zeros.
 
 At most 2 matrices per thread are in flight, so memory stays near one matrix per thread whatever the model's
 size. A worker's error stops the load at the next matrix; the caller's temporary file is then removed."""
