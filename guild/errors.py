@@ -21,6 +21,10 @@ class UnsupportedQuantTypeError(GuildError):
     pass
 
 
+class NumericsError(GuildError):
+    """Non-finite weights in a file, or non-finite values produced while running the model."""
+
+
 class MetadataError(GuildError):
     """A required GGUF metadata key is missing or has the wrong type."""
 

@@ -83,6 +83,7 @@ class GGUFFile:
             self.tensors[info.name] = Tensor(info.name, info.qtype, tuple(reversed(info.dims)), data)
         self._base = np.frombuffer(self._mm, np.uint8)  # the mapping's address, for release()
         self.finite_checked = False  # set once the float values and block scales were scanned (or a cache says so)
+        self.scale_ledger = None  # while a repack checks the block scales as it packs (guild/formats/finite.py)
         self.architecture = self.get("general.architecture", str)
 
     def release(self, *arrays: np.ndarray, drop_cache: bool = False) -> None:

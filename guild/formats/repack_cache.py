@@ -51,11 +51,12 @@ from gguf import GGMLQuantizationType
 from ..engine.memory import available_memory
 from ..errors import GuildError
 from ..kernels.cpu import quant
-from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout
+from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout, pack_checked
 from ..kernels.cpu.quant import pack as repack
 from . import cache_store
 from .cache_header import _TRAILER, MAGIC, StaleCache, cache_root, read_header
 from .files import atomic_path
+from .finite import ScaleLedger
 from .gguf import GGUFFile
 from .repack_writer import ALIGN, _pwrite_all
 from .repack_writer import Progress as _Progress
@@ -152,9 +153,10 @@ def build(g: GGUFFile, path: Path, load_model, progress=None, threads: int | Non
             os.write(fd, MAGIC)
             rec = _Recorder(fd, g, progress, threads)
             try:
-                with pack_hook(rec):
+                with pack_hook(rec), _scales_checked_by_pack(g) as ledger:
                     load_model(g)
-                rec.finish()
+                    rec.finish()
+                    ledger.finish()
             finally:
                 rec.close()
             header = json.dumps({"format": FORMAT, "layout": layout_digest(), "numerics": current_numerics(),
@@ -165,6 +167,17 @@ def build(g: GGUFFile, path: Path, load_model, progress=None, threads: int | Non
                                                               MAGIC)), rec.pos)
         finally:
             os.close(fd)
+
+
+@contextmanager
+def _scales_checked_by_pack(g: GGUFFile) -> Iterator[ScaleLedger]:
+    """While the block: the finite scan leaves g's quantised tensors to the packers (guild/formats/finite.py)."""
+    ledger = ScaleLedger(g)
+    g.scale_ledger = None if g.finite_checked else ledger
+    try:
+        yield ledger
+    finally:
+        g.scale_ledger = None
 
 
 # -- reading -------------------------------------------------------------------------------------------
@@ -376,15 +389,19 @@ def _in_memory(g: GGUFFile, load_model, progress: bool, weights: int):
     bar = _Progress(progress, weights, f"repacking {Path(g.path).name}")
 
     def hook(qtype, raw, n_rows, n_cols):
-        pm = repack(qtype, raw, n_rows, n_cols)
+        pm, bad = pack_checked(qtype, raw, n_rows, n_cols)
         parts = raw if isinstance(raw, (list, tuple)) else (raw,)
+        if g.scale_ledger is not None:
+            g.scale_ledger.packed(parts, bad)
         g.release(*parts)
         bar(sum(np.asarray(p).nbytes for p in parts))
         return pm
 
     try:
-        with pack_hook(hook):
-            return load_model(g)
+        with pack_hook(hook), _scales_checked_by_pack(g) as ledger:
+            model = load_model(g)
+            ledger.finish()
+            return model
     finally:
         bar.close()
 

@@ -3,10 +3,11 @@ matrices repacked and the packed arrays written, overlapped.
 
 The model's loader asks for its matrices one by one (the pack hook). Each array's offset in the file follows
 from the matrices before it alone (their packed layout: `quant.layout`), so the hook fixes the offsets at once
-and hands the repack to a pool of threads (the repack is NumPy over chunks of rows, which runs without the GIL
-for most of its time), each of which writes its arrays at their offsets (pwrite) and then releases the GGUF's
-pages under that matrix, mapped and cached. The bytes are those a serial writer makes: the same arrays at the
-same offsets, and the alignment gaps, never written, read as zeros.
+and hands the repack to a pool of threads (compiled packers that hold no GIL: kernels/cpu/qdot/packers.py; the
+grid types' NumPy packing holds it between small operations), each of which hands the count of inf/NaN block
+scales it read to the file's ScaleLedger (guild/formats/finite.py), writes its arrays at their offsets (pwrite)
+and then releases the GGUF's pages under that matrix, mapped and cached. The bytes are those a serial writer
+makes: the same arrays at the same offsets, and the alignment gaps, never written, read as zeros.
 
 At most 2 matrices per thread are in flight, so memory stays near one matrix per thread whatever the model's
 size. A worker's error stops the load at the next matrix; the caller's temporary file is then removed."""
@@ -25,8 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from ..kernels.cpu.quant import current_numerics, layout
-from ..kernels.cpu.quant import pack as repack
+from ..kernels.cpu.quant import current_numerics, layout, pack_checked
 from .cache_header import MAGIC
 
 ALIGN = 64
@@ -82,14 +82,16 @@ class Recorder:
 
     def _pack_write(self, qtype, raw, n_rows, n_cols, offsets, sizes) -> None:
         try:
-            pm = repack(qtype, raw, n_rows, n_cols)
+            pm, bad = pack_checked(qtype, raw, n_rows, n_cols)
+            parts = _parts(raw)
+            if self.g.scale_ledger is not None:  # the scales checked as read, not by a pass of their own
+                self.g.scale_ledger.packed(parts, bad)
             for a, off, size in zip(pm.arrays, offsets, sizes, strict=True):
                 if a.nbytes != size:  # the reader would refuse the file; say where it went wrong
                     raise RuntimeError(
                         f"repack of a {qtype}:{n_rows}x{n_cols} matrix made {a.nbytes} bytes, its layout {size}"
                     )
                 _pwrite_all(self.fd, memoryview(np.ascontiguousarray(a)).cast("B"), off)
-            parts = _parts(raw)
             self.g.release(*parts, drop_cache=True)
             with self._lock:
                 self.progress(sum(np.asarray(p).nbytes for p in parts))

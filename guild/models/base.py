@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..engine.backends import Layout
-from ..errors import GuildError, MetadataError
+from ..errors import GuildError, MetadataError, NumericsError  # noqa: F401  (re-exported)
 from ..formats.gguf import GGUFFile
 from ..kernels.rope import NO_SCALING, RopeScaling, rope_tables
 from ..kvtypes import F32_KV, KVTypes
@@ -131,10 +131,6 @@ def rope_scaling_from_gguf(g: GGUFFile) -> RopeScaling:
                            ext_factor=None if ext < 0 else ext)  # negative: unset, as llama.cpp reads it
     except GuildError as e:
         raise MetadataError(f"{g.path}: {a}.{e}") from None
-
-
-class NumericsError(GuildError):
-    """Non-finite weights in a file, or non-finite values produced while running the model."""
 
 
 def check_finite(x: np.ndarray, where: str) -> None:

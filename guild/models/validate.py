@@ -16,11 +16,9 @@ import resource
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf.constants import GGML_QUANT_SIZES
-from numba import njit
 
 from ..errors import GuildError, MetadataError, MissingTensorError, UnsupportedQuantTypeError
-from ..kernels.quant_types import F16_SCALES
+from ..formats.finite import EXP_MASK, SCALE_OFFSETS, nonfinite_count, nonfinite_error
 from ..kvtypes import F32_KV, KVTypes
 from .base import NumericsError, check_finite  # noqa: F401  (re-exported)
 
@@ -263,51 +261,23 @@ def mtp_feature_layers(g, n_layers: int) -> tuple[int, ...]:
 
 
 # -- numerics ------------------------------------------------------------------------------------------
-# The f16 scales of each block (kernels/quant_types.py F16_SCALES). IQ1_M (its scale spread over the sub-block
-# scales) and MXFP4 (an E8M0 exponent) have none and are caught at run time.
-_SCALE_OFFSETS = {q: offs for q, offs in F16_SCALES.items() if offs}
-_EXP_MASK = {Q.F32: (np.uint32, 0x7F800000), Q.F16: (np.uint16, 0x7C00), Q.BF16: (np.uint16, 0x7F80)}
-
-
-@njit(cache=True)
-def _count_exponent_ones(raw, stride, off, width, mask):
-    """Fields of `width` bytes (little-endian) at raw[i * stride + off] whose exponent bits (mask) are all ones:
-    inf or NaN. One pass over the mapped bytes, no copies (a 400 MB model scans in tens of milliseconds)."""
-    n = 0
-    for i in range(raw.size // stride):
-        j = i * stride + off
-        v = np.uint32(raw[j]) | (np.uint32(raw[j + 1]) << 8)
-        if width == 4:
-            v |= (np.uint32(raw[j + 2]) << 16) | (np.uint32(raw[j + 3]) << 24)
-        if v & mask == mask:
-            n += 1
-    return n
-
-
-def nonfinite_count(t) -> int:
-    """Non-finite values among a tensor's floats (F32/F16/BF16 elements) or its blocks' f16 scales."""
-    raw = np.asarray(t.data).reshape(-1).view(np.uint8)
-    if t.qtype in _EXP_MASK:
-        typ, mask = _EXP_MASK[t.qtype]
-        w = np.dtype(typ).itemsize
-        return int(_count_exponent_ones(raw, w, 0, w, mask))
-    _, tsize = GGML_QUANT_SIZES[t.qtype]
-    return sum(int(_count_exponent_ones(raw, tsize, o, 2, 0x7C00)) for o in _SCALE_OFFSETS.get(t.qtype, ()))
-
-
 def scan_finite(g) -> None:
     """Every float tensor and block scale of g finite, once per file object (`g.finite_checked`; a repack cache
     built from a scanned file sets it). Each tensor's pages are released once read (GGUFFile.release), so the
-    scan does not leave the whole file resident."""
+    scan does not leave the whole file resident. While a repack runs (`g.scale_ledger`), the quantised tensors
+    are left to it: its packers check the scales as they read them (guild/formats/finite.py)."""
     if getattr(g, "finite_checked", False):
         return
     release = getattr(g, "release", None)
+    ledger = getattr(g, "scale_ledger", None)
     for name, t in g.tensors.items():
-        if t.qtype in _EXP_MASK or t.qtype in _SCALE_OFFSETS:
+        if ledger is not None and t.qtype in SCALE_OFFSETS:
+            ledger.defer(name)
+        elif t.qtype in EXP_MASK or t.qtype in SCALE_OFFSETS:
             n = nonfinite_count(t)
             if release is not None:
                 release(t.data)
             if n:
-                what = "values" if t.qtype in _EXP_MASK else "block scales"
-                raise NumericsError(f"{g.path}: tensor '{name}' has {n} non-finite (NaN/inf) {what}")
-    g.finite_checked = True
+                raise nonfinite_error(g.path, name, t, n)
+    if ledger is None:
+        g.finite_checked = True

@@ -222,24 +222,44 @@ def numerics(mode: str | None) -> Iterator[None]:
 
 def pack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
     """Repack raw GGUF data of an [n_rows, n_cols] matrix into the tiled layout (quantized, same bits). `raw`: an
-    array, or a sequence of arrays stacked along the rows (concatenated here)."""
+    array, or a sequence of arrays stacked along the rows."""
+    return pack_checked(qtype, raw, n_rows, n_cols)[0]
+
+
+def pack_checked(qtype: int, raw, n_rows: int, n_cols: int) -> tuple:
+    """`pack`, and per part of `raw` how many of its f16 block scales are inf or NaN, counted as the compiled
+    packers (qdot.PACKERS) read them; None where the matrix packed otherwise (its scales not looked at)."""
     qt = Q(int(qtype))
     t = QUANT_TYPES.get(qt)
     if t is None or t.f32 is None:
         raise NotImplementedError(f"no CPU kernel for quant type {qt.name}")
-    if isinstance(raw, (list, tuple)):
-        raw = raw[0] if len(raw) == 1 else np.concatenate([np.asarray(r) for r in raw], axis=0)
+    parts = tuple(raw) if isinstance(raw, (list, tuple)) else (raw,)
     N, K = int(n_rows), int(n_cols)
-    b = np.ascontiguousarray(raw).view(np.uint8).reshape(N, row_bytes(qt, K))
+    rb = row_bytes(qt, K)
+    if numerics_for(qt) == "i8" and qt in qdot.PACKERS:  # each part straight into its rows of the tiles
+        outs = tuple(np.zeros(shape, dt) for dt, shape in qdot.layout(qt, N, K))
+        bad, r0 = [], 0
+        for p in parts:
+            b = np.ascontiguousarray(p).view(np.uint8)
+            if b.size % rb or r0 + b.size // rb > N:
+                raise ValueError(f"{qt.name} {N}x{K} matrix: a part of {b.size} bytes is not whole rows of {rb}")
+            b = b.reshape(-1, rb)
+            bad.append(int(qdot.pack_into(qt, outs, b, r0)))
+            r0 += b.shape[0]
+        if r0 != N:
+            raise ValueError(f"{qt.name} {N}x{K} matrix: its parts hold {r0} rows")
+        return PackedMatrix(qt, N, K, outs, _perm(int(qt), K), -(-K // t.f32_block), numerics="i8"), tuple(bad)
+    raw = parts[0] if len(parts) == 1 else np.concatenate([np.asarray(r) for r in parts], axis=0)
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(N, rb)
     bs = t.f32_block
     Kp = -(-K // bs) * bs
     if t.f32.padded:  # float types: zero-pad each row to whole blocks of 32
         b = np.concatenate([b, np.zeros((N, (Kp - K) * t.nbytes), np.uint8)], axis=1)
     blk = b.reshape(N, Kp // bs, -1)
     if numerics_for(qt) == "i8":
-        return PackedMatrix(qt, N, K, qdot.pack(qt, blk, N), _perm(int(qt), K), Kp // bs, numerics="i8")
+        return PackedMatrix(qt, N, K, qdot.pack_numpy(qt, blk, N), _perm(int(qt), K), Kp // bs, numerics="i8"), None
     arrays = tuple(_tiles(_field(blk, ct, dims, src), N) for _, ct, dims, src in t.f32.fields)
-    return PackedMatrix(qt, N, K, arrays, _perm(int(qt), K), Kp // bs)
+    return PackedMatrix(qt, N, K, arrays, _perm(int(qt), K), Kp // bs), None
 
 
 KINDS = tuple(q for q, t in QUANT_TYPES.items() if t.f32)  # the types with a CPU kernel

@@ -11,16 +11,17 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 import guild.formats.repack_cache as rc
 import guild.formats.repack_writer as rc_writer
-from guild.errors import GgufFormatError
+from guild.errors import GgufFormatError, NumericsError
 from guild.formats.gguf import GGUFFile
-from guild.models import load_model
+from guild.models import load_model, validate
 from guild.text.tokenizer import Tokenizer
 from guild.tools.tiny import write_tiny_model
 
@@ -250,6 +251,49 @@ def test_invalid_model_error_is_the_models(tmp_path, cache_env):
     assert not list(cache_env.glob("*.rpk"))
 
 
+
+def _with_bad_scales(src, dst, name, blocks):
+    """A copy of src with the f16 d of these Q4_K blocks of tensor `name` inf (even) or NaN (odd)."""
+    g = GGUFFile(src)
+    raw = bytearray(Path(src).read_bytes())
+    off = g.data_offset + g.index.tensors[list(g.tensors).index(name)].offset
+    for i in blocks:
+        raw[off + 144 * i : off + 144 * i + 2] = np.float16(np.nan if i % 2 else np.inf).tobytes()
+    Path(dst).write_bytes(bytes(raw))
+    return dst
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+@pytest.mark.parametrize("counted", [True, False], ids=["by-packers", "after"])
+def test_bad_scales_found_as_the_repack_reads_them(models, cache_env, monkeypatch, tmp_path, cache, counted):
+    """A first load reads each quantised tensor once: the packers check its block scales (no scan of its own
+    before); a tensor whose packer did not count them is scanned after. A bad scale is still the scan's one line
+    naming the tensor, with its count over the whole tensor, and leaves no cache."""
+    from guild.formats import finite
+
+    a, _ = models
+    if cache == "off":
+        monkeypatch.setenv(rc.ENV_SWITCH, "0")
+    if not counted:  # as a type packed in NumPy: no count
+        for mod in (rc, rc_writer):
+            monkeypatch.setattr(mod, "pack_checked", lambda *args: (rc.repack(*args), None))
+    scanned = []
+    count = finite.nonfinite_count
+    monkeypatch.setattr(finite, "nonfinite_count", lambda t: scanned.append(t.name) or count(t))
+    monkeypatch.setattr(validate, "nonfinite_count", finite.nonfinite_count)
+    g = GGUFFile(a)
+    _load(a)
+    q4k = {n for n, t in g.tensors.items() if t.qtype == GGMLQuantizationType.Q4_K}
+    assert {n for n in scanned if n in q4k} == (set() if counted else q4k)
+    name = "blk.1.ffn_down_exps.weight"
+    bad = _with_bad_scales(a, tmp_path / "bad.gguf", name, (3, 4, 17))
+    before = sorted(cache_env.glob("*")) if cache_env.exists() else []
+    with pytest.raises(NumericsError) as e:
+        _load(bad)
+    assert str(e.value) == f"{bad}: tensor '{name}' has 3 non-finite (NaN/inf) block scales"
+    assert (sorted(cache_env.glob("*")) if cache_env.exists() else []) == before  # nothing new, no temporary
+
+
 # -- bounded memory ------------------------------------------------------------------------------------
 _RSS_PROBE = textwrap.dedent("""
     import json, os, sys
@@ -378,10 +422,10 @@ def test_a_failing_repack_leaves_nothing(models, cache_env, monkeypatch):
         calls.append(1)
         if len(calls) == 3:
             raise ValueError("bad block in matrix 3")
-        return rc.repack(qtype, raw, n_rows, n_cols)
+        return rc.pack_checked(qtype, raw, n_rows, n_cols)
 
     with monkeypatch.context() as mp, pytest.raises(ValueError, match="bad block in matrix 3"):
-        mp.setattr(rc_writer, "repack", bad)
+        mp.setattr(rc_writer, "pack_checked", bad)
         _load(a)
     assert list(cache_env.iterdir()) == []
     assert _load(a)[1] == "built"

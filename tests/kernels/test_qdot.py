@@ -25,7 +25,7 @@ from guild.kernels import ref_quant
 from guild.kernels.blocks import KVALUES_IQ4NL
 from guild.kernels.cpu import qdot, simd
 from guild.kernels.cpu import quant as kq
-from guild.kernels.quant_types import BLOCK, QUANT_TYPES, act_block
+from guild.kernels.quant_types import BLOCK, F16_SCALES, QUANT_TYPES, act_block, row_bytes
 
 TYPES = [q for q, t in QUANT_TYPES.items() if t.i8]
 KQUANTS = {qt for qt in TYPES if BLOCK[qt][0] == 256}  # super-blocks of 256
@@ -320,3 +320,30 @@ def test_q8_0_activations_match_gguf_py_but_at_exact_ties():
         twin = ref_quant.quantize_act_q8(x, 32)
         assert np.array_equal(twin, qs.astype(np.float64) * np.repeat(d, 32, axis=1).astype(np.float64))
     assert tie.sum() == x.size // 2 and (qs[tie] != gq[tie]).sum() == x.size // 2 * 5 // 8  # the ties rows' cases
+
+
+@pytest.mark.parametrize("qt", sorted(qdot.PACKERS), ids=lambda q: Q(q).name)
+def test_packers_write_the_twins_bytes(qt):
+    rng = np.random.default_rng(int(qt))
+    n, k = 150, (512 if qt in KQUANTS else 160)
+    raw = ref_quant.random_raw(qt, n, k, rng)
+    raw[3:9] = rng.integers(0, 256, raw[3:9].shape, dtype=np.uint8)  # any bytes: scales random bits too
+    bs, ts = BLOCK[qt]
+    nan, inf = (np.frombuffer(np.float16(v).tobytes(), np.uint8) for v in (np.nan, -np.inf))
+    hit = [(r, b) for r, b in rng.integers(0, (n, k // bs), (6, 2))]  # inf/NaN scales, one row again
+    for r, b in hit + [(hit[0][0], (hit[0][1] + 1) % (k // bs))]:
+        for off in F16_SCALES[qt][: 1 + r % 2]:
+            raw[r, b * ts + off : b * ts + off + 2] = nan if b % 2 else inf
+    want = qdot.pack_numpy(qt, raw.reshape(n, k // bs, ts), n)
+    parts = (raw[:1], raw[1:64], raw[64:65], raw[65:])  # parts across tiles, groups and lanes
+    with kq.numerics("i8"):
+        w, bad = kq.pack_checked(qt, parts, n, k)
+    assert [(a.dtype, a.shape) for a in w.arrays] == [(a.dtype, a.shape) for a in want]
+    for got, ref, (name, _, _) in zip(w.arrays, want, QUANT_TYPES[qt].i8, strict=True):
+        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8)), name
+    scales = [raw.reshape(n, -1, ts)[..., o : o + 2].copy().view(np.uint16) for o in F16_SCALES[qt]]
+    per_row = sum(((s & 0x7C00) == 0x7C00).sum(axis=(1, 2)) for s in scales) if scales else np.zeros(n, int)
+    assert bad == tuple(int(per_row[p].sum()) for p in (slice(0, 1), slice(1, 64), slice(64, 65), slice(65, n)))
+    assert sum(bad) >= (7 if F16_SCALES[qt] else 0) or not F16_SCALES[qt]
+    with pytest.raises(ValueError, match="whole rows"):
+        kq.pack_checked(qt, (raw[:, : row_bytes(qt, k) - 1],), n, k)

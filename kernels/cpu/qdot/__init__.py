@@ -42,14 +42,17 @@ chain is fixed per (row, feature), whichever path computes it and however many r
 every output row is bitwise the same alone, in a window, in a batch or in a prefill chunk (Thinking Machines,
 "Defeating Nondeterminism in LLM Inference", 2025: a fixed reduction order per output element).
 Twin: kernels/ref_quant.py `quantize_act_q8`, `matmul_ref(act=...)`.
-Modules: types.py (geometry, the per-type fields), pack.py (GGUF blocks → fields, and get_rows), activations.py,
+Modules: types.py (geometry, the per-type fields), packers.py (GGUF blocks → fields, compiled), pack.py (its NumPy
+twin, and get_rows), activations.py,
 dots.py (the block arithmetic), kernels.py (the C entry points).
 """
 
 from .activations import ACT_EXTRA, act_bytes, act_group, quantize_acts, quantize_groups
 from .kernels import KERNELS
-from .pack import get_rows, pack
+from .pack import get_rows, pack_numpy
+from .packers import KINDS as PACKERS
+from .packers import pack_into
 from .types import GL, NJ, QB, SB, layout
 
-__all__ = ["ACT_EXTRA", "GL", "KERNELS", "NJ", "QB", "SB", "act_bytes", "act_group", "get_rows", "layout",
-           "pack", "quantize_acts", "quantize_groups"]
+__all__ = ["ACT_EXTRA", "GL", "KERNELS", "NJ", "QB", "SB", "PACKERS", "act_bytes", "act_group", "get_rows",
+           "layout", "pack_into", "pack_numpy", "quantize_acts", "quantize_groups"]

@@ -1,5 +1,6 @@
-"""Packing for the int8 path (NumPy, at load): a type's GGUF blocks → its packed fields (kernels/cpu/qdot/types.py
-roles), and get_rows, the packed fields back to ggml's dequantised values bit for bit."""
+"""Packing for the int8 path (NumPy): a type's GGUF blocks → its packed fields (kernels/cpu/qdot/types.py roles),
+and get_rows, the packed fields back to ggml's dequantised values bit for bit. `pack_numpy` packs the types that
+packers.py has no kernel for, and is the kernels' twin for the rest."""
 
 from __future__ import annotations
 
@@ -213,7 +214,7 @@ def _tile_into(dst: np.ndarray, a: np.ndarray, g0: int, role: str) -> None:
 _CHUNK = 1024  # rows packed at a time (a multiple of NT)
 
 
-def pack(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
+def pack_numpy(qtype: int, blk: np.ndarray, n_rows: int) -> tuple:
     """Packed arrays from the raw blocks [N, nb, block bytes] of a matrix, written chunk by chunk."""
     q = int(qtype)
     fields = QUANT_TYPES[Q(q)].i8
