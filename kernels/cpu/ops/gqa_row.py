@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..intrinsics import fma32
-from ..simd import AVX512BW, fma_f, lane, ld_f32, max_f, splat_f, st_f32, zero_f
+from ..simd import AVX512BW, fma_f, lane, ld_f32, max_f, prefetch, splat_f, st_f32, zero_f
 from .kv import KV_TILE, is_q8, k_scales, key_at, kv_block, kv_parts, ld_kv, stored_f32, v_scale
 from .rows import expf, sum_fixed
 
@@ -72,9 +72,10 @@ def _scores_row(q, kq, ks, g, h0, group, L, scale, scores):
     W = min(kq.shape[1] * KV_TILE, scores.shape[1])
     j = 0
     while j < L and j + KV_TILE <= W:
-        for r in range(0, group, 4):
-            _scores_four(qs, r, kq, ks, pk + j // KV_TILE * kq.strides[1], pd + j // KV_TILE * ks.strides[1], blk,
-                         ps + r * ss + 4 * j, ss)
+        tk, td = pk + j // KV_TILE * kq.strides[1], pd + j // KV_TILE * ks.strides[1]
+        _scores_four(qs, 0, kq, ks, tk, td, blk, ps + 4 * j, ss, True)  # it prefetches the next tile
+        for r in range(4, group, 4):
+            _scores_four(qs, r, kq, ks, tk, td, blk, ps + r * ss + 4 * j, ss, False)
         j += KV_TILE
     while j < L and j + 16 <= W:
         o = j % KV_TILE
@@ -91,9 +92,10 @@ def _scores_row(q, kq, ks, g, h0, group, L, scale, scores):
 
 
 @njit(cache=True, inline="always")
-def _scores_four(qs, r, kq, ks, pk, pd, blk, ps, ss):
+def _scores_four(qs, r, kq, ks, pk, pd, blk, ps, ss, pf):
     """Heads r .. r + 3 at the 64 positions of one key tile (dimension i at pk + i * kq.strides[2]; q8_0: the
-    scales of dimensions ib .. ib + 31 at pd + ib // 32 * ks.strides[2]) into ps, ps + ss, ps + 2 ss, ps + 3 ss."""
+    scales of dimensions ib .. ib + 31 at pd + ib // 32 * ks.strides[2]) into ps, ps + ss, ps + 2 ss, ps + 3 ss;
+    `pf` (a constant at each call) prefetches the next tile (a decode step finds the cache cold)."""
     hd = qs.shape[1]
     sk = kq.strides[2]
     w = 16 * kq.itemsize
@@ -104,6 +106,8 @@ def _scores_four(qs, r, kq, ks, pk, pd, blk, ps, ss):
         s0, s1, s2, s3 = k_scales(kq, p), k_scales(kq, p + dw), k_scales(kq, p + 2 * dw), k_scales(kq, p + 3 * dw)
         for i in range(ib, ib + blk):
             p = pk + i * sk
+            if pf:
+                _ahead(p + kq.strides[1], 4 * w)
             k0 = ld_kv(p, kq, s0)
             k1 = ld_kv(p + w, kq, s1)
             k2 = ld_kv(p + 2 * w, kq, s2)
@@ -144,7 +148,6 @@ def _values_row(pb, invs, vq, vs, g, h0, group, L, out):
             w[j] = w[j] * iv
     pv = vq.ctypes.data + g * vq.strides[0]
     sj = vq.strides[1]
-    w = 16 * vq.itemsize
     acc = np.zeros((group, hd), np.float32)
     pa = acc.ctypes.data
     sa = acc.strides[0]
@@ -156,31 +159,49 @@ def _values_row(pb, invs, vq, vs, g, h0, group, L, out):
             for j in range(j0, j1):
                 for b in range(hd // 32):
                     ds[j - j0, b] = stored_f32(vs[g, j, b])
-        for r in range(0, group, 4):
-            for c in range(0, hd, 64):
-                p = pa + r * sa + 4 * c
-                a0, a1, a2, a3 = _ld4(p)
-                b0, b1, b2, b3 = _ld4(p + sa)
-                c0, c1, c2, c3 = _ld4(p + 2 * sa)
-                d0, d1, d2, d3 = _ld4(p + 3 * sa)
-                for j in range(j0, j1):
-                    v = pv + j * sj + vq.itemsize * c
-                    e = pds + 4 * ((j - j0) * (hd // 32) + c // 32)  # q8_0: the scales of features c.., c + 32..
-                    v0 = ld_kv(v, vq, v_scale(vq, e))
-                    v1 = ld_kv(v + w, vq, v_scale(vq, e))
-                    v2 = ld_kv(v + 2 * w, vq, v_scale(vq, e + 4))
-                    v3 = ld_kv(v + 3 * w, vq, v_scale(vq, e + 4))
-                    a0, a1, a2, a3 = _fma4(splat_f(pb[r, j]), v0, v1, v2, v3, a0, a1, a2, a3)
-                    b0, b1, b2, b3 = _fma4(splat_f(pb[r + 1, j]), v0, v1, v2, v3, b0, b1, b2, b3)
-                    c0, c1, c2, c3 = _fma4(splat_f(pb[r + 2, j]), v0, v1, v2, v3, c0, c1, c2, c3)
-                    d0, d1, d2, d3 = _fma4(splat_f(pb[r + 3, j]), v0, v1, v2, v3, d0, d1, d2, d3)
-                _st4(p, a0, a1, a2, a3)
-                _st4(p + sa, b0, b1, b2, b3)
-                _st4(p + 2 * sa, c0, c1, c2, c3)
-                _st4(p + 3 * sa, d0, d1, d2, d3)
+        for c in range(0, hd, 64):  # the first four heads prefetch the next tile's rows, the others find them
+            _values_four(pb, 0, vq, pv, sj, pds, pa + 4 * c, sa, c, j0, j1, True)
+            for r in range(4, group, 4):
+                _values_four(pb, r, vq, pv, sj, pds, pa + r * sa + 4 * c, sa, c, j0, j1, False)
     for r in range(group):
         for i in range(hd):
             out[0, h0 + r, i] = acc[r, i]
+
+
+@njit(cache=True, inline="always")
+def _values_four(pb, r, vq, pv, sj, pds, p, sa, c, j0, j1, pf):
+    """Heads r .. r + 3, features c .. c + 63, positions j0 .. j1 - 1: the accumulators at p, p + sa, ... carried
+    on; `pf` (a constant at each call) prefetches the next tile's rows of these features."""
+    hd = vq.shape[2]
+    w = 16 * vq.itemsize
+    a0, a1, a2, a3 = _ld4(p)
+    b0, b1, b2, b3 = _ld4(p + sa)
+    c0, c1, c2, c3 = _ld4(p + 2 * sa)
+    d0, d1, d2, d3 = _ld4(p + 3 * sa)
+    for j in range(j0, j1):
+        v = pv + j * sj + vq.itemsize * c
+        if pf:
+            _ahead(v + KV_TILE * sj, 4 * w)  # a decode step finds the cache cold
+        e = pds + 4 * ((j - j0) * (hd // 32) + c // 32)  # q8_0: the scales of features c.., c + 32..
+        v0 = ld_kv(v, vq, v_scale(vq, e))
+        v1 = ld_kv(v + w, vq, v_scale(vq, e))
+        v2 = ld_kv(v + 2 * w, vq, v_scale(vq, e + 4))
+        v3 = ld_kv(v + 3 * w, vq, v_scale(vq, e + 4))
+        a0, a1, a2, a3 = _fma4(splat_f(pb[r, j]), v0, v1, v2, v3, a0, a1, a2, a3)
+        b0, b1, b2, b3 = _fma4(splat_f(pb[r + 1, j]), v0, v1, v2, v3, b0, b1, b2, b3)
+        c0, c1, c2, c3 = _fma4(splat_f(pb[r + 2, j]), v0, v1, v2, v3, c0, c1, c2, c3)
+        d0, d1, d2, d3 = _fma4(splat_f(pb[r + 3, j]), v0, v1, v2, v3, d0, d1, d2, d3)
+    _st4(p, a0, a1, a2, a3)
+    _st4(p + sa, b0, b1, b2, b3)
+    _st4(p + 2 * sa, c0, c1, c2, c3)
+    _st4(p + 3 * sa, d0, d1, d2, d3)
+
+
+@njit(cache=True, inline="always")
+def _ahead(p, n):
+    """Prefetch the n bytes at p (whole cache lines; a hint that never faults)."""
+    for c in range(0, n, 64):
+        prefetch(p + c)
 
 
 @njit(cache=True, inline="always")
