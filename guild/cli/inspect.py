@@ -80,7 +80,10 @@ def model_summary(path: str | os.PathLike) -> dict:
         d["nextn_predict_layers"] = nextn
     side = sidecar_path(path)
     d["mtp_head"] = (f"nextn block (blk.{n_layers - nextn})" if nextn else str(side) if side else None)
-    d["repack"] = survey(g, load_model)
+    try:  # the rest is metadata: a file the loader refuses (weights missing, shapes off) is still described
+        d["repack"] = survey(g, load_model)
+    except GuildError as e:
+        d["repack"] = {"error": str(e)}
     return d
 
 
@@ -175,6 +178,8 @@ def print_model(d: dict, console: Console) -> None:
 
 def repack_rows(r: dict) -> list[tuple[str, str]]:
     """What a first load repacks into guild's cache, per layout and why, and what runs from the GGUF's bytes."""
+    if "error" in r:
+        return [("repacked", f"unknown: a load would refuse this file ({r['error']})")]
     why = {"int8 tiles": "int8 tile layout: integer dot products", "fp32 dequant-dot tiles": "fp32 tile layout: "
            + ("--numerics f32" if r["numerics"] == "f32" else "no int8 kernel for these types")}
     rows = [("repacked", f"{r['matrices']} matrices from {r['tensors_repacked']} tensors, {r['bytes'] / 1e9:.2f} GB "

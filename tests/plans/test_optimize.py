@@ -171,8 +171,9 @@ def test_inspect_hybrid_layer_pattern_from_metadata(tmp_path):
     w.close()
     d = json.loads(cli("inspect", path, "--json").stdout)
     assert d["layer_pattern"] == "RRRARRRAM" and d["layer_pattern_short"] == "RRRA × 2 + M"
+    assert "must be in" in d["repack"]["error"]  # no weights: the repack account says a load would refuse it
     r = cli("inspect", path)
-    assert "RRRA × 2 + M" in r.stdout and "R recurrent" in r.stdout
+    assert "RRRA × 2 + M" in r.stdout and "R recurrent" in r.stdout and "a load would refuse" in r.stdout
 
 
 def test_inspect_plot(plan, tmp_path):
