@@ -40,6 +40,11 @@ _CACHE_MAX_HELP = ("Size limit of the repack cache (the repacked copies of model
                    "512M or none; least recently used copies go first; a model larger than it is repacked into "
                    "memory. Overrides GUILD_CACHE_MAX; default half of the disk's room.")
 
+_MMAP_HELP = ("Map the repacked weights from the repack cache instead of reading them into memory: less resident "
+              "memory, pages the OS may drop, slower decode. Default: read into memory (on huge pages where the "
+              "OS has them) when the model fits the available memory with a quarter to spare; GUILD_MMAP=1 "
+              "likewise.")
+
 
 def _cache_max(value: str | None) -> str | None:
     """--cache-max checked as it is read: a bad size is a usage error (one line, exit status 2)."""
@@ -61,6 +66,7 @@ _FLAGS = {  # parameter → (flags, default, help[, check]); help None: each com
     "numerics": (("--numerics",), "i8", _NUMERICS_HELP),
     "expert_cache": (("--expert-cache-mem",), "auto", _EXPERT_CACHE_HELP),
     "cache_max": (("--cache-max",), None, _CACHE_MAX_HELP, _cache_max),
+    "mmap": (("--mmap",), False, _MMAP_HELP),
     "device": (("--device",), "auto", DEVICE_HELP),
     # KVTypes checks these two
     "cache_type_k": (("-ctk", "--cache-type-k"), "f32", "Stored type of the KV cache's keys: " + _KV_HELP),
@@ -175,17 +181,19 @@ def model_arg(model: str | None, model_opt: str | None) -> str | None:
     return model if model is not None else model_opt
 
 
-def set_process_flags(numerics: str, expert_cache: str | None = None, cache_max: str | None = None) -> None:
+def set_process_flags(numerics: str, expert_cache: str | None = None, cache_max: str | None = None,
+                      mmap: bool = False) -> None:
     """The flags every load of this process follows: --numerics, the mode every matrix is packed under
-    (kernels/cpu/quant.py NUMERICS), --expert-cache-mem if the command takes it (guild.engine.experts) and
-    --cache-max if given (guild.formats.cache_store)."""
+    (kernels/cpu/quant.py NUMERICS), --expert-cache-mem if the command takes it (guild.engine.experts),
+    --cache-max if given (guild.formats.cache_store) and --mmap (guild.formats.resident)."""
     from ..engine import experts  # deferred: numba
-    from ..formats import cache_store
+    from ..formats import cache_store, resident
     from ..kernels.cpu import quant
 
     if numerics not in quant.NUMERICS:
         raise BadFlagError(f"--numerics must be {' or '.join(quant.NUMERICS)}, not {numerics!r}")
     quant.set_default_numerics(numerics)
     cache_store.set_limit(cache_max)
+    resident.set_mmap(True if mmap else None)
     if expert_cache is not None:
         experts.set_default(experts.expert_cache_mem(expert_cache))

@@ -3,9 +3,11 @@ its second load costs little more than opening the file.
 
 The first load of a GGUF repacks each matrix (kernels.cpu.quant.pack) and streams the packed arrays into a cache
 file, releasing the GGUF's pages as it goes (GGUFFile.release): the process never holds the repacked copy and
-the file's pages at once. The file is written atomically (guild.formats.files) and then mapped; every later load maps
-it again and builds the model on views of it. Resident memory is then about one copy of the weights, in pages
-of the cache file that the kernels touched, which the kernel can drop and read back like any file page.
+the file's pages at once. The file is written atomically (guild.formats.files); every load then reads it into
+memory (guild.formats.resident: when it fits the memory budget, for decode speed) or maps it (--mmap, a model
+too large, experts streamed by the expert cache), and builds the model on views of it. Mapped, resident memory
+is about one copy of the weights, in pages of the cache file that the kernels touched, which the kernel can drop
+and read back like any file page.
 
 Where: `$GUILD_CACHE_DIR/repack/` (else the platform user cache dir), one file per model, named by the model's
 identity digest (SHA-256 of the GGUF's header, metadata and tensor index: GGUFFile.identity_digest).
@@ -53,7 +55,7 @@ from ..errors import GuildError
 from ..kernels.cpu import quant
 from ..kernels.cpu.quant import KINDS, PackedMatrix, current_numerics, layout, pack_checked
 from ..kernels.cpu.quant import pack as repack
-from . import cache_store
+from . import cache_store, resident
 from .cache_header import _TRAILER, MAGIC, StaleCache, cache_root, read_header
 from .files import atomic_path
 from .finite import ScaleLedger
@@ -195,7 +197,7 @@ def _int(v, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
 class CacheFile:
     """An opened, checked cache file (see the module docstring): `matrices` in pack order, mapped lazily."""
 
-    def __init__(self, path: Path, key: dict):
+    def __init__(self, path: Path, key: dict, load: bool = False):
         try:
             f = open(path, "rb")
         except FileNotFoundError:
@@ -222,9 +224,16 @@ class CacheFile:
                 raise StaleCache("data section does not end where the header starts")
             self.finite_checked = hdr.get("finite_checked") is True
             self.matrices = self._check_matrices(hdr.get("matrices"), data_end, self.numerics)
-            # copy-on-write: views are writeable (the kernels' compiled signatures take writeable arrays) but
-            # nothing written would reach the file; pages are the file's until then
-            self.buf = np.frombuffer(mmap.mmap(f.fileno(), data_end, access=mmap.ACCESS_COPY), np.uint8)
+            self.loaded = load
+            if load:  # read into the process's memory, on huge pages where it can (resident.py: faster decode)
+                try:
+                    self.buf = resident.read_file(f.fileno(), data_end)
+                except OSError as e:
+                    raise StaleCache(f"cannot read ({e})") from None
+            else:
+                # copy-on-write: views are writeable (the kernels' compiled signatures take writeable arrays)
+                # but nothing written would reach the file; pages are the file's until then
+                self.buf = np.frombuffer(mmap.mmap(f.fileno(), data_end, access=mmap.ACCESS_COPY), np.uint8)
         self.path, self.size = path, size
 
     @staticmethod
@@ -289,8 +298,10 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: boo
     """`load_model(g)` (models.load_model), the matrices mapped from g's repack cache, built first if needed.
     Returns (model, how): how is "cache" (mapped from an existing cache), "built" (cache written now, then
     mapped) or "memory" (repacked into memory: cache off or not writable). read_ahead: `prefetch` the file
-    (not for a model whose experts an expert cache will read: the file may not fit in memory)."""
+    (not for a model whose experts an expert cache will read: the file may not fit in memory); a model that
+    reads ahead and fits the memory budget is read into memory rather than mapped (resident.py)."""
     weights = sum(t.data.nbytes for t in g.tensors.values())
+    load = read_ahead and resident.wanted(weights)
     if not enabled():
         return _in_memory(g, load_model, progress, weights), "memory"
     key = _source_key(g)
@@ -298,7 +309,7 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: boo
     built = False
     while True:
         try:
-            model = _replay(g, CacheFile(path, key), load_model, read_ahead)
+            model = _replay(g, CacheFile(path, key, load), load_model, read_ahead and not load)
             cache_store.touch(path)  # its last use, for eviction
             return model, ("built" if built else "cache")
         except StaleCache as e:

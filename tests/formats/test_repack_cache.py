@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 import guild.formats.repack_cache as rc
 import guild.formats.repack_writer as rc_writer
 from guild.errors import GgufFormatError, NumericsError
+from guild.formats import resident
 from guild.formats.gguf import GGUFFile
 from guild.models import load_model, validate
 from guild.text.tokenizer import Tokenizer
@@ -321,17 +322,30 @@ def _load_growth(path, env) -> dict:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_loading_stays_in_bounded_memory(moe_path, tmp_path):
-    """Peak resident memory while loading the embedded 8-expert MoE (447 MB). Repacking into memory grows it by
-    ~1.3x the file (holding the repacked copy and the file's pages at once would be ~2x). The first load
-    streams into the cache (measured growth 0.33x: one matrix at a time plus the allocator's slack), the second
-    maps it (0.03x): bounds 0.6x and 0.15x."""
-    env = dict(os.environ, GUILD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_NUM_THREADS="1")
+    """Peak resident memory while loading the embedded 8-expert MoE (447 MB) with the cache mapped (--mmap).
+    Repacking into memory grows it by ~1.3x the file (holding the repacked copy and the file's pages at once
+    would be ~2x). The first load streams into the cache (measured growth 0.33x: one matrix at a time plus the
+    allocator's slack), the second maps it (0.03x): bounds 0.6x and 0.15x."""
+    env = dict(os.environ, GUILD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_NUM_THREADS="1", GUILD_MMAP="1")
     env.pop(rc.ENV_SWITCH, None)
     first = _load_growth(moe_path, env)
     second = _load_growth(moe_path, env)
     assert (first["how"], second["how"]) == ("built", "cache")
     assert first["growth"] <= 0.6 * first["size"], first
     assert second["growth"] <= 0.15 * second["size"], second
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_load_that_fits_reads_the_cache_into_memory_once(moe_path, tmp_path):
+    """By default a model that fits the memory budget is read into the process's memory (resident.py): the
+    second load grows by one copy of the weights (measured 0.98x the file), never the file's pages and a copy."""
+    env = dict(os.environ, GUILD_CACHE_DIR=str(tmp_path / "cache"), NUMBA_NUM_THREADS="1")
+    env.pop(rc.ENV_SWITCH, None)
+    env.pop(resident.ENV, None)
+    _load_growth(moe_path, env)
+    second = _load_growth(moe_path, env)
+    assert second["how"] == "cache"
+    assert 0.8 * second["size"] <= second["growth"] <= 1.15 * second["size"], second
 
 
 def test_prefetch_and_progress_are_quiet(tmp_path, capsys):

@@ -98,6 +98,7 @@ def command(
     numerics: str = flag("numerics"),
     expert_cache: str = flag("expert_cache"),
     cache_max: str | None = flag("cache_max"),
+    mmap: bool = flag("mmap"),
     context: int = flag("context", help="Context length in tokens (KV cache size); a full chat drops its oldest "
                         "turns."),
     cache_type_k: str = flag("cache_type_k"),
@@ -146,7 +147,7 @@ def command(
 
     try:
         writable(trace, "--trace")
-        set_process_flags(numerics, expert_cache, cache_max)
+        set_process_flags(numerics, expert_cache, cache_max, mmap)
         model = model_arg(model, model_opt)
         if interactive and prompt == "-":
             raise BadFlagError("-p - reads the prompt from standard input, which -i reads the chat from")

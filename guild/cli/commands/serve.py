@@ -35,6 +35,7 @@ def command(
     numerics: str = flag("numerics"),
     expert_cache: str = flag("expert_cache"),
     cache_max: str | None = flag("cache_max"),
+    mmap: bool = flag("mmap"),
     context: int = flag("context", help="Context of each session, in tokens."),
     cache_type_k: str = flag("cache_type_k"),
     cache_type_v: str = flag("cache_type_v"),
@@ -58,7 +59,7 @@ def command(
     from ...serve import serve as serve_model
 
     try:
-        set_process_flags(numerics, expert_cache, cache_max)
+        set_process_flags(numerics, expert_cache, cache_max, mmap)
         opts = DecodeOptions(strategy=strategy, max_draft=max_draft, sampling=SamplingParams(**sampling),
                              context=context, prefill_batch=prefill_batch, gexec=None if gexec is None else str(gexec),
                              device=device, kv=KVTypes(cache_type_k, cache_type_v), rope=RopeOptions(*rope))
