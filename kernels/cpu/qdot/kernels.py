@@ -38,7 +38,7 @@ def _entry(kind: int, name: str):
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
     grid = Q(kind) in _GRIDS  # grid types, whose magnitudes a tile of 3+ rows decodes once
     t1 = kind == IQ2_XXS or kind == IQ3_XXS  # grid types whose single row takes _grid_t1
-    ub = unit_bytes(kind)
+    ub = unit_bytes(kind) + (prefetch_units(kind),)  # the fields' bytes per unit, then the prefetch distance
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
@@ -85,7 +85,7 @@ def _entry(kind: int, name: str):
                     for b in range(nb):
                         xa = pxp + t * Kp + b * QB
                         if t == 0:
-                            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + PF))
+                            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
                         y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd[t, b], sx[t, b], xs[t, b], y)
                         z = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], xs[u, b], z)
                     _put(pout, out, t, N, n0, y)
@@ -95,7 +95,7 @@ def _entry(kind: int, name: str):
                     y = zero_f()
                     for b in range(nb):
                         if t == 0:
-                            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + PF))
+                            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
                         y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, pxp + t * Kp + b * QB, xd[t, b], sx[t, b],
                                  xs[t, b], y)
                     _put(pout, out, t, N, n0, y)
@@ -119,7 +119,7 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
                 xa = pxp + t * Kp + b * QB
                 xu = pxp + u * Kp + b * QB
                 if t == 0:  # the later row pairs find the group's weights in cache
-                    _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + PF))
+                    _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
                 if dec:
                     a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
                     a2 = add_i(a2, _grid_blk(kind, p1, p2, g, nb, b, j, xu, pd))
@@ -163,11 +163,15 @@ def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs,
     _put(pout, out, 0, N, n0, y)
 
 
-# Prefetch distance in units (one block of one group of 16 features): decode reads its weights once, from memory,
-# and without software prefetch the kernels' compute and the loads' latency add up instead of overlapping (the
-# hardware prefetchers restart at every 4 KiB page of each field's stream). 4-6 measured best (12-layer
-# Qwen3-30B-A3B slice, 2 threads: decode +12 %; 10 and above, or into L2 only, gave less).
-PF = 6
+# Prefetch distance: decode reads its weights once, from memory, and without software prefetch the kernels'
+# compute and the loads' latency add up instead of overlapping (the hardware prefetchers restart at every 4 KiB
+# page of each field's stream). Counted in bytes of all of a kind's fields, so that a kind with large units does
+# not run as far ahead (past what the line fill buffers hold): 6 units of Q4_K measured best (12-layer
+# Qwen3-30B-A3B slice, 2 threads: decode +12 %; 10 and above, or into L2 only, gave less), and 3 units of Q8_0
+# instead of 6: decode of the 4-layer Q8_0 slice +9 % (58.0-61.3 against 52.1-55.2 tok/s, three alternated pairs).
+PF_BYTES = 1776
+
+
 # bytes per unit of each field role (types.py); "hs" (an f16 per 8 units) as 4: the same cache line
 _ROLE_BYTES = {"q4": 256, "q8": 512, "w": 64, "w2": 128, "b2": 32, "b": 16, "h": 32, "hs": 4, "g4": 64, "g8": 128}
 
@@ -176,6 +180,12 @@ def unit_bytes(kind: int) -> tuple:
     """Each of a kind's fields' bytes per unit, 0 past its last field (five slots: p0..p4)."""
     r = [_ROLE_BYTES[role] for _, role, _ in QUANT_TYPES[Q(kind)].i8]
     return tuple(r + [0] * (5 - len(r)))
+
+
+def prefetch_units(kind: int) -> int:
+    """Units ahead that the kernels of `kind` prefetch: PF_BYTES of its fields, 2 to 6 (kinds of smaller units
+    keep the 6 measured on Q4_K; farther was not measured for them)."""
+    return max(2, min(6, round(PF_BYTES / sum(unit_bytes(kind)))))
 
 
 @njit(cache=True, inline="always")
@@ -210,7 +220,7 @@ def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, po
         for b in range(s, s + SB):
             xa = pxp + b * QB
             # the pass after this one reads groups j + 2 and k + 2 (the next units of each stream past nb)
-            ua = _unit(g, j, nb, b + PF) + (nb if b + PF >= nb else 0)
+            ua = _unit(g, j, nb, b + ub[5]) + (nb if b + ub[5] >= nb else 0)
             _ahead(ub, p0, p1, p2, p3, p4, ua)
             _ahead(ub, p0, p1, p2, p3, p4, ua + (k - j) * nb)
             a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a1, m1)
