@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import BadFlagError, GuildError
 from ..kernels.cpu import ops
-from ..kernels.cpu.quant import ExpertTable, PackedMatrix, matmul
+from ..kernels.cpu.quant import ExpertList, ExpertTable, PackedMatrix, matmul
 from . import memory
 
 PAGE = mmap.PAGESIZE
@@ -204,7 +204,7 @@ class LayerExperts:
         c.stats.predict_s += time.perf_counter() - t0
 
 
-class CachedExperts(list):
+class CachedExperts(ExpertList):
     """A MoE layer's list of gate|up experts (the model's PackedMatrix list) whose bytes an expert cache serves:
     kernels/cpu/moe.experts_ffn reads `resident` (a LayerExperts) for the slots' address tables."""
 

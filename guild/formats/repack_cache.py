@@ -227,7 +227,7 @@ class CacheFile:
             self.loaded = load
             if load:  # read into the process's memory, on huge pages where it can (resident.py: faster decode)
                 try:
-                    self.buf = resident.read_file(f.fileno(), data_end)
+                    self.buf = resident.read_shared(f.fileno(), data_end)
                 except OSError as e:
                     raise StaleCache(f"cannot read ({e})") from None
             else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -27,6 +28,9 @@ ENV = "GUILD_MMAP"
 HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KiB base pages)
 _CHUNK = 64 << 20  # bytes per read call
 _FLAG: list[bool | None] = [None]  # this process's --mmap, over the environment
+# what a process has read, by file identity: loads of the same file share one copy while any model holds it, as
+# mapped loads share the page cache (tests, benchmarks and the server load one model many times)
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def set_mmap(on: bool | None) -> None:
@@ -86,4 +90,15 @@ def read_file(fd: int, nbytes: int, threads: int | None = None) -> np.ndarray:
     with ThreadPoolExecutor(workers, thread_name_prefix="guild-read") as ex:
         for f in [ex.submit(part, o) for o in range(0, nbytes, _CHUNK)]:
             f.result()
+    return buf
+
+
+def read_shared(fd: int, nbytes: int) -> np.ndarray:
+    """`read_file`, or the copy this process already holds of the same file (device, inode, size, mtime) and
+    length while a model still uses it."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, nbytes)
+    buf = _SHARED.get(key)
+    if buf is None:
+        buf = _SHARED[key] = read_file(fd, nbytes)
     return buf

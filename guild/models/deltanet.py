@@ -20,6 +20,7 @@ from ..engine.state import DeviceHybridState, HybridState
 from ..errors import GuildError, MetadataError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..formats.repack_cache import pack
+from ..kernels.cpu.quant import ExpertList
 from ..kvtypes import F32_KV, KVTypes
 from ..window import MAX_WINDOW
 from .base import Architecture, ModelArgs
@@ -128,8 +129,9 @@ class MoeLayer:
     def __init__(self, g: GGUFFile, p: str, args: ModelArgs):
         self.router = Linear([g.tensor(p + "ffn_gate_inp.weight")]).parts[0]
         gate, up, down = (g.tensor(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
-        self.experts_gu = [Linear([_expert(gate, e), _expert(up, e)]).parts[0] for e in range(args.n_experts)]
-        self.experts_down = [Linear([_expert(down, e)]).parts[0] for e in range(args.n_experts)]
+        self.experts_gu = ExpertList(Linear([_expert(gate, e), _expert(up, e)]).parts[0]
+                                     for e in range(args.n_experts))
+        self.experts_down = ExpertList(Linear([_expert(down, e)]).parts[0] for e in range(args.n_experts))
         self.shexp_gu = Linear([g.tensor(p + "ffn_gate_shexp.weight"), g.tensor(p + "ffn_up_shexp.weight")])
         self.shexp_down = Linear([g.tensor(p + "ffn_down_shexp.weight")])
         sg = g.tensor(p + "ffn_gate_inp_shexp.weight")

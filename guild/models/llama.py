@@ -14,6 +14,7 @@ from ..engine.state import DeviceKVCache, KVCache
 from ..errors import UnsupportedQuantTypeError
 from ..formats.gguf import GGUFFile, Tensor, f32
 from ..formats.repack_cache import pack
+from ..kernels.cpu.quant import ExpertList
 from ..kvtypes import F32_KV, KVTypes
 from .base import Architecture, ModelArgs, check_finite
 from .validate import llama_layer_rules
@@ -40,8 +41,8 @@ class Layer:
             E = args.n_experts
             if up.qtype != gate.qtype:
                 raise UnsupportedQuantTypeError(f"{g.path}: {p}ffn_gate_exps and ffn_up_exps differ in quant type")
-            self.experts_gu = [Linear([_expert(gate, e), _expert(up, e)]).parts[0] for e in range(E)]
-            self.experts_down = [Linear([_expert(down, e)]).parts[0] for e in range(E)]
+            self.experts_gu = ExpertList(Linear([_expert(gate, e), _expert(up, e)]).parts[0] for e in range(E))
+            self.experts_down = ExpertList(Linear([_expert(down, e)]).parts[0] for e in range(E))
         else:
             self.gu = Linear([g.tensor(p + "ffn_gate.weight"), g.tensor(p + "ffn_up.weight")])
             self.down = Linear([g.tensor(p + "ffn_down.weight")])

@@ -375,17 +375,23 @@ def _launch_experts(addr, dims, eids, offs, buf, out, nchunks):
                      c * nt // nc, (c + 1) * nt // nc, pout0 + 4 * offs[g] * N, N)
 
 
+class ExpertList(list):
+    """A model's experts of one matrix kind: a list that carries its own ExpertTable (built on first use), so
+    the table lives and dies with the model (a loaded model's weights are resident memory)."""
+
+    _table: ExpertTable | None = None
+
+
 class ExpertTable:
     """The experts of one MoE matrix kind (a list of PackedMatrix of one shape) as arrays for _launch_experts:
     `ok` when all of them run on the int8 path."""
 
-    _CACHE: OrderedDict = OrderedDict()  # id(list) -> table, least recently used first
-    _MAX = 1024  # tables kept (two per MoE layer); each holds its list, so a dropped model's experts stay
-    # mapped until its tables are evicted
+    _CACHE: OrderedDict = OrderedDict()  # id(list) -> table for plain lists, least recently used first
+    _MAX = 64  # tables kept; each holds its list, so a dropped list's experts stay alive until evicted
 
     def __init__(self, ws: list):
-        self.ws = ws  # kept: the table holds their addresses
         w0 = ws[0]
+        self.qtype = w0.qtype
         self.ok = all(w.numerics == "i8" and (w.n_rows, w.n_cols) == (w0.n_rows, w0.n_cols) for w in ws)
         if self.ok:
             self.addr = np.array([[_kernel_address(w.key)] + [a.ctypes.data for a in w.flat]
@@ -395,9 +401,14 @@ class ExpertTable:
 
     @classmethod
     def of(cls, ws: list) -> ExpertTable:
+        if isinstance(ws, ExpertList):  # a model's: the table is the list's own
+            if ws._table is None:
+                ws._table = cls(ws)
+            return ws._table
         t = cls._CACHE.get(id(ws))
         if t is None or t.ws is not ws:
             t = cls._CACHE[id(ws)] = cls(ws)
+            t.ws = ws  # kept: the table holds their addresses
             while len(cls._CACHE) > cls._MAX:
                 cls._CACHE.popitem(last=False)
         else:
@@ -421,7 +432,7 @@ def experts_matmul(ws: list, eids: np.ndarray, offs: np.ndarray, x: np.ndarray, 
         x = np.ascontiguousarray(x, dtype=np.float32)
     buf = np.empty(qdot.act_bytes(x.shape[0], t.n_cols), np.uint8)
     offs = np.ascontiguousarray(offs, np.int64)
-    qdot.quantize_groups(x, offs, buf, qdot.act_group(t.ws[0].qtype))
+    qdot.quantize_groups(x, offs, buf, qdot.act_group(t.qtype))
     _launch_experts(t.addr if addr is None else addr, t.dims, np.ascontiguousarray(eids, np.int64), offs, buf, out,
                     _N_CHUNKS)
 

@@ -110,3 +110,38 @@ def test_an_expert_cache_model_is_mapped(tmp_path, monkeypatch):
     rc.load_cached(GGUFFile(path), load_model, read_ahead=False)
     rc.load_cached(GGUFFile(path), load_model, read_ahead=False)
     assert calls == []
+
+
+def test_loads_of_one_file_share_one_copy_while_it_is_held(tmp_path):
+    p = tmp_path / "f.bin"
+    p.write_bytes(bytes(range(256)) * 64)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        a = resident.read_shared(fd, 4096)
+        assert resident.read_shared(fd, 4096) is a  # held: shared
+        assert resident.read_shared(fd, 2048) is not a  # another length: its own
+        del a
+        b = resident.read_shared(fd, 4096)  # dropped: read again
+        assert np.array_equal(b, np.frombuffer(p.read_bytes()[:4096], np.uint8))
+        os.utime(p, ns=(0, 10**9))  # the file changed: a fresh copy
+        assert resident.read_shared(fd, 4096) is not b
+    finally:
+        os.close(fd)
+
+
+def test_a_dropped_model_frees_its_weights(tmp_path, monkeypatch):
+    """Nothing outside the model keeps a loaded model's weights alive (the kernels' expert tables live on the
+    model's expert lists): a benchmark or server that drops a model gets its memory back."""
+    import gc
+
+    monkeypatch.setenv("GUILD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(rc.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(resident, "_FLAG", [None])
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen3moe", n_experts=4, qtype="Q4_K", dim=256, ffn=256, seed=5)
+    rc.load_cached(GGUFFile(path), load_model)  # built (mapped); the next load reads
+    model, _ = rc.load_cached(GGUFFile(path), load_model)
+    model.forward([1, 5, 9], model.new_state(16))  # the expert tables are built
+    assert len(resident._SHARED) == 1
+    del model
+    gc.collect()
+    assert len(resident._SHARED) == 0

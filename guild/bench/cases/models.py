@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import textwrap
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from ...errors import BadFlagError
@@ -48,7 +48,7 @@ def model_paths(a) -> dict[str, str]:
     return {Path(p).name: p for p in out}
 
 
-@cache
+@lru_cache(maxsize=1)  # one model held at a time: a loaded model is resident memory (guild.formats.resident)
 def loaded(path: str, threads: int, numerics: str = "i8"):
     return load(path, threads=threads, numerics=numerics, progress=False)
 
