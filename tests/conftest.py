@@ -19,6 +19,12 @@ import pytest
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "0")
 
+# Models load mapped from the repack cache (--mmap) unless a test says otherwise: reading a model into memory (the
+# default, guild/formats/resident.py) costs a copy of the weights at every load, and the suite loads the embedded
+# models hundreds of times (3 minutes more on 2 cores); tests/formats/test_resident.py holds the read path to the
+# mapped one's logits bitwise.
+os.environ.setdefault("GUILD_MMAP", "1")
+
 
 def _installed_kernels_first() -> None:
     """HF transformers (the oracle tier) imports the `kernels` distribution it depends on; with the repository

@@ -71,7 +71,9 @@ ENV_SWITCH = "GUILD_REPACK_CACHE"
 
 # Source files that decide the packed bytes or the order in which a model packs its matrices: a change to any
 # of them retires every cache made before it (a change to this module's file format bumps FORMAT).
-_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu/qdot/*.py", "kernels/blocks.py",
+# (the int8 path: its geometry and packers, not its kernels, whose tuning leaves the bytes as they are)
+_LAYOUT_SOURCES = ("kernels/cpu/codecs.py", "kernels/cpu/quant.py", "kernels/cpu/qdot/types.py",
+                   "kernels/cpu/qdot/pack.py", "kernels/cpu/qdot/packers.py", "kernels/blocks.py",
                    "kernels/quant_types.py",
                    "kernels/cpu/drivers.py",
                    "guild/models/*.py")
