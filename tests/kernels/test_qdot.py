@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from numba import njit
 
+from guild.errors import GuildError
 from guild.kernels import ref_quant
 from guild.kernels.blocks import KVALUES_IQ4NL
 from guild.kernels.cpu import qdot, simd
@@ -347,3 +348,36 @@ def test_packers_write_the_twins_bytes(qt):
     assert sum(bad) >= (7 if F16_SCALES[qt] else 0) or not F16_SCALES[qt]
     with pytest.raises(ValueError, match="whole rows"):
         kq.pack_checked(qt, (raw[:, : row_bytes(qt, k) - 1],), n, k)
+
+
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
+def test_prefetch_distance_leaves_the_bits(qt):
+    """The kernels without software prefetch (AMD Zen's default) and with the farthest distance give the same bits
+    for a decode row and a row pair (the prefetched unit indices never reach the arithmetic)."""
+    from numba import cfunc
+
+    from guild.kernels.cpu.intrinsics import _KSIG
+
+    _, w = _pack(qt, 192, 512, seed=3)
+    x = np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32)
+    got = []
+    for pf in (0, 6):
+        fn = cfunc(_KSIG)(qdot.kernels._entry(int(qt), f"_k_pf{pf}", pf))
+        for T in (1, 3):
+            buf = np.empty(qdot.act_bytes(T, 512), np.uint8)
+            qdot.quantize_acts(x[:T], buf, qdot.act_group(qt))
+            out = np.empty((T, 192), np.float32)
+            kq._launch_i8(fn.address, *w.flat, w.dims, T, buf, out, 2)
+            got.append(out)
+    assert np.array_equal(got[0], _mm(w, x[:1])) and np.array_equal(got[1], _mm(w, x))
+    assert np.array_equal(got[0], got[2]) and np.array_equal(got[1], got[3])
+
+
+def test_prefetch_setting_is_validated():
+    assert qdot.kernels.prefetch_bytes("0") == 0 and qdot.kernels.prefetch_bytes(" 4096 ") == 4096
+    assert qdot.kernels.prefetch_bytes("") == (0 if simd.isa.ZEN else qdot.kernels.PF_BYTES_DEFAULT)
+    for bad in ("-1", "1e3", "lots", str(1 << 20)):
+        with pytest.raises(GuildError, match="GUILD_PREFETCH_BYTES=.*expected bytes"):
+            qdot.kernels.prefetch_bytes(bad)
+    if qdot.kernels.PF_BYTES == 0:
+        assert all(qdot.kernels.prefetch_units(int(q)) == 0 for q in TYPES)

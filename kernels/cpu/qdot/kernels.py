@@ -4,14 +4,18 @@ kernels/cpu/quant.py)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from numba import carray, njit
 
+from ....errors import GuildError
 from ...quant_types import QUANT_TYPES
 from ..drivers import NT
 from ..intrinsics import _pf32, _pi32
 from ..simd import add_i, grid_rows2, hsum2, lane, ld_i32, prefetch, st_f32, zero_f, zero_i
+from ..simd.isa import ZEN
 from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _sfin, _unit
 from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
 
@@ -26,7 +30,7 @@ def _put(pout, out, t, N, n0, y):
             out[t, n0 + i] = lane(y, i)
 
 
-def _entry(kind: int, name: str):
+def _entry(kind: int, name: str, pf: int | None = None):
     """Tiles g0..g1 of out [T, N], 16 features at a time: rows two at a time (one weight load and decode for
     both), then a last one alone, the blocks in memory order. Two accumulators a pass fit AVX2's registers,
     and three inlined block bodies keep the compile short.
@@ -38,7 +42,8 @@ def _entry(kind: int, name: str):
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
     grid = Q(kind) in _GRIDS  # grid types, whose magnitudes a tile of 3+ rows decodes once
     t1 = kind == IQ2_XXS or kind == IQ3_XXS  # grid types whose single row takes _grid_t1
-    ub = unit_bytes(kind) + (prefetch_units(kind),)  # the fields' bytes per unit, then the prefetch distance
+    # the fields' bytes per unit, then the prefetch distance in units (pf: this one, for tests)
+    ub = unit_bytes(kind) + (prefetch_units(kind) if pf is None else pf,)
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
@@ -169,7 +174,26 @@ def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs,
 # not run as far ahead (past what the line fill buffers hold): 6 units of Q4_K measured best (12-layer
 # Qwen3-30B-A3B slice, 2 threads: decode +12 %; 10 and above, or into L2 only, gave less), and 3 units of Q8_0
 # instead of 6: decode of the 4-layer Q8_0 slice +9 % (58.0-61.3 against 52.1-55.2 tok/s, three alternated pairs).
-PF_BYTES = 1776
+PF_BYTES_DEFAULT = 1776
+# AMD Zen cores' stream prefetchers keep up with the weight streams alone, and software prefetches only take
+# load slots: without them Zen 4 decodes the 12-layer slice 19 % faster (median step 22.1 against 26.2 ms, four
+# alternated pairs), where the Xeon lost 12 %.
+PF_BYTES_ZEN = 0
+PREFETCH_ENV = "GUILD_PREFETCH_BYTES"
+
+
+def prefetch_bytes(env: str | None = None) -> int:
+    """The prefetch distance in bytes: GUILD_PREFETCH_BYTES where set (0: no software prefetch), else 0 on AMD
+    Zen and PF_BYTES_DEFAULT elsewhere. A value that is not a whole number of bytes is refused in one line."""
+    v = (os.environ.get(PREFETCH_ENV, "") if env is None else env).strip()
+    if not v:
+        return PF_BYTES_ZEN if ZEN else PF_BYTES_DEFAULT
+    if not v.isdigit() or int(v) > 1 << 16:
+        raise GuildError(f"{PREFETCH_ENV}={v!r}: expected bytes from 0 to 65536 (0: no software prefetch)")
+    return int(v)
+
+
+PF_BYTES = prefetch_bytes()
 
 
 # bytes per unit of each field role (types.py); "hs" (an f16 per 8 units) as 4: the same cache line
@@ -184,7 +208,9 @@ def unit_bytes(kind: int) -> tuple:
 
 def prefetch_units(kind: int) -> int:
     """Units ahead that the kernels of `kind` prefetch: PF_BYTES of its fields, 2 to 6 (kinds of smaller units
-    keep the 6 measured on Q4_K; farther was not measured for them)."""
+    keep the 6 measured on Q4_K; farther was not measured for them); 0 where PF_BYTES is 0 (none)."""
+    if PF_BYTES == 0:
+        return 0
     return max(2, min(6, round(PF_BYTES / sum(unit_bytes(kind)))))
 
 
@@ -201,7 +227,9 @@ def _pf_field(p, u, n):
 
 @njit(cache=True, inline="always")
 def _ahead(ub, p0, p1, p2, p3, p4, u):
-    """Prefetch unit u of every field (ub: unit_bytes)."""
+    """Prefetch unit u of every field (ub: unit_bytes, then the distance; 0: none, a constant the kernel drops)."""
+    if ub[5] == 0:
+        return
     _pf_field(p0, u, ub[0])
     _pf_field(p1, u, ub[1])
     _pf_field(p2, u, ub[2])

@@ -19,6 +19,16 @@ def _host_features() -> str:
         return ""
 
 
+def _host_cpu() -> str:
+    try:
+        return llvm.get_host_cpu_name()
+    except Exception:  # pragma: no cover - name query unavailable
+        return ""
+
+
+# AMD Zen cores (LLVM's znver1..5): their hardware prefetchers want no help on streamed weights (kernels/cpu/qdot)
+ZEN = _host_cpu().startswith("znver")
+
 # GUILD_NO_VNNI=1 forces the portable IR (tests compare the two on a VNNI host)
 VNNI512 = ("+avx512vnni" in _host_features() and "+avx512bw" in _host_features()
            and os.environ.get("GUILD_NO_VNNI", "") in ("", "0"))
