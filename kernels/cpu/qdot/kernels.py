@@ -176,8 +176,9 @@ def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs,
 # instead of 6: decode of the 4-layer Q8_0 slice +9 % (58.0-61.3 against 52.1-55.2 tok/s, three alternated pairs).
 PF_BYTES_DEFAULT = 1776
 # AMD Zen cores' stream prefetchers keep up with the weight streams alone, and software prefetches only take
-# load slots: without them Zen 4 decodes the 12-layer slice 19 % faster (median step 22.1 against 26.2 ms, four
-# alternated pairs), where the Xeon lost 12 %.
+# load slots: without them a Zen 4 VM read every matrix of a 12-layer slice's token 22 % faster (17.8 against 23.0
+# ms, six alternated rounds) and decoded ~8 % faster (median of 13 alternated pairs, 0.92-1.24), where the Xeon
+# lost 12 %.
 PF_BYTES_ZEN = 0
 PREFETCH_ENV = "GUILD_PREFETCH_BYTES"
 
