@@ -350,15 +350,20 @@ def test_packers_write_the_twins_bytes(qt):
         kq.pack_checked(qt, (raw[:, : row_bytes(qt, k) - 1],), n, k)
 
 
-@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
+# the decode pass takes another form without software prefetch (_super_one: one group of features a pass, two
+# integer chains); the slices' expert types and a 32-element type, with a clipped last group (every type meets
+# the default form in the other tests)
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q6_K, Q.Q8_0],
+                         ids=lambda q: q.name)
 def test_prefetch_distance_leaves_the_bits(qt):
-    """The kernels without software prefetch (AMD Zen's default) and with the farthest distance give the same bits
-    for a decode row and a row pair (the prefetched unit indices never reach the arithmetic)."""
+    """The kernels without software prefetch (AMD Zen's default, one group a decode pass) and with the farthest
+    distance (two groups a pass) give the same bits for a decode row and a row triple, and both give the row
+    alone what it gets among others."""
     from numba import cfunc
 
     from guild.kernels.cpu.intrinsics import _KSIG
 
-    _, w = _pack(qt, 192, 512, seed=3)
+    _, w = _pack(qt, 200, 512, seed=3)
     x = np.random.default_rng(4).standard_normal((3, 512)).astype(np.float32)
     got = []
     for pf in (0, 6):
@@ -366,11 +371,12 @@ def test_prefetch_distance_leaves_the_bits(qt):
         for T in (1, 3):
             buf = np.empty(qdot.act_bytes(T, 512), np.uint8)
             qdot.quantize_acts(x[:T], buf, qdot.act_group(qt))
-            out = np.empty((T, 192), np.float32)
+            out = np.empty((T, 200), np.float32)
             kq._launch_i8(fn.address, *w.flat, w.dims, T, buf, out, 2)
             got.append(out)
     assert np.array_equal(got[0], _mm(w, x[:1])) and np.array_equal(got[1], _mm(w, x))
     assert np.array_equal(got[0], got[2]) and np.array_equal(got[1], got[3])
+    assert np.array_equal(got[0][0], got[1][0])
 
 
 def test_prefetch_setting_is_validated():

@@ -44,6 +44,7 @@ def _entry(kind: int, name: str, pf: int | None = None):
     t1 = kind == IQ2_XXS or kind == IQ3_XXS  # grid types whose single row takes _grid_t1
     # the fields' bytes per unit, then the prefetch distance in units (pf: this one, for tests)
     ub = unit_bytes(kind) + (prefetch_units(kind) if pf is None else pf,)
+    one = ub[5] == 0  # the hardware prefetchers alone feed decode: one weight stream per field (_super_one)
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
@@ -75,6 +76,8 @@ def _entry(kind: int, name: str, pf: int | None = None):
                     elif T > 1:
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                     pd, False, ub)
+                    elif one:  # one row, no software prefetch: one group a pass, one stream per field
+                        _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N, ub)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
                         k = j + 1 if n0 + GL < N else j
                         _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N, ub)
@@ -114,7 +117,7 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
     """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
     its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode). Rows
     two at a time; an odd last row is paired with itself (one loop body: a lone-row loop compiled markedly
-    slower). A single row (T = 1) takes _super_groups instead."""
+    slower). A single row (T = 1) takes _super_groups or _super_one instead."""
     for t in range(0, T, 2):
         u = min(t + 1, T - 1)
         y = z = zero_f()
@@ -259,6 +262,27 @@ def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, po
     _put(pout, out, 0, N, n0, y)
     if k != j:
         _put(pout, out, 0, N, n0 + GL, z)
+
+
+@njit(cache=True, inline="always")
+def _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N, ub):
+    """Row 0 alone (T = 1) for group j of tile g, for hosts whose hardware prefetchers alone fetch the weights:
+    one group a pass reads each field as one stream (two groups a pass read two, nb units apart, and a Zen 4
+    streamed the experts 1.1-1.4x slower that way), its even and odd blocks in two integer chains so that the
+    loads overlap. The integer sums are exact, the float step per super-block _super_rows': bitwise the same."""
+    y = zero_f()
+    for s in range(0, nb, SB):
+        a1 = m1 = a2 = m2 = zero_i()
+        for b in range(s, s + SB, 2):
+            xa = pxp + b * QB
+            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))  # past nb: the next group's first units
+            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + 1 + ub[5]))
+            a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a1, m1)
+            c = b + 1
+            a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, c, j, xa + QB, sx[0, c], sh[0, c, 0], sh[0, c, 1], a2,
+                           m2)
+        y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, add_i(a1, a2), add_i(m1, m2), xd[0, s], y)
+    _put(pout, out, 0, N, n0, y)
 
 
 # the C entry points by type, and by name (_k_q4_0, ...: each type's symbols and cache files)
