@@ -77,7 +77,7 @@ def _entry(kind: int, name: str, pf: int | None = None):
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
                                     pd, False, ub)
                     elif one:  # one row, no software prefetch: one group a pass, one stream per field
-                        _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N, ub)
+                        _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
                         k = j + 1 if n0 + GL < N else j
                         _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N, ub)
@@ -265,18 +265,17 @@ def _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, po
 
 
 @njit(cache=True, inline="always")
-def _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N, ub):
-    """Row 0 alone (T = 1) for group j of tile g, for hosts whose hardware prefetchers alone fetch the weights:
-    one group a pass reads each field as one stream (two groups a pass read two, nb units apart, and a Zen 4
-    streamed the experts 1.1-1.4x slower that way), its even and odd blocks in two integer chains so that the
-    loads overlap. The integer sums are exact, the float step per super-block _super_rows': bitwise the same."""
+def _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N):
+    """Row 0 alone (T = 1) for group j of tile g where the hardware prefetchers alone fetch the weights (no
+    software prefetch): one group a pass reads each field as one stream (two groups a pass read two, nb units
+    apart, and a Zen 4 streamed the experts 1.1-1.4x slower that way), its even and odd blocks in two integer
+    chains so that the loads overlap. The integer sums are exact, the float step per super-block _super_rows':
+    bitwise the same."""
     y = zero_f()
     for s in range(0, nb, SB):
         a1 = m1 = a2 = m2 = zero_i()
         for b in range(s, s + SB, 2):
             xa = pxp + b * QB
-            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))  # past nb: the next group's first units
-            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + 1 + ub[5]))
             a1, m1 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx[0, b], sh[0, b, 0], sh[0, b, 1], a1, m1)
             c = b + 1
             a2, m2 = _iblk(kind, p0, p1, p2, p3, p4, g, nb, c, j, xa + QB, sx[0, c], sh[0, c, 0], sh[0, c, 1], a2,
