@@ -353,8 +353,7 @@ def test_packers_write_the_twins_bytes(qt):
 # the decode pass takes another form without software prefetch (_super_one: one group of features a pass, two
 # integer chains); the slices' expert types and a 32-element type, with a clipped last group (every type meets
 # the default form in the other tests)
-@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q6_K, Q.Q8_0],
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
 def test_prefetch_distance_leaves_the_bits(qt):
     """The kernels without software prefetch (AMD Zen's default, one group a decode pass) and with the farthest
     distance (two groups a pass) give the same bits for a decode row and a row triple, and both give the row
