@@ -18,6 +18,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from numba import njit
 
 from ..errors import NumericsError
+from ..kernels.cpu import cache_lock  # noqa: F401 - its kernels' cache saves, locked across processes
 from ..kernels.quant_types import F16_SCALES
 
 # The f16 scales of each block (kernels/quant_types.py F16_SCALES). IQ1_M (its scale spread over the sub-block

@@ -59,6 +59,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from ..kernels.cpu import cache_lock  # noqa: F401 - its kernels' cache saves, locked across processes
 from .base import Drafter, next_pow2
 
 MAX_MATCH = 64  # backward extension cap (and the query length)
