@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from ..kernels.cpu import cache_lock  # noqa: F401 - its kernels' cache saves, locked across processes
 from .base import Drafter, next_pow2
 
 WAYS = 4
@@ -153,7 +154,8 @@ def _append(buf, n, new, pos, tags, mask, two):
     for j in range(new.shape[0]):
         if n == cap:
             keep = cap // 2
-            buf[:keep] = buf[n - keep : n]
+            for i in range(keep):  # not a slice assignment: its shape-error path compiles for seconds
+                buf[i] = buf[n - keep + i]
             dropped += n - keep
             n = keep
             _reindex(buf, n, pos, tags, mask, two)

@@ -447,8 +447,10 @@ def _values_task(scores, inv, vc, vs, pos0, out, g, t0, p0, p1, vec):
             for c in range(0, w, 16):
                 _values_tile(pt, acc, vc, pv + j0 * vc.strides[1] + vc.itemsize * c, vc.strides[1],
                              ds.ctypes.data + c // 32 * ds.strides[0], 4, j0, j1, c, n, ka, kb, e0, p0, group)
-    for k in range(n):
-        out[t0 + (p0 + k) // group, g * group + (p0 + k) % group] = acc[k]
+    for k in range(n):  # element by element: a slice assignment compiles a shape-error path (seconds, per type)
+        o = out[t0 + (p0 + k) // group, g * group + (p0 + k) % group]
+        for i in range(w):
+            o[i] = acc[k, i]
 
 
 @njit(cache=True, inline="always")
