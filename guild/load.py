@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numba
 
+from . import warmup
 from .calib.optimize import plan_for
 from .engine import experts
 from .engine.backends import PARALLEL_ROWS
@@ -62,6 +63,8 @@ class LoadedModel:
     mtp: MtpOptions = field(default_factory=MtpOptions)
     numerics: str = "i8"  # the mode the model's matrices were packed under (kernels/cpu/quant.py NUMERICS)
     kv: KVTypes = F32_KV  # the stored types of every session's KV cache (--cache-type-k / --cache-type-v)
+    weights: str = "memory"  # where the weights are: load_cached's "cache" / "built" (the repack cache) or "memory"
+    compile_helper: bool | None = None  # warm_up's helper process: None none ran, else whether it finished cleanly
     _heads: dict = field(default_factory=dict, repr=False)  # (head file, draft vocab) -> MtpHead | None
 
     @property
@@ -98,22 +101,45 @@ class LoadedModel:
         return GuildSession(self.model, n_ctx=n_ctx, prefill_batch=prefill_batch, eos_ids=self.tokenizer.eos_ids,
                             kv=self.kv)
 
-    def warm_up(self, strategy: str, mtp: MtpOptions) -> None:
-        """Load (or compile) what a first chat turn would wait for: the chat template (Jinja compiles it on first
-        use), then the kernels, by a short generation on a throwaway session with the strategy's drafter (as
-        llama.cpp's warm-up run at load); its time counts as loading."""
-        t0 = time.perf_counter()
-        s = self.session(64)
-        d = self.drafter(replace(DraftOptions(), mtp=mtp).with_strategy(strategy), 64)
+    def _warm_ids(self) -> list[int]:
+        """A chat prompt through the template (Jinja compiles it on first use), PARALLEL_ROWS + 2 tokens long: the
+        row-parallel host ops a chat prompt's prefill takes (backends.PARALLEL_ROWS)."""
         text = "Hello, hello, hello, hello"
         try:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}])
         except GuildError:  # a template that cannot render fails the chat turn that uses it, not the load
             pass
-        # PARALLEL_ROWS + 2 tokens: the row-parallel host ops a chat prompt's prefill takes (backends.PARALLEL_ROWS)
         ids = self.tokenizer.encode(text, add_special=True)
-        s.generate((ids + ids[-4:] * (PARALLEL_ROWS + 2))[: PARALLEL_ROWS + 2], 6, drafter=d, max_draft=4)
+        return (ids + ids[-4:] * (PARALLEL_ROWS + 2))[: PARALLEL_ROWS + 2]
+
+    def warm_up(self, strategy: str, mtp: MtpOptions) -> None:
+        """Load (or compile) what a first chat turn would wait for: the chat template, then the kernels, by a short
+        generation on a throwaway session with the strategy's drafter (as llama.cpp's warm-up run at load); its
+        time counts as loading. With the kernels cold, a helper process compiles a prompt window's kernels while
+        this one compiles a decode step's and the drafter's (guild.warmup)."""
+        t0 = time.perf_counter()
+        ids = self._warm_ids()
+        draft = replace(DraftOptions(), mtp=mtp).with_strategy(strategy)
+        helper = None
+        if warmup.helper_wanted(self.device, self.weights):
+            helper = warmup.CompileHelper(self.path, self.numerics, self.kv.k, self.kv.v, self.threads)
+        try:
+            if helper is not None:  # the drafter's kernels first: the helper meanwhile compiles the forward's first
+                self.drafter(draft, 64)
+                self.session(64).generate(ids[:1], 2)  # one-row windows: the helper compiles the others
+                self.compile_helper = helper.wait() == 0
+            self.session(64).generate(ids, 6, drafter=self.drafter(draft, 64), max_draft=4)
+        finally:
+            if helper is not None:
+                helper.close()
         self.load_s += time.perf_counter() - t0
+
+    def warm_window(self) -> None:
+        """A compile helper's share of warm_up: a prompt window's kernels (PARALLEL_ROWS + 2 rows) and a draft
+        window's (5 rows: the ops below PARALLEL_ROWS)."""
+        ids = self._warm_ids()
+        self.session(64).generate(ids, 1)
+        self.session(64).generate(ids[:5], 1)
 
 
 def apply_rope(model, rope: RopeOptions, context: int) -> None:
@@ -173,7 +199,7 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     apply_rope(model, rope, context)
     kv.check_head_dim(model.args.head_dim)
     lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp, numerics=numerics or mode,
-                     kv=kv)
+                     kv=kv, weights=how)
     lm.load_s = time.perf_counter() - t0
     if plan is not None:
         lm.plan = plan_for(plan, lm, strict=strict_plan, progress=progress)

@@ -24,6 +24,7 @@ COMMANDS = (  # (name, module of guild/cli/commands/), in `guild --help` order
     ("upcycle", "upcycle"),
     ("train-mtp", "train_mtp"),
     ("cache", "cache"),
+    ("warmup", "warmup"),
 )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from ..errors import BadFlagError
 from ..load import LoadedModel, load_for, slots
 from ..text.chat import Turn, drop_note, run_turn, use_chat_template
 from ..text.options import TextOptions
+from ..warmup import COMPILE_ESTIMATE_S, kernels_cold
 
 __all__ = ["RunResult", "Runner", "run", "run_sessions", "write_trace"]
 
@@ -29,31 +29,6 @@ def sampling_dict(sp) -> dict:
             "frequency_penalty": sp.frequency_penalty, "presence_penalty": sp.presence_penalty, "seed": sp.seed,
             "greedy": sp.greedy}
 
-
-def kernels_cold() -> bool:
-    """Whether the Numba kernels will compile on first use here (no cache index for them, or one older than their
-    source): a heuristic for the start-up message, never for behaviour."""
-    import numba
-
-    src = Path(__file__).resolve().parents[2] / "kernels" / "cpu"
-    if not src.is_dir():
-        import guild.kernels
-
-        src = Path(guild.kernels.__file__).parent / "cpu"
-    for source in (src / "ops" / "gqa.py", src / "quant_gen.py"):  # the attention and the quantised matmuls
-        try:
-            source_time = source.stat().st_mtime
-        except OSError:
-            return False
-        # NUMBA_CACHE_DIR replaces the __pycache__ folder beside the source
-        root, pattern = (Path(numba.config.CACHE_DIR), f"**/{source.stem}.*.nbi") if numba.config.CACHE_DIR else \
-            (source.parent / "__pycache__", f"{source.stem}.*.nbi")
-        if not any(p.stat().st_mtime >= source_time for p in root.glob(pattern)):
-            return True
-    return False
-
-
-COMPILE_ESTIMATE_S = 40 * 2 / max(1, min(os.cpu_count() or 1, 8))  # ~40 s measured on 2 busy cores; fewer with more
 
 @dataclass
 class RunResult:

@@ -162,7 +162,7 @@ def test_install_hint_names_the_extra(tmp_path, monkeypatch):
 
 
 def test_cold_kernel_cache_is_noticed(tmp_path):
-    code = "from guild.cli.run import kernels_cold; print(kernels_cold())"
+    code = "from guild.warmup import kernels_cold; print(kernels_cold())"
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.stdout.strip() == "True", r.stderr  # an empty Numba cache: the kernels will compile

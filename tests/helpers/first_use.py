@@ -34,3 +34,13 @@ def since(before: dict) -> dict:
     return {"kernels": sorted(k for k, n in now["kernels"].items() if n != before["kernels"].get(k)),
             "compiled": now["compiled"] - before["compiled"],
             "modules": sorted(now["modules"] - before["modules"])}
+
+
+def read_from_cache() -> dict:
+    """The kernels this process read from Numba's on-disk cache (`hit`) and those it compiled (`missed`)."""
+    from numba.core.registry import CPUDispatcher
+
+    ds = [d for d in gc.get_objects() if isinstance(d, CPUDispatcher)]
+    name = lambda d: f"{d.py_func.__module__}.{d.py_func.__name__}"  # noqa: E731
+    return {"hit": sorted(name(d) for d in ds if sum(d.stats.cache_hits.values())),
+            "missed": sorted(name(d) for d in ds if sum(d.stats.cache_misses.values()))}
