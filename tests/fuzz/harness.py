@@ -61,9 +61,13 @@ class Worker:
         self.tok = Tokenizer.from_metadata(GGUFFile(self.seeds["llama"]).metadata)
         self.template = self.tok.chat_template
         self._base = None
-        for i, name in enumerate(gen.GGUF_SEEDS):  # every kernel compiled (or read from Numba's cache) before timing
+        # every kernel compiled (or read from Numba's cache) before timing; each worker starts at its own share of
+        # the seeds and types, so that cold workers compile different kernels at once and then read the others'
+        share = _rotation()
+        seeds = list(enumerate(gen.GGUF_SEEDS))
+        for i, name in _rotated(seeds, share):
             assert self.run_gguf(i, None) == "ok", name
-        _warm_quant_kernels()
+        _warm_quant_kernels(share)
 
     def base(self):
         if self._base is None:
@@ -156,7 +160,17 @@ class Worker:
         return "ok"
 
 
-def _warm_quant_kernels() -> None:
+def _rotation() -> float:
+    """This worker's starting point in its warm-up lists, a fraction in [0, 1) (the parent sets it per worker)."""
+    return float(os.environ.get("GUILD_FUZZ_WARM_FROM", "0"))
+
+
+def _rotated(items: list, share: float) -> list:
+    k = int(share * len(items))
+    return items[k:] + items[:k]
+
+
+def _warm_quant_kernels(share: float = 0.0) -> None:
     """A mutated file may give a tensor any supported quant type: compile each type's matmul and row lookup now
     (1 and 3 rows), so that a first-time Numba compile is not timed as a hang."""
     from gguf.constants import GGML_QUANT_SIZES
@@ -164,7 +178,7 @@ def _warm_quant_kernels() -> None:
     from guild.formats.gguf import SUPPORTED_QTYPES
     from guild.kernels.cpu.quant import dequantize_rows, matmul, pack
 
-    for qt in SUPPORTED_QTYPES:
+    for qt in _rotated(list(SUPPORTED_QTYPES), share):
         bs, ts = GGML_QUANT_SIZES[qt]
         w = pack(qt, np.zeros((4, 256 // bs * ts), np.uint8), 4, 256)
         for t in (1, 3):
@@ -273,7 +287,7 @@ def _run_cases(cases, workers, cpu_limit, env, start_timeout, progress) -> list[
     procs = []
 
     def spawn():
-        pr = _Proc(env)
+        pr = _Proc({**env, "GUILD_FUZZ_WARM_FROM": str(len(procs) / max(1, workers))})
         pr.deadline = time.monotonic() + start_timeout
         sel.register(pr.p.stdout, selectors.EVENT_READ, pr)
         procs.append(pr)
