@@ -29,8 +29,12 @@ run: setup
 # (compared against llama.cpp or HF transformers), slow (tests over 20 s here; this target runs them too), e.g.
 #   $(BIN)/python -m pytest -m "not slow"            the quick part
 #   $(BIN)/python -m pytest -m "not gpu and not oracle"
+# TEST_WORKERS pytest-xdist processes (a cold suite is mostly Numba compiling, one core a process); worksteal
+# balances the few minute-long tests
+TEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 # hostile inputs (tests/fuzz): 10,000 mutated GGUFs, plans, chat templates and prompts, 4 GiB and 10 s of CPU time per case;
 # prints cases, clean errors, crashes, hangs and peak memory per category (exit 1 on any crash or hang)

@@ -25,6 +25,10 @@ if "OMP_WAIT_POLICY" not in os.environ:
 # mapped one's logits bitwise.
 os.environ.setdefault("GUILD_MMAP", "1")
 
+# No compile helper process at a cold load (guild/warmup.py): the suite's workers already keep the cores busy;
+# tests/test_load.py runs the helper on an empty kernel cache.
+os.environ.setdefault("GUILD_COMPILE_HELPER", "0")
+
 
 def _installed_kernels_first() -> None:
     """HF transformers (the oracle tier) imports the `kernels` distribution it depends on; with the repository
