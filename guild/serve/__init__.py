@@ -73,10 +73,14 @@ def serve(model: str | None, opts: DecodeOptions, sopts: ServeOptions, threads: 
     except ImportError:
         raise GuildError("guild serve needs uvicorn and starlette: pip install 'guild'") from None
     from ..load import load_for
+    from ..warmup import kernels_cold
 
     sock = _bind(sopts.host, sopts.port)
     log(f"guild serve: loading {model or 'the default model'}")
     lm = load_for(model, opts, threads)
+    if kernels_cold():  # compiled here, with the helper process (guild.warmup); the warm-up request then reads them
+        log("guild serve: compiling kernels for this CPU (first run; cached afterwards)")
+        lm.warm_up(opts.strategy, opts.mtp)
     if sopts.chat_template is not None:
         from ..text.chat import use_chat_template
 
