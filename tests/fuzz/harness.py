@@ -264,14 +264,17 @@ def run_cases(cases: list[tuple[str, int]], workers: int = 2, cpu_limit: float =
               start_timeout: float = 900.0, progress=None) -> list[dict]:
     """Run (category, index) cases over `workers` processes; returns one record per case. `cpu_limit`: CPU
     seconds a case may take (the worker's, /proc), with WALL_BACKSTOP times that in wall time as a backstop.
-    The workers' guild cache (repacked copies of the mutated models) is a directory of this run, removed at its
-    end, unless GUILD_CACHE_DIR is set."""
-    if "GUILD_CACHE_DIR" in {**os.environ, **(env or {})}:
-        return _run_cases(cases, workers, cpu_limit, env, start_timeout, progress)
-    own = tempfile.mkdtemp(prefix="guild-fuzz-cache-")
+    The workers' temporary files (their seeds, written models) and guild cache (repacked copies of the mutated
+    models) are in a directory of this run, removed at its end (a killed worker cannot clean up after itself);
+    a GUILD_CACHE_DIR set by the caller is used instead and kept."""
+    own = tempfile.mkdtemp(prefix="guild-fuzz-run-")
+    tmp = os.path.join(own, "tmp")
+    os.mkdir(tmp)
+    env = {**(env or {}), "TMPDIR": tmp}
+    if "GUILD_CACHE_DIR" not in {**os.environ, **env}:
+        env["GUILD_CACHE_DIR"] = os.path.join(own, "cache")
     try:
-        return _run_cases(cases, workers, cpu_limit, {**(env or {}), "GUILD_CACHE_DIR": own}, start_timeout,
-                          progress)
+        return _run_cases(cases, workers, cpu_limit, env, start_timeout, progress)
     finally:
         shutil.rmtree(own, ignore_errors=True)
 

@@ -4,6 +4,9 @@ time); every case must succeed or raise a one-line GuildError (input validation;
 is a crash, non-finite logits garbage). The long run is `make fuzz`
 (10,000 cases); a failure here replays with `python -m tests.fuzz.harness --replay CAT:IDX`."""
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from .harness import CATEGORIES, plan_cases, run_cases, summary
@@ -18,8 +21,10 @@ PEAK_MB = 1024
 
 def test_hostile_inputs_work_or_fail_in_one_line():
     cases = plan_cases(N_CASES)
+    before = set(Path(tempfile.gettempdir()).glob("guild-fuzz*"))
     res = run_cases(cases, workers=2, cpu_limit=10)
     assert len(res) == len(cases)
+    assert set(Path(tempfile.gettempdir()).glob("guild-fuzz*")) <= before  # the workers' files went with the run
     bad = [r for r in res if r["outcome"] not in ("ok", "clean")]
     assert not bad, [(r["cat"], r["idx"], r["outcome"], r.get("exc"), r.get("where"), r.get("msg"), r.get("traceback"))
                      for r in bad[:8]]
