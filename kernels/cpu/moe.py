@@ -101,7 +101,8 @@ def route_groups(ids, h, order, offs, eids, x):
             j = start[e]
             start[e] = j + 1
             order[j] = t * k + r
-            x[j] = h[t]
+            for i in range(h.shape[1]):  # not x[j] = h[t]: a slice assignment compiles a shape-error path (~2 s)
+                x[j, i] = h[t, i]
     return n
 
 
