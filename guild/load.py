@@ -63,7 +63,9 @@ class LoadedModel:
     mtp: MtpOptions = field(default_factory=MtpOptions)
     numerics: str = "i8"  # the mode the model's matrices were packed under (kernels/cpu/quant.py NUMERICS)
     kv: KVTypes = F32_KV  # the stored types of every session's KV cache (--cache-type-k / --cache-type-v)
-    weights: str = "memory"  # where the weights are: load_cached's "cache" / "built" (the repack cache) or "memory"
+    # where the weights are: load_cached's "cache" / "built" (the repack cache) or "memory"; "streamed": experts
+    # read from the cache through an expert cache (a model larger than memory)
+    weights: str = "memory"
     compile_helper: bool | None = None  # warm_up's helper process: None none ran, else whether it finished cleanly
     _heads: dict = field(default_factory=dict, repr=False)  # (head file, draft vocab) -> MtpHead | None
 
@@ -199,7 +201,7 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
     apply_rope(model, rope, context)
     kv.check_head_dim(model.args.head_dim)
     lm = LoadedModel(path, g, model, Tokenizer.from_metadata(g.metadata), 0.0, mtp=mtp, numerics=numerics or mode,
-                     kv=kv, weights=how)
+                     kv=kv, weights="streamed" if stream and how != "memory" else how)
     lm.load_s = time.perf_counter() - t0
     if plan is not None:
         lm.plan = plan_for(plan, lm, strict=strict_plan, progress=progress)

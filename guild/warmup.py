@@ -45,7 +45,7 @@ def kernels_cold() -> bool:
 def helper_wanted(device: str, weights: str) -> bool:
     """A helper pays when the kernels are cold, a second core is free to compile on, the CPU runs the model
     (`device`) and the helper can map the weights from the repack cache (`weights`: load_cached's "cache" or
-    "built"; "memory" would make it repack its own copy)."""
+    "built"; "memory" would make it repack its own copy, "streamed" read a model larger than memory again)."""
     return (os.environ.get(HELPER_ENV, "1") != "0" and (os.cpu_count() or 1) >= 2 and device == "cpu"
             and weights in ("cache", "built") and kernels_cold())
 

@@ -95,6 +95,7 @@ def test_warm_up_starts_waits_for_and_closes_the_helper(moe_path, monkeypatch):
     ("1", 1, "cpu", "cache", True, False),  # no second core
     ("1", 2, "cuda", "cache", True, False),  # the GPU runs the model: other kernels
     ("1", 2, "cpu", "memory", True, False),  # the helper would repack its own copy
+    ("1", 2, "cpu", "streamed", True, False),  # a model larger than memory: its experts read once, by the loader
     ("1", 2, "cpu", "cache", False, False),  # nothing to compile
 ])
 def test_a_helper_starts_only_where_it_pays(monkeypatch, env, cpus, device, weights, cold, wanted):
@@ -102,3 +103,12 @@ def test_a_helper_starts_only_where_it_pays(monkeypatch, env, cpus, device, weig
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
     monkeypatch.setattr(warmup, "kernels_cold", lambda: cold)
     assert warmup.helper_wanted(device, weights) is wanted
+
+
+def test_the_loader_says_where_the_weights_are(moe_path):
+    from guild.load import load
+
+    assert load(moe_path, threads=1, progress=False, expert_cache="off").weights in ("cache", "built")
+    streamed = load(moe_path, threads=1, progress=False, expert_cache=1 << 30)  # experts through an expert cache
+    assert streamed.weights == "streamed"
+    streamed.model.expert_cache.close()
