@@ -124,7 +124,7 @@ class LoadedModel:
         draft = replace(DraftOptions(), mtp=mtp).with_strategy(strategy)
         helper = None
         if warmup.helper_wanted(self.device, self.weights):
-            helper = warmup.CompileHelper(self.path, self.numerics, self.kv.k, self.kv.v, self.threads)
+            helper = warmup.CompileHelper.start(self.path, self.numerics, self.kv.k, self.kv.v, self.threads)
         try:
             if helper is not None:  # the drafter's kernels first: the helper meanwhile compiles the forward's first
                 self.drafter(draft, 64)

@@ -62,6 +62,14 @@ class CompileHelper:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env=env)
 
+    @classmethod
+    def start(cls, *args) -> CompileHelper | None:
+        """A running helper, or None where no process could be started (the loader then compiles alone)."""
+        try:
+            return cls(*args)
+        except OSError:
+            return None
+
     def wait(self) -> int | None:
         """The helper's exit status once it is done (None: stopped after HELPER_TIMEOUT_S)."""
         try:

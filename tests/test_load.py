@@ -57,8 +57,10 @@ class _Helper:
 
     calls: list = []
 
-    def __init__(self, *args):
+    @classmethod
+    def start(cls, *args):
         _Helper.calls.append(("start", args))
+        return cls()
 
     def wait(self):
         _Helper.calls.append("wait")
@@ -112,3 +114,11 @@ def test_the_loader_says_where_the_weights_are(moe_path):
     streamed = load(moe_path, threads=1, progress=False, expert_cache=1 << 30)  # experts through an expert cache
     assert streamed.weights == "streamed"
     streamed.model.expert_cache.close()
+
+
+def test_a_helper_that_cannot_start_leaves_the_loader_to_compile(monkeypatch):
+    def no_process(*args, **kwargs):
+        raise OSError("no such file")
+
+    monkeypatch.setattr(warmup.subprocess, "Popen", no_process)
+    assert warmup.CompileHelper.start("m.gguf", "i8", "f32", "f32", 2) is None
