@@ -202,10 +202,11 @@ def _sync_propose(s_tok, s_heads, s_prev, s_meta, s_limit, c_tok, c_heads, c_pre
     c_len = np.empty(raw, np.int64)
     c_clen = np.empty(raw, np.int64)
     c_cont = np.empty((raw, k), np.int32)
-    nc = 0
+    # the count and tiers typed int64, not as literals (each literal value compiled _gather once more)
+    nc, stream, corpus = np.int64(0), np.int64(0), np.int64(1)
     for n in (4, 3):
-        nc = _gather(s_tok, s_heads, s_prev, s_meta, query, n, 0, k, c_pos, c_tier, c_len, c_clen, c_cont, nc)
-        nc = _gather(c_tok, c_heads, c_prev, c_meta, query, n, 1, k, c_pos, c_tier, c_len, c_clen, c_cont, nc)
+        nc = _gather(s_tok, s_heads, s_prev, s_meta, query, n, stream, k, c_pos, c_tier, c_len, c_clen, c_cont, nc)
+        nc = _gather(c_tok, c_heads, c_prev, c_meta, query, n, corpus, k, c_pos, c_tier, c_len, c_clen, c_cont, nc)
     if nc == 0:
         return 0
     # weights: rank = recency order within the tier
