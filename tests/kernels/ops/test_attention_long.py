@@ -21,6 +21,7 @@ from gguf.quants import dequantize, quantize
 
 from guild.engine.state import KVCache
 from guild.kernels.cpu import ops
+from guild.kernels.cpu.ops import gqa
 from guild.kernels.rope import rope_tables
 from guild.kvtypes import KVTypes
 
@@ -114,6 +115,23 @@ def test_f32_attention_past_1k_matches_float64_oracle(neox):
         d = np.abs(o - want).max()
         # measured max |Δ| 1.8e-6 .. 7.3e-6 (outputs up to 3.3) against bounds of 1.9e-3 .. 2.8e-3
         assert d <= tol, f"rows {pos0}..{pos0 + T - 1}: max |Δ| {d:.3g} > {tol:.3g}"
+
+
+def test_the_one_pass_kernel_past_1k_matches_float64_oracle():
+    """One row on an AVX-512 host with heads in fours takes gqa_row.attention_row; the one-pass gqa.attention
+    (other hosts, other head groups) is held to the oracle past 1K positions here on every host."""
+    q, k, v = _inputs(1)
+    _, cache = guild_attention(q, k, v, (), False)
+    cos, sin = rope_tables(N, HD, BASE)
+    kr = oracle_rope(k, np.arange(N), False)
+    for pos0 in (2047, N - 1):
+        qr = q[pos0 : pos0 + 1].copy()
+        ops.rope(qr, np.array([pos0], np.int64), cos, sin, HD, False)
+        o = np.empty_like(qr)
+        gqa.attention(qr, *cache.kv_layer(0), pos0, np.float32(HD**-0.5), o, np.empty((H, pos0 + 1), np.float32))
+        qo = oracle_rope(q[pos0 : pos0 + 1], np.array([pos0]), False)
+        d = np.abs(o - oracle_attention(qo, kr, v, pos0)).max()
+        assert d <= error_bound(qo, kr, v, pos0 + 1), f"row {pos0}: max |Δ| {d:.3g}"
 
 
 def test_bound_rejects_rope_position_off_by_one_past_1024():
