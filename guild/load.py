@@ -126,11 +126,11 @@ class LoadedModel:
         if warmup.helper_wanted(self.device, self.weights):
             helper = warmup.CompileHelper.start(self.path, self.numerics, self.kv.k, self.kv.v, self.threads)
         try:
-            if helper is not None:  # the drafter's kernels first: the helper meanwhile compiles the forward's first
-                self.drafter(draft, 64)
+            d = self.drafter(draft, 64)  # its kernels first: a helper meanwhile compiles the forward's first ones
+            if helper is not None:
                 self.session(64).generate(ids[:1], 2)  # one-row windows: the helper compiles the others
                 self.compile_helper = helper.wait() == 0
-            self.session(64).generate(ids, 6, drafter=self.drafter(draft, 64), max_draft=4)
+            self.session(64).generate(ids, 6, drafter=d, max_draft=4)
         finally:
             if helper is not None:
                 helper.close()
