@@ -5,8 +5,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
-from guild.kernels import ref
+from guild.kernels import ref, ref_quant
 from guild.kernels.cpu.moe import moe_ffn, route_groups
+from guild.kernels.cpu.qdot import act_group
 from guild.kernels.cpu.quant import dequantize, pack
 from guild.kernels.quant_types import act_block
 
@@ -72,3 +73,50 @@ def test_route_groups_is_a_stable_sort_by_expert():
     assert np.array_equal(x, h[order // 3])
     with pytest.raises(ValueError):  # an id outside the layer's experts (a corrupt router) never indexes memory
         route_groups(np.array([[8]], np.int64), h[:1], order[:1], offs, eids, x[:1])
+
+
+@pytest.mark.parametrize("gu_type, dn_type", [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q4_0), (Q.IQ4_XS, Q.Q5_K)])
+@pytest.mark.parametrize("T", [1, 2, 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_owned_experts_give_the_two_launch_bits(gu_type, dn_type, T, threads):
+    """The one-region path (each thread owns whole experts) against the two-launch path it stands in for: the
+    same bits, and it really ran (it returns True); groups that split unevenly are refused, nothing written."""
+    import numba
+
+    from guild.kernels.cpu import moe
+
+    De, Fe, Ee, k = 256, 256, 8, 4
+    rng = np.random.default_rng(T)
+    gu = [pack(gu_type, ref_quant.random_raw(gu_type, 2 * Fe, De, rng), 2 * Fe, De) for _ in range(Ee)]
+    dn = [pack(dn_type, ref_quant.random_raw(dn_type, De, Fe, rng), De, Fe) for _ in range(Ee)]
+    h = rng.standard_normal((T, De)).astype(np.float32)
+    ids = np.stack([rng.choice(Ee, k, replace=False) for _ in range(T)]).astype(np.int64)
+    w = rng.random((T, k)).astype(np.float32)
+    order, offs, eids = np.empty(T * k, np.int64), np.empty(Ee + 1, np.int64), np.empty(Ee, np.int64)
+    x = np.empty((T * k, De), np.float32)
+    n = route_groups(ids, h, order, offs, eids, x)
+    tg, td = moe.ExpertTable.of(gu), moe.ExpertTable.of(dn)
+    bufs = [np.empty((T * k, 2 * Fe), np.float32), np.empty((T * k, Fe), np.float32), np.empty((T * k, De), np.float32)]
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        nth = numba.get_num_threads()
+        got = np.full((T, De), np.nan, np.float32)
+        ran = moe._experts_owned(tg.addr, tg.dims, td.addr, td.dims, eids[:n], offs[: n + 1], x, act_group(gu_type),
+                                 act_group(dn_type), *bufs, order, w, got, nth)
+        assert ran == (n % nth == 0 or n >= 8 * nth)
+        uneven = np.full((T, De), np.nan, np.float32)  # one group fewer than the threads: refused
+        assert nth == 1 or not moe._experts_owned(tg.addr, tg.dims, td.addr, td.dims, eids[: nth - 1],
+                                                  offs[:nth], x, act_group(gu_type), act_group(dn_type), *bufs,
+                                                  order, w, uneven, nth)
+        assert nth == 1 or np.isnan(uneven).all()
+        want = np.empty((T, De), np.float32)
+        owned, moe._experts_owned = moe._experts_owned, lambda *a: False
+        try:
+            moe.experts_ffn(h, ids, w, gu, dn, want)
+        finally:
+            moe._experts_owned = owned
+    finally:
+        numba.set_num_threads(before)
+    if ran:
+        assert np.array_equal(got, want)
