@@ -261,3 +261,19 @@ def mxf(q):
     m = q & 7
     v = i2f(m) if m < 4 else i2f((2 + (m & 1)) << ((m >> 1) - 1))
     return v if q < 8 else np.float32(0.0) - v
+
+
+@intrinsic
+def fetch_add(typingctx, addr, v):
+    """Atomically add v to the int64 at address addr; returns the value before (work handed out on demand)."""
+    if not isinstance(addr, types.Integer) or not isinstance(v, types.Integer):
+        return None
+    sig = types.int64(addr, v)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        ptr = builder.inttoptr(context.cast(builder, args[0], signature.args[0], types.int64), i64.as_pointer())
+        return builder.atomic_rmw("add", ptr, context.cast(builder, args[1], signature.args[1], types.int64),
+                                  "monotonic")
+
+    return sig, codegen

@@ -12,7 +12,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import ops
-from .intrinsics import _call_kernel
+from .intrinsics import _call_kernel, fetch_add
 from .ops import swiglu
 from .qdot import ACT_EXTRA, QB, act_group, quantize_acts
 from .quant import ExpertTable, PackedMatrix, experts_matmul, matmul
@@ -83,8 +83,8 @@ def experts_ffn(
 def _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_dn, gu, act, ye, order, w, out,
                    nth):
     """experts_matmul (gate|up), SwiGLU, experts_matmul (down) and combine_groups in one parallel region where each
-    of the nth threads can own whole groups (group g on thread g mod nth; the groups split evenly, or eight or
-    more a thread): no barrier and no Python between the two products. Each row's arithmetic is theirs, so the bits are
+    of the nth threads can own whole groups, taken on demand (where the groups split evenly, or eight or more a
+    thread): no barrier and no Python between the two products. Each row's arithmetic is theirs, so the bits are
     the same. Returns False, having done nothing, where the groups would not split evenly enough."""
     G = eids.shape[0]
     if G % nth != 0 and G < 8 * nth:
@@ -96,8 +96,10 @@ def _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_
     pa = -(-F // QB) * (QB + ACT_EXTRA)
     xbuf = np.empty(R * px, np.uint8)
     abuf = np.empty(R * pa, np.uint8)
-    for c in prange(nth):
-        for g in range(c, G, nth):
+    ctr = np.zeros(1, np.int64)
+    for _ in prange(nth):
+        g = fetch_add(ctr.ctypes.data, 1)  # the next group nobody has taken (a slower thread takes fewer)
+        while g < G:
             a, b = offs[g], offs[g + 1]
             e = eids[g]
             quantize_acts(x[a:b], xbuf[a * px : b * px], sg_gu)
@@ -111,6 +113,7 @@ def _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_
             _call_kernel(dn_addr[e, 0], dn_addr[e, 1], dn_addr[e, 2], dn_addr[e, 3], dn_addr[e, 4], dn_addr[e, 5],
                          dn_addr[e, 6], nt, nb, abuf.ctypes.data + a * pa, b - a, nb * QB, 0, nt,
                          ye.ctypes.data + 4 * a * D, D)
+            g = fetch_add(ctr.ctypes.data, 1)
     combine_groups(ye, order, w, out)
     return True
 

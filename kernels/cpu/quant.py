@@ -68,7 +68,7 @@ from ..quant_types import QUANT_TYPES, row_bytes
 from . import qdot, quant_gen
 from .codecs import CTYPES, canonical_order
 from .drivers import NT, _permute_x
-from .intrinsics import _AVX512, _KSIG, _call_kernel, kvf, mxf  # noqa: F401  (calib reads _AVX512; tests kvf, mxf)
+from .intrinsics import _AVX512, _KSIG, _call_kernel, fetch_add, kvf, mxf  # noqa: F401  (calib reads _AVX512; tests kvf, mxf)
 
 GEMV_MAX_ROWS = 8  # windows of T <= this use the fused, row-invariant path
 _PREFILL_ROWS = 1024  # features dequantised per BLAS call in the prefill path
@@ -293,32 +293,13 @@ def _kernel_address(key: tuple) -> int:
     return addr
 
 
-# one chunk of tiles per launched Numba thread (asking numba for the current thread count from Python costs
-# ~3 µs a call); with fewer threads in use, prange hands each thread several chunks
-_N_CHUNKS = max(1, int(numba.config.NUMBA_NUM_THREADS))
-
-
 @njit(parallel=True, cache=True)
-def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out, nchunks):
-    """out [T, N] = W x for T <= _GEMV_PATH_ROWS: one parallel region; each thread runs the kernel `fn` (an
-    address) on its own contiguous range of tiles. xp [T, Kp] is the caller's buffer for the permuted
-    activations (owned by the caller, so that it outlives the kernels, which only see addresses)."""
-    T = x.shape[0]
-    N = out.shape[1]
-    nt, nb = dims[0], dims[1]
-    Kp = perm.shape[0]
+def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out, nth):
+    """out [T, N] = W x for T <= _GEMV_PATH_ROWS: one parallel region of nth threads running the kernel `fn` (an
+    address) on ranges of tiles handed out on demand (_ranges). xp [T, Kp] is the caller's buffer for the
+    permuted activations (owned by the caller, so that it outlives the kernels, which only see addresses)."""
     _permute_x(x, perm, xp)
-    nc = min(nchunks, nt)
-    p0 = a0.ctypes.data
-    p1 = a1.ctypes.data
-    p2 = a2.ctypes.data
-    p3 = a3.ctypes.data
-    p4 = a4.ctypes.data
-    p5 = a5.ctypes.data
-    pxp = xp.ctypes.data
-    pout = out.ctypes.data
-    for c in prange(nc):
-        _call_kernel(fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout, N)
+    _ranges(fn, a0, a1, a2, a3, a4, a5, dims, x.shape[0], perm.shape[0], xp, out, nth)
 
 
 @njit(cache=True)
@@ -331,48 +312,67 @@ def _launch_one(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out):
 
 
 @njit(parallel=True, cache=True)
-def _launch_i8(fn, a0, a1, a2, a3, a4, a5, dims, T, buf, out, nchunks):
+def _launch_i8(fn, a0, a1, a2, a3, a4, a5, dims, T, buf, out, nth):
     """out [T, N] = W x on the int8 path, x already quantised into buf (qdot.quantize_acts): as _launch."""
+    _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, dims[1] * qdot.QB, buf, out, nth)
+
+
+# ranges of tiles per thread that the threads take on demand: a thread that starts late or streams slower (a
+# VM's second core ran its static half ~8 % slower) takes fewer; dense T = 1 products 1.1x faster than static
+# halves (12-layer Qwen3-30B-A3B slice, Zen 4, 2 threads); 4 and 8 a thread measured alike, 16 and 32 slower
+_SPLIT = 4
+
+
+@njit(cache=True, inline="always")
+def _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, Kp, xp, out, nth):
+    """The kernel over all tiles of out [T, N] in min(tiles, nth * _SPLIT) ranges, each taken by the next free
+    thread (a range's arithmetic is the same whichever thread runs it)."""
     N = out.shape[1]
     nt, nb = dims[0], dims[1]
-    Kp = nb * qdot.QB
-    nc = min(nchunks, nt)
+    nc = min(nt, nth * _SPLIT)
+    ctr = np.zeros(1, np.int64)
     p0 = a0.ctypes.data
     p1 = a1.ctypes.data
     p2 = a2.ctypes.data
     p3 = a3.ctypes.data
     p4 = a4.ctypes.data
     p5 = a5.ctypes.data
-    pxp = buf.ctypes.data
+    pxp = xp.ctypes.data
     pout = out.ctypes.data
-    for c in prange(nc):
-        _call_kernel(fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout, N)
+    for _ in prange(nth):
+        i = fetch_add(ctr.ctypes.data, 1)
+        while i < nc:
+            _call_kernel(fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, i * nt // nc, (i + 1) * nt // nc, pout, N)
+            i = fetch_add(ctr.ctypes.data, 1)
 
 
 @njit(parallel=True, cache=True)
-def _launch_experts(addr, dims, eids, offs, buf, out, nchunks):
+def _launch_experts(addr, dims, eids, offs, buf, out, nth):
     """Every (expert, row group) product of a MoE layer in one parallel region: group g multiplies the rows
     offs[g]..offs[g+1] of the activations (already quantised into buf, group after group) by expert eids[g]
-    (addr[e] = kernel, six packed arrays; dims[e] = tiles, blocks). Each expert's tiles are cut into
-    nchunks ranges and task c*G + g is range c of group g, so prange's contiguous shares stay balanced."""
+    (addr[e] = kernel, six packed arrays; dims[e] = tiles, blocks). Each group's tiles are cut into S ranges
+    (nth * _SPLIT ranges in all, at least one a group), which the threads take on demand, group after group."""
     G = eids.shape[0]
     N = out.shape[1]
     pout0 = out.ctypes.data
     pbuf0 = buf.ctypes.data
-    for task in prange(nchunks * G):
-        c = task // G
-        g = task - c * G
-        e = eids[g]
-        nt, nb = dims[e, 0], dims[e, 1]
-        nc = min(nchunks, nt)
-        if c >= nc:
-            continue
-        T = offs[g + 1] - offs[g]
-        Kp = nb * qdot.QB
-        pxp = pbuf0 + offs[g] * (Kp + qdot.ACT_EXTRA * nb)  # qdot.act_bytes of the groups before
-        _call_kernel(addr[e, 0], addr[e, 1], addr[e, 2], addr[e, 3], addr[e, 4], addr[e, 5], addr[e, 6], nt, nb,
-                     pxp, T, Kp,
-                     c * nt // nc, (c + 1) * nt // nc, pout0 + 4 * offs[g] * N, N)
+    S = max(1, -(-nth * _SPLIT // G))
+    ctr = np.zeros(1, np.int64)
+    for _ in prange(nth):
+        task = fetch_add(ctr.ctypes.data, 1)
+        while task < S * G:
+            g = task // S
+            c = task - g * S
+            e = eids[g]
+            nt, nb = dims[e, 0], dims[e, 1]
+            nc = min(S, nt)
+            if c < nc:
+                T = offs[g + 1] - offs[g]
+                Kp = nb * qdot.QB
+                pxp = pbuf0 + offs[g] * (Kp + qdot.ACT_EXTRA * nb)  # qdot.act_bytes of the groups before
+                _call_kernel(addr[e, 0], addr[e, 1], addr[e, 2], addr[e, 3], addr[e, 4], addr[e, 5], addr[e, 6], nt,
+                             nb, pxp, T, Kp, c * nt // nc, (c + 1) * nt // nc, pout0 + 4 * offs[g] * N, N)
+            task = fetch_add(ctr.ctypes.data, 1)
 
 
 class ExpertList(list):
@@ -434,7 +434,7 @@ def experts_matmul(ws: list, eids: np.ndarray, offs: np.ndarray, x: np.ndarray, 
     offs = np.ascontiguousarray(offs, np.int64)
     qdot.quantize_groups(x, offs, buf, qdot.act_group(t.qtype))
     _launch_experts(t.addr if addr is None else addr, t.dims, np.ascontiguousarray(eids, np.int64), offs, buf, out,
-                    _N_CHUNKS)
+                    numba.get_num_threads())
 
 
 def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
@@ -455,7 +455,7 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         # called from here: a kernel compiled into _launch_i8 would cache with it
         qdot.quantize_acts(x, buf, qdot.act_group(w.qtype))
         dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
-        _launch_i8(fn, *w.flat, w.dims, T, buf, dst, _N_CHUNKS)
+        _launch_i8(fn, *w.flat, w.dims, T, buf, dst, numba.get_num_threads())
         if dst is not out:
             out[...] = dst
         return
@@ -468,7 +468,8 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
             if w.dims[0] == 1:
                 _launch_one(fn, *w.flat, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS])
             else:
-                _launch(fn, *w.flat, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS], _N_CHUNKS)
+                _launch(fn, *w.flat, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS],
+                        numba.get_num_threads())
         if dst is not out:
             out[...] = dst
         return
