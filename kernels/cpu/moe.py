@@ -12,10 +12,11 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import ops
+from .drivers import _permute_x
 from .intrinsics import _call_kernel, fetch_add
-from .ops import swiglu
-from .qdot import ACT_EXTRA, QB, act_group, quantize_acts
-from .quant import ExpertTable, PackedMatrix, experts_matmul, matmul
+from .ops import softmax_topk, swiglu
+from .qdot import ACT_EXTRA, QB, quantize_acts
+from .quant import ExpertTable, PackedMatrix, _kernel_address, _ranges, experts_matmul, matmul
 
 
 def moe_ffn(
@@ -30,6 +31,14 @@ def moe_ffn(
     """out [T, D] = MoE(h [T, D]). experts_gu[e]: fused [gate; up] [2F, D]; experts_down[e]: [D, F].
     Returns the number of distinct experts the window used."""
     T = h.shape[0]
+    if T == 1 and router.numerics != "i8" and getattr(experts_gu, "resident", None) is None:
+        # a decode step: router, top-k and the experts in one compiled call (the same kernels, the same bits)
+        tg, td = ExpertTable.of(experts_gu), ExpertTable.of(experts_down)
+        nth = get_num_threads()
+        if tg.ok and td.ok and (k % nth == 0 or k >= 8 * nth) and h.dtype == np.float32 and h.flags.c_contiguous:
+            _moe_row(h, _kernel_address(router.key), *router.flat, router.dims, router.perm, k, renorm, tg.addr,
+                     tg.dims, td.addr, td.dims, tg.sg, td.sg, tg.n_rows, out, nth)
+            return k
     logits = np.empty((T, router.n_rows), np.float32)  # [T, E]
     matmul(router, h, logits)
     ids = np.empty((T, k), np.int64)
@@ -64,9 +73,8 @@ def experts_ffn(
     resident = getattr(experts_gu, "resident", None)
     if resident is None:
         tg, td = ExpertTable.of(experts_gu), ExpertTable.of(experts_down)
-        if tg.ok and td.ok and _experts_owned(tg.addr, tg.dims, td.addr, td.dims, eids, offs, x, act_group(tg.qtype),
-                                              act_group(td.qtype), gu, act, ye, order, w, out,
-                                              get_num_threads()):
+        if tg.ok and td.ok and _experts_owned(tg.addr, tg.dims, td.addr, td.dims, eids, offs, x, tg.sg, td.sg, gu,
+                                              act, ye, order, w, out, get_num_threads()):
             return n
     batches = [(0, n, None, None)] if resident is None else resident.batches(eids, np.diff(offs))
     for g0, g1, addr_gu, addr_down in batches:
@@ -89,6 +97,46 @@ def _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_
     G = eids.shape[0]
     if G % nth != 0 and G < 8 * nth:
         return False
+    _owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_dn, gu, act, ye, nth)
+    combine_groups(ye, order, w, out)
+    return True
+
+
+@njit(parallel=True, cache=True)
+def _moe_row(h, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu,
+             sg_dn, F2, out, nth):
+    """moe_ffn of one row h [1, D] (a decode step) in one call: the router's kernel (matmul's float path: the
+    permuted row, its tiles), softmax_topk, route_groups, _owned, combine_groups, so the same bits. Its k groups
+    split evenly over the nth threads (the caller checks)."""
+    D = h.shape[1]
+    E = gu_addr.shape[0]
+    logits = np.empty((1, E), np.float32)
+    xp = np.empty((1, perm.shape[0]), np.float32)
+    _permute_x(h, perm, xp)
+    if rdims[0] == 1:  # one tile: on this thread (quant._launch_one)
+        _call_kernel(rfn, r0.ctypes.data, r1.ctypes.data, r2.ctypes.data, r3.ctypes.data, r4.ctypes.data,
+                     r5.ctypes.data, 1, rdims[1], xp.ctypes.data, 1, perm.shape[0], 0, 1, logits.ctypes.data, E)
+    else:
+        _ranges(rfn, r0, r1, r2, r3, r4, r5, rdims, 1, perm.shape[0], xp, logits, nth)
+    ids = np.empty((1, k), np.int64)
+    w = np.empty((1, k), np.float32)
+    softmax_topk(logits, k, renorm, ids, w)
+    order = np.empty(k, np.int64)
+    offs = np.empty(E + 1, np.int64)
+    eids = np.empty(E, np.int64)
+    x = np.empty((k, D), np.float32)
+    n = route_groups(ids, h, order, offs, eids, x)
+    gu = np.empty((k, F2), np.float32)
+    act = np.empty((k, F2 // 2), np.float32)
+    ye = np.empty((k, D), np.float32)
+    _owned(gu_addr, gu_dims, dn_addr, dn_dims, eids[:n], offs[: n + 1], x, sg_gu, sg_dn, gu, act, ye, nth)
+    combine_groups(ye, order, w, out)
+
+
+@njit(cache=True, inline="always")
+def _owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_dn, gu, act, ye, nth):
+    """Each group's rows quantised, gate|up, SwiGLU, quantised, down, all on the thread that takes the group."""
+    G = eids.shape[0]
     R, D = x.shape
     F2 = gu.shape[1]
     F = act.shape[1]
@@ -114,8 +162,6 @@ def _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_
                          dn_addr[e, 6], nt, nb, abuf.ctypes.data + a * pa, b - a, nb * QB, 0, nt,
                          ye.ctypes.data + 4 * a * D, D)
             g = fetch_add(ctr.ctypes.data, 1)
-    combine_groups(ye, order, w, out)
-    return True
 
 
 @njit(cache=True)

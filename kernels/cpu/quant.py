@@ -326,23 +326,19 @@ _SPLIT = 4
 @njit(cache=True, inline="always")
 def _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, Kp, xp, out, nth):
     """The kernel over all tiles of out [T, N] in min(tiles, nth * _SPLIT) ranges, each taken by the next free
-    thread (a range's arithmetic is the same whichever thread runs it)."""
+    thread (a range's arithmetic is the same whichever thread runs it). The loop body names xp and out, not only
+    their addresses: an array whose last use is taking its address may be freed before the loop runs (a caller
+    that allocates xp itself, moe._moe_row, then routed on freed memory: other bits, call to call)."""
     N = out.shape[1]
     nt, nb = dims[0], dims[1]
     nc = min(nt, nth * _SPLIT)
     ctr = np.zeros(1, np.int64)
-    p0 = a0.ctypes.data
-    p1 = a1.ctypes.data
-    p2 = a2.ctypes.data
-    p3 = a3.ctypes.data
-    p4 = a4.ctypes.data
-    p5 = a5.ctypes.data
-    pxp = xp.ctypes.data
-    pout = out.ctypes.data
     for _ in prange(nth):
         i = fetch_add(ctr.ctypes.data, 1)
         while i < nc:
-            _call_kernel(fn, p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, i * nt // nc, (i + 1) * nt // nc, pout, N)
+            _call_kernel(fn, a0.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data,
+                         a5.ctypes.data, nt, nb, xp.ctypes.data, T, Kp, i * nt // nc, (i + 1) * nt // nc,
+                         out.ctypes.data, N)
             i = fetch_add(ctr.ctypes.data, 1)
 
 
@@ -398,6 +394,7 @@ class ExpertTable:
                                   for w in ws], np.int64)
             self.dims = np.array([w.dims for w in ws], np.int64)
             self.n_rows, self.n_cols = w0.n_rows, w0.n_cols
+            self.sg = qdot.act_group(w0.qtype)  # activation blocks per scale
 
     @classmethod
     def of(cls, ws: list) -> ExpertTable:

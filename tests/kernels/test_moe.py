@@ -120,3 +120,35 @@ def test_owned_experts_give_the_two_launch_bits(gu_type, dn_type, T, threads):
         numba.set_num_threads(before)
     if ran:
         assert np.array_equal(got, want)
+
+
+def test_one_row_moe_is_the_window_path_bit_for_bit(monkeypatch):
+    """moe_ffn of one row takes the one-call path (router over two tiles on the threads, top-k, experts, combine)
+    and gives, call after call, the bits of the path a window takes (router, softmax_topk, two expert launches)."""
+    from guild.kernels.cpu import moe
+
+    Ee, De, Fe, k = 128, 256, 256, 8
+    rng = np.random.default_rng(11)
+    router = pack(Q.F32, rng.standard_normal((Ee, De)).astype(np.float32), Ee, De)
+    gu = [pack(Q.Q4_K, ref_quant.random_raw(Q.Q4_K, 2 * Fe, De, rng), 2 * Fe, De) for _ in range(Ee)]
+    dn = [pack(Q.Q6_K, ref_quant.random_raw(Q.Q6_K, De, Fe, rng), De, Fe) for _ in range(Ee)]
+    assert router.dims[0] == 2  # two tiles: the router runs in a parallel region inside the one call
+    calls = []
+    real = moe._moe_row
+    monkeypatch.setattr(moe, "_moe_row", lambda *a: calls.append(1) or real(*a))
+    for trial in range(12):
+        h = rng.standard_normal((1, De)).astype(np.float32)
+        got = [np.empty((1, De), np.float32) for _ in range(3)]
+        for g in got:
+            assert moe_ffn(h, router, gu, dn, k, True, g) == k
+        logits = np.empty((1, Ee), np.float32)
+        moe.matmul(router, h, logits)
+        ids, w = np.empty((1, k), np.int64), np.empty((1, k), np.float32)
+        moe.ops.softmax_topk(logits, k, True, ids, w)
+        want = np.empty((1, De), np.float32)
+        with monkeypatch.context() as m:
+            m.setattr(moe, "_experts_owned", lambda *a: False)
+            moe.experts_ffn(h, ids, w, gu, dn, want)
+        for g in got:
+            assert np.array_equal(g, want), trial
+    assert len(calls) == 36
