@@ -317,29 +317,42 @@ def _launch_i8(fn, a0, a1, a2, a3, a4, a5, dims, T, buf, out, nth):
     _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, dims[1] * qdot.QB, buf, out, nth)
 
 
-# ranges of tiles per thread that the threads take on demand: a thread that starts late or streams slower (a
-# VM's second core ran its static half ~8 % slower) takes fewer; dense T = 1 products 1.1x faster than static
-# halves (12-layer Qwen3-30B-A3B slice, Zen 4, 2 threads); 4 and 8 a thread measured alike, 16 and 32 slower
-_SPLIT = 4
+# Tiles are handed out on demand (an atomic counter), so that a thread that starts late or streams slower (a VM's
+# second core ran its static half ~8 % slower) takes less: first one long range a thread, _HEAD of an even share,
+# which keeps each weight stream long, then the rest in ranges of about a _TAIL-th of a share.
+_HEAD = 0.75
+_TAIL = 8
+_SPLIT = 4  # ranges a thread for a MoE layer's (expert, tiles) products (_launch_experts)
+
+
+@njit(cache=True, inline="always")
+def _bounds(i, nt, nth):
+    """Tiles [g0, g1) of range i (g0 == g1 past the last): nth head ranges, then the tail's."""
+    head = int(nt * _HEAD) // nth
+    if i < nth:
+        return i * head, (i + 1) * head
+    h = nth * head
+    step = max(1, (nt // nth) // _TAIL)
+    g0 = h + (i - nth) * step
+    return min(g0, nt), min(g0 + step, nt)
 
 
 @njit(cache=True, inline="always")
 def _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, Kp, xp, out, nth):
-    """The kernel over all tiles of out [T, N] in min(tiles, nth * _SPLIT) ranges, each taken by the next free
-    thread (a range's arithmetic is the same whichever thread runs it). The loop body names xp and out, not only
+    """The kernel over all tiles of out [T, N] in the ranges of _bounds, each taken by the next free thread (a
+    range's arithmetic is the same whichever thread runs it). The loop body names xp and out, not only
     their addresses: an array whose last use is taking its address may be freed before the loop runs (a caller
     that allocates xp itself, moe._moe_row, then routed on freed memory: other bits, call to call)."""
     N = out.shape[1]
     nt, nb = dims[0], dims[1]
-    nc = min(nt, nth * _SPLIT)
     ctr = np.zeros(1, np.int64)
     for _ in prange(nth):
-        i = fetch_add(ctr.ctypes.data, 1)
-        while i < nc:
-            _call_kernel(fn, a0.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data,
-                         a5.ctypes.data, nt, nb, xp.ctypes.data, T, Kp, i * nt // nc, (i + 1) * nt // nc,
-                         out.ctypes.data, N)
-            i = fetch_add(ctr.ctypes.data, 1)
+        g0, g1 = _bounds(fetch_add(ctr.ctypes.data, 1), nt, nth)
+        while g0 < nt:
+            if g1 > g0:
+                _call_kernel(fn, a0.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data,
+                             a5.ctypes.data, nt, nb, xp.ctypes.data, T, Kp, g0, g1, out.ctypes.data, N)
+            g0, g1 = _bounds(fetch_add(ctr.ctypes.data, 1), nt, nth)
 
 
 @njit(parallel=True, cache=True)
