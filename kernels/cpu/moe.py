@@ -12,11 +12,10 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import ops
-from .drivers import _permute_x
 from .intrinsics import _call_kernel, fetch_add
 from .ops import softmax_topk, swiglu
 from .qdot import ACT_EXTRA, QB, quantize_acts
-from .quant import ExpertTable, PackedMatrix, _kernel_address, _ranges, experts_matmul, matmul
+from .quant import ExpertTable, PackedMatrix, _kernel_address, _launch, _launch_one, experts_matmul, matmul
 
 
 def moe_ffn(
@@ -102,22 +101,21 @@ def _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_
     return True
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _moe_row(h, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu,
              sg_dn, F2, out, nth):
-    """moe_ffn of one row h [1, D] (a decode step) in one call: the router's kernel (matmul's float path: the
-    permuted row, its tiles), softmax_topk, route_groups, _owned, combine_groups, so the same bits. Its k groups
-    split evenly over the nth threads (the caller checks)."""
+    """moe_ffn of one row h [1, D] (a decode step) in one call from Python: the router as matmul's float path runs
+    it (quant._launch_one / _launch), softmax_topk, route_groups, _experts_owned: the same bits. Its k groups
+    split evenly over the nth threads (the caller checks). Not itself parallel: it calls the compiled parallel
+    launchers, so a cold start compiles only this glue."""
     D = h.shape[1]
     E = gu_addr.shape[0]
     logits = np.empty((1, E), np.float32)
     xp = np.empty((1, perm.shape[0]), np.float32)
-    _permute_x(h, perm, xp)
-    if rdims[0] == 1:  # one tile: on this thread (quant._launch_one)
-        _call_kernel(rfn, r0.ctypes.data, r1.ctypes.data, r2.ctypes.data, r3.ctypes.data, r4.ctypes.data,
-                     r5.ctypes.data, 1, rdims[1], xp.ctypes.data, 1, perm.shape[0], 0, 1, logits.ctypes.data, E)
+    if rdims[0] == 1:  # one tile: on this thread
+        _launch_one(rfn, r0, r1, r2, r3, r4, r5, rdims, perm, h, xp, logits)
     else:
-        _ranges(rfn, r0, r1, r2, r3, r4, r5, rdims, 1, perm.shape[0], xp, logits, nth)
+        _launch(rfn, r0, r1, r2, r3, r4, r5, rdims, perm, h, xp, logits, nth)
     ids = np.empty((1, k), np.int64)
     w = np.empty((1, k), np.float32)
     softmax_topk(logits, k, renorm, ids, w)
@@ -129,8 +127,8 @@ def _moe_row(h, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu
     gu = np.empty((k, F2), np.float32)
     act = np.empty((k, F2 // 2), np.float32)
     ye = np.empty((k, D), np.float32)
-    _owned(gu_addr, gu_dims, dn_addr, dn_dims, eids[:n], offs[: n + 1], x, sg_gu, sg_dn, gu, act, ye, nth)
-    combine_groups(ye, order, w, out)
+    _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids[:n], offs[: n + 1], x, sg_gu, sg_dn, gu, act, ye, order,
+                   w, out, nth)
 
 
 @njit(cache=True, inline="always")
