@@ -72,6 +72,7 @@ class MtpHead:
         self.feature_layers = mtp_feature_layers(g, a.n_layers)
         self.fc = Linear([g.tensor(p + "fc.weight")]) if self.feature_layers else None
         self.unit = np.ones(a.dim, np.float32)
+        self.unit.flags.writeable = False  # as the file's norm weights: one compiled rmsnorm for both
         base.mtp_features = self.feature_layers  # the base's forwards keep those rows from now on
         if g.has(p + "embed_tokens.weight"):
             e = g.tensor(p + "embed_tokens.weight")

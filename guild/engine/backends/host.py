@@ -156,7 +156,15 @@ class HostBackend:
         cpu_quant.dequantize_rows(w, rows, out)
 
     def rmsnorm(self, x, w, eps, out) -> None:
-        (cpu_ops.rmsnorm_parallel if x.shape[0] >= PARALLEL_ROWS else cpu_ops.rmsnorm)(x, w, eps, out)
+        f = cpu_ops.rmsnorm_parallel if x.shape[0] >= PARALLEL_ROWS else cpu_ops.rmsnorm
+        if out.flags.c_contiguous:
+            f(x, w, eps, out)
+            return
+        # columns of a wider array (the MTP head's concatenated norms): through a C-contiguous temporary, so
+        # each kernel compiles for one layout (a cold start compiled rmsnorm four times, rmsnorm_parallel three)
+        tmp = np.empty(out.shape, np.float32)
+        f(x, w, eps, tmp)
+        out[...] = tmp
 
     def rmsnorm_heads(self, x, w, eps) -> None:
         cpu_ops.rmsnorm_heads(x, w, eps)
