@@ -142,7 +142,8 @@ def _owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_dn, gu, 
     pa = -(-F // QB) * (QB + ACT_EXTRA)
     xbuf = np.empty(R * px, np.uint8)
     abuf = np.empty(R * pa, np.uint8)
-    ctr = np.zeros(1, np.int64)
+    ctr = np.empty(1, np.int64)  # np.zeros would be a parallel loop of its own here
+    ctr[0] = 0
     for _ in prange(nth):
         g = fetch_add(ctr.ctypes.data, 1)  # the next group nobody has taken (a slower thread takes fewer)
         while g < G:

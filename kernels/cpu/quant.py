@@ -345,7 +345,8 @@ def _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, Kp, xp, out, nth):
     that allocates xp itself, moe._moe_row, then routed on freed memory: other bits, call to call)."""
     N = out.shape[1]
     nt, nb = dims[0], dims[1]
-    ctr = np.zeros(1, np.int64)
+    ctr = np.empty(1, np.int64)  # np.zeros would be a parallel loop of its own here
+    ctr[0] = 0
     for _ in prange(nth):
         g0, g1 = _bounds(fetch_add(ctr.ctypes.data, 1), nt, nth)
         while g0 < nt:
@@ -366,7 +367,8 @@ def _launch_experts(addr, dims, eids, offs, buf, out, nth):
     pout0 = out.ctypes.data
     pbuf0 = buf.ctypes.data
     S = max(1, -(-nth * _SPLIT // G))
-    ctr = np.zeros(1, np.int64)
+    ctr = np.empty(1, np.int64)  # np.zeros would be a parallel loop of its own here
+    ctr[0] = 0
     for _ in prange(nth):
         task = fetch_add(ctr.ctypes.data, 1)
         while task < S * G:
