@@ -34,7 +34,7 @@ def moe_ffn(
         # a decode step: router, top-k and the experts in one compiled call (the same kernels, the same bits)
         tg, td = ExpertTable.of(experts_gu), ExpertTable.of(experts_down)
         nth = get_num_threads()
-        if tg.ok and td.ok and (k % nth == 0 or k >= 8 * nth) and h.dtype == np.float32 and h.flags.c_contiguous:
+        if tg.ok and td.ok and _owned_fits(k, nth) and h.dtype == np.float32 and h.flags.c_contiguous:
             _moe_row(h, _kernel_address(router.key), *router.flat, router.dims, router.perm, k, renorm, tg.addr,
                      tg.dims, td.addr, td.dims, tg.sg, td.sg, tg.n_rows, out, nth)
             return k
@@ -93,12 +93,18 @@ def _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_
     of the nth threads can own whole groups, taken on demand (where the groups split evenly, or eight or more a
     thread): no barrier and no Python between the two products. Each row's arithmetic is theirs, so the bits are
     the same. Returns False, having done nothing, where the groups would not split evenly enough."""
-    G = eids.shape[0]
-    if G % nth != 0 and G < 8 * nth:
+    if not _owned_fits(eids.shape[0], nth):
         return False
     _owned(gu_addr, gu_dims, dn_addr, dn_dims, eids, offs, x, sg_gu, sg_dn, gu, act, ye, nth)
     combine_groups(ye, order, w, out)
     return True
+
+
+@njit(cache=True)
+def _owned_fits(G, nth):
+    """Whether G groups split well enough over nth threads for _owned: evenly, or eight or more a thread (the
+    one left over then costs a thread at most an eighth of its share)."""
+    return G % nth == 0 or G >= 8 * nth
 
 
 @njit(cache=True)
