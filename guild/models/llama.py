@@ -55,6 +55,11 @@ class Layer:
         return own + self.gu.parts + self.down.parts
 
 
+# a decode row's halves in one compiled call each on the host (Layout.attention_row, ffn_row, moe_row); off: op by
+# op, the same bits
+FUSED_ROW = True
+
+
 class Llama(Architecture):
     GPU = True
     MTP_TRAINABLE = True
@@ -126,7 +131,51 @@ class Llama(Architecture):
 
     def block(self, li: int, L: Layer, x, h, w: Window) -> None:
         """One decoder layer over the residual rows x [R, dim] in place (h: scratch), on the layer's backend;
-        `li` is the layer's slot in each state's cache (an MTP head runs its own block on its own cache)."""
+        `li` is the layer's slot in each state's cache (an MTP head runs its own block on its own cache). A decode
+        row on the host takes each half in one compiled call where it can (the same bits: FUSED_ROW)."""
+        row = x.shape[0] == 1 and FUSED_ROW
+        if not (row and self._attention_row(li, L, x, w)):
+            self._attention(li, L, x, h, w)
+        if not (row and self._ffn_row(li, L, x, w)):
+            self._ffn(li, L, x, h, w)
+
+    def _attention_row(self, li: int, L: Layer, x, w: Window) -> bool:
+        a, be, st = self.args, w.be(li), w.states[0]
+        return len(w.states) == 1 and type(st) is KVCache and w.layout.attention_row(
+            be, x, L.attn_norm, L.qkv, L.q_norm, L.k_norm, L.wo, a.norm_eps, (a.n_heads, a.n_kv_heads, a.head_dim),
+            self.n_rot, a.rope_neox, st, li, w.pos0s[0], w.positions_on(be), *w.rope[be.name], w.scores)
+
+    def _ffn_row(self, li: int, L: Layer, x, w: Window) -> bool:
+        a, be = self.args, w.be(li)
+        if not L.moe:
+            return w.layout.ffn_row(be, x, L.ffn_norm, a.norm_eps, L.gu, L.down)
+        if w.layout.moe_row(be, x, L.ffn_norm, a.norm_eps, L.router, L.experts_gu, L.experts_down, a.n_experts_used,
+                            a.norm_topk_prob):
+            w.distinct[li] = a.n_experts_used
+            return True
+        return False
+
+    def _ffn(self, li: int, L: Layer, x, h, w: Window) -> None:
+        """The FFN half of a layer, op by op on the layer's backend."""
+        a, be = self.args, w.be(li)
+        R = x.shape[0]
+        if L.moe:
+            hm = w.layout.moe_rows(be, R, a.dim, a.n_experts_used)
+            be.rmsnorm(x, L.ffn_norm, a.norm_eps, hm)
+            # the union over the batch is what this forward paid for
+            ffn, w.distinct[li] = w.layout.routed_experts(be, hm, L.router, L.experts_gu, L.experts_down,
+                                                          a.n_experts_used, a.norm_topk_prob)
+            be.add(x, ffn)
+        else:
+            be.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
+            gu = be.empty((R, L.gu.n_out))
+            be.matmul(L.gu, h, gu)
+            act = be.empty((R, L.gu.n_out // 2))
+            be.swiglu(gu, act)
+            be.matmul(L.down, act, x, accumulate=True)
+
+    def _attention(self, li: int, L: Layer, x, h, w: Window) -> None:
+        """The attention half of a layer, op by op on the layer's backend (any rows, sessions and device)."""
         a, be = self.args, w.be(li)
         R = x.shape[0]
         H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
@@ -143,20 +192,6 @@ class Llama(Architecture):
         att = be.empty((R, H, hd))
         w.attend(li, be, q, k, v, att)
         be.matmul(L.wo, att.reshape(R, H * hd), x, accumulate=True)
-        if L.moe:
-            hm = w.layout.moe_rows(be, R, a.dim, a.n_experts_used)
-            be.rmsnorm(x, L.ffn_norm, a.norm_eps, hm)
-            # the union over the batch is what this forward paid for
-            ffn, w.distinct[li] = w.layout.routed_experts(be, hm, L.router, L.experts_gu, L.experts_down,
-                                                          a.n_experts_used, a.norm_topk_prob)
-            be.add(x, ffn)
-        else:
-            be.rmsnorm(x, L.ffn_norm, a.norm_eps, h)
-            gu = be.empty((R, L.gu.n_out))
-            be.matmul(L.gu, h, gu)
-            act = be.empty((R, L.gu.n_out // 2))
-            be.swiglu(gu, act)
-            be.matmul(L.down, act, x, accumulate=True)
 
     def forward_batch(self, windows, last_only: bool = False) -> list[ForwardResult]:
         """Windows of several sessions [(tokens, state), ...] in one pass: the rows of all windows go through

@@ -87,6 +87,19 @@ def h2f(typingctx, a):
 
 
 @intrinsic
+def f2h(typingctx, x):
+    """float32 → IEEE half bits (uint16), rounded to nearest even (vcvtps2ph): NumPy's astype(np.float16)."""
+    if x != types.float32:
+        return None
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@intrinsic
 def floorf(typingctx, x):
     """floor(x) for float32 (llvm.floor.f32: vroundps in vector loops, where np.floor is a library call)."""
     if x != types.float32:

@@ -30,11 +30,12 @@ def moe_ffn(
     """out [T, D] = MoE(h [T, D]). experts_gu[e]: fused [gate; up] [2F, D]; experts_down[e]: [D, F].
     Returns the number of distinct experts the window used."""
     T = h.shape[0]
-    if T == 1 and router.numerics != "i8" and getattr(experts_gu, "resident", None) is None:
+    if T == 1 and h.dtype == np.float32 and h.flags.c_contiguous:
         # a decode step: router, top-k and the experts in one compiled call (the same kernels, the same bits)
-        tg, td = ExpertTable.of(experts_gu), ExpertTable.of(experts_down)
         nth = get_num_threads()
-        if tg.ok and td.ok and _owned_fits(k, nth) and h.dtype == np.float32 and h.flags.c_contiguous:
+        tables = row_tables(router, experts_gu, experts_down, k, nth)
+        if tables is not None:
+            tg, td = tables
             _moe_row(h, _kernel_address(router.key), *router.flat, router.dims, router.perm, k, renorm, tg.addr,
                      tg.dims, td.addr, td.dims, tg.sg, td.sg, tg.n_rows, out, nth)
             return k
@@ -44,6 +45,43 @@ def moe_ffn(
     w = np.empty((T, k), np.float32)
     ops.softmax_topk(logits, k, renorm, ids, w)
     return experts_ffn(h, ids, w, experts_gu, experts_down, out)
+
+
+def row_tables(router: PackedMatrix, experts_gu, experts_down, k: int, nth: int):
+    """The (gate|up, down) ExpertTables where a decode row takes _moe_row: a float router, experts resident (not
+    an expert cache's) and on the int8 path, k groups splitting over nth threads. Else None."""
+    if router.numerics == "i8" or getattr(experts_gu, "resident", None) is not None:
+        return None
+    tg, td = ExpertTable.of(experts_gu), ExpertTable.of(experts_down)
+    return (tg, td) if tg.ok and td.ok and _owned_fits(k, nth) else None
+
+
+def moe_residual_row(x: np.ndarray, norm: np.ndarray, eps: float, router: PackedMatrix, experts_gu, experts_down,
+                     k: int, renorm: bool) -> bool:
+    """x [1, D] += moe_ffn(rmsnorm(x, norm)) in one compiled call (moe_half), where row_tables allows; False,
+    having done nothing, elsewhere."""
+    nth = get_num_threads()
+    tables = row_tables(router, experts_gu, experts_down, k, nth)
+    if tables is None or not x.flags.c_contiguous:
+        return False
+    tg, td = tables
+    moe_half(x, norm, eps, _kernel_address(router.key), *router.flat, router.dims, router.perm, k, renorm, tg.addr,
+             tg.dims, td.addr, td.dims, tg.sg, td.sg, tg.n_rows, nth)
+    return True
+
+
+@njit(cache=True)
+def moe_half(x, norm, eps, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims,
+             sg_gu, sg_dn, F2, nth):
+    """The MoE half of a decode row's layer: rmsnorm, _moe_row, the residual add, as the composed ops do them."""
+    D = x.shape[1]
+    h = np.empty((1, D), np.float32)
+    ops.rmsnorm(x, norm, eps, h)
+    out = np.empty((1, D), np.float32)
+    _moe_row(h, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn,
+             F2, out, nth)
+    for i in range(D):  # the composed path's x += ffn
+        x[0, i] += out[0, i]
 
 
 def experts_ffn(

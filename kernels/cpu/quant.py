@@ -386,6 +386,68 @@ def _launch_experts(addr, dims, eids, offs, buf, out, nth):
             task = fetch_add(ctr.ctypes.data, 1)
 
 
+@njit(parallel=True, cache=True)
+def _launch_parts(addr, dims, xoff, col, buf, T, out, nth):
+    """The parts of a fused matrix (addr[p] = kernel, six packed arrays; dims[p] = tiles, blocks) over one input,
+    quantised at buf + xoff[p], into out's columns col[p].. in one parallel region: the parts' tiles taken as one
+    sequence of ranges (_bounds), a range cut where it crosses a part. Every part's n_rows a whole number of tiles
+    (a kernel clips its last tile at out's width)."""
+    P = addr.shape[0]
+    N = out.shape[1]
+    nt = 0
+    for p in range(P):
+        nt += dims[p, 0]
+    ctr = np.empty(1, np.int64)  # np.zeros would be a parallel loop of its own here
+    ctr[0] = 0
+    for _ in prange(nth):
+        g0, g1 = _bounds(fetch_add(ctr.ctypes.data, 1), nt, nth)
+        while g0 < nt:
+            base = 0
+            for p in range(P):
+                a, b = max(g0, base) - base, min(g1, base + dims[p, 0]) - base
+                if b > a:
+                    _call_kernel(addr[p, 0], addr[p, 1], addr[p, 2], addr[p, 3], addr[p, 4], addr[p, 5], addr[p, 6],
+                                 dims[p, 0], dims[p, 1], buf.ctypes.data + xoff[p], T, dims[p, 1] * qdot.QB, a, b,
+                                 out.ctypes.data + 4 * col[p], N)
+                base += dims[p, 0]
+            g0, g1 = _bounds(fetch_add(ctr.ctypes.data, 1), nt, nth)
+
+
+@njit(cache=True)
+def linear_rows(x, addr, dims, sg, col, out, nth):
+    """out [T, col[-1]] = x [T, K] times a fused matrix's parts (LinearTable), side by side: x quantised once per
+    activation group, then _launch_parts. Each part's columns are bitwise what `matmul` gives it."""
+    T, K = x.shape
+    P = addr.shape[0]
+    per = T * (-(-K // qdot.QB)) * (qdot.QB + qdot.ACT_EXTRA)  # qdot.act_bytes(T, K)
+    buf = np.empty(P * per, np.uint8)
+    xoff = np.empty(P, np.int64)
+    for p in range(P):
+        j = p
+        for r in range(p - 1, -1, -1):  # an earlier part with the same group shares its quantised rows
+            if sg[r] == sg[p]:
+                j = r
+        xoff[p] = j * per
+        if j == p:
+            qdot.quantize_acts(x, buf[p * per : (p + 1) * per], sg[p])
+    _launch_parts(addr, dims, xoff, col, buf, T, out, nth)
+
+
+class LinearTable:
+    """A fused matrix's parts (PackedMatrix list sharing an input, outputs side by side) as arrays for
+    linear_rows: `ok` when every part runs on the int8 path in whole tiles."""
+
+    def __init__(self, parts: list):
+        self.parts = list(parts)  # kept: the table holds their addresses
+        self.ok = all(p.numerics == "i8" and p.n_rows % NT == 0 and p.n_cols == parts[0].n_cols for p in parts)
+        if self.ok:
+            self.addr = np.array([[_kernel_address(p.key)] + [a.ctypes.data for a in p.flat] for p in parts],
+                                 np.int64)
+            self.dims = np.array([p.dims for p in parts], np.int64)
+            self.sg = np.array([qdot.act_group(p.qtype) for p in parts], np.int64)
+            self.col = np.cumsum([0] + [p.n_rows for p in parts]).astype(np.int64)
+
+
 class ExpertList(list):
     """A model's experts of one matrix kind: a list that carries its own ExpertTable (built on first use), so
     the table lives and dies with the model (a loaded model's weights are resident memory)."""

@@ -3,13 +3,17 @@ transfers between backends: staged window metadata, residual rows, MoE rows and 
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from ...kernels.cpu.moe import experts_ffn, moe_ffn
+from ...kernels.cpu.decode_row import attention_half, ffn_half
+from ...kernels.cpu.moe import experts_ffn, moe_ffn, moe_residual_row
+from ...kernels.cpu.ops.gqa import row_mode
 from .clock import KernelClock, clocked
 from .host import HOST
 from .protocol import TimedBackend
 
+_NO_NORM = np.zeros(0, np.float32)  # attention_row's QK-norm weights where a model has none
 _ALIGN = 256  # staging buffer sections start on this many bytes
 
 
@@ -144,6 +148,47 @@ class Layout:
         o_h = _align(R * k * 8) + _align(R * k * 4)
         buf, _ = self.stage("moe").get(be, o_h + R * D * 4)
         return be.view(buf, o_h, (R, D), np.float32)
+
+    def attention_row(self, be, x, norm, qkv, q_norm, k_norm, wo, eps: float, heads: tuple, n_rot: int, neox: bool,
+                      st, li: int, pos0: int, positions, cos, sin, scores) -> bool:
+        """The attention half of a layer over one row x [1, D] on the host, in place, in one compiled call
+        (kernels/cpu/decode_row.py; bitwise the composed ops): st a host KVCache (the caller's check), every
+        matrix on the int8 path. False, having done nothing, where that does not hold (a device, another type)."""
+        H, Hkv, hd = heads
+        if be.device or not x.flags.c_contiguous:
+            return False
+        tq, to = qkv.table, wo.table
+        if not (tq.ok and to.ok):
+            return False
+        kt, vc = st.kv_layer(li)
+        qn = _NO_NORM if q_norm is None else q_norm
+        kn = _NO_NORM if k_norm is None else k_norm
+        with clocked(HOST.clock, "attention_row"):
+            attention_half(x, norm, eps, tq.addr, tq.dims, tq.sg, tq.col, H, Hkv, hd, qn, kn, positions, cos, sin,
+                           n_rot, neox, kt, vc, pos0, np.float32(1.0 / np.sqrt(hd)), row_mode(H, hd, kt, vc), scores,
+                           to.addr, to.dims, to.sg, to.col, numba.get_num_threads())
+        return True
+
+    def ffn_row(self, be, x, norm, eps: float, gu, down) -> bool:
+        """A dense layer's FFN half over one row x [1, D] on the host, in place, in one compiled call (bitwise the
+        composed ops); False, having done nothing, on a device or off the int8 path."""
+        if be.device or not x.flags.c_contiguous:
+            return False
+        tg, td = gu.table, down.table
+        if not (tg.ok and td.ok):
+            return False
+        ffn_half(x, norm, eps, tg.addr, tg.dims, tg.sg, tg.col, td.addr, td.dims, td.sg, td.col,
+                 numba.get_num_threads())
+        return True
+
+    def moe_row(self, be, x, norm, eps: float, router, experts_gu, experts_down, k: int, renorm: bool) -> bool:
+        """A MoE layer's FFN half over one row x [1, D] on the host, in place, in one compiled call
+        (kernels/cpu/moe.moe_half); False, having done nothing, on a device or where moe_ffn would not take its
+        one-call row."""
+        if be.device:
+            return False
+        with clocked(HOST.clock, "experts"):
+            return moe_residual_row(x, norm, eps, router, experts_gu, experts_down, k, renorm)
 
     def routed_experts(self, be, h, router, experts_gu, experts_down, k: int, renorm: bool):
         """The routed-experts half of a MoE FFN over h [R, D] (from moe_rows, on be): the router runs on be,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...formats.repack_cache import pack
-from ...kernels.cpu.quant import matmul
+from ...kernels.cpu.quant import LinearTable, matmul
 
 
 def fuse(tensors, pack) -> tuple[int, int, list]:
@@ -33,6 +33,14 @@ class Linear:
     def __init__(self, tensors):
         self.n_out, self.n_in, self.parts = fuse(tensors, pack)
         self.tensors = tuple(tensors)  # the GGUF tensors, for a device twin (guild.engine.gpu)
+
+    @property
+    def table(self) -> LinearTable:
+        """The parts as addresses for the compiled decode row (kernels/cpu/quant.linear_rows), built once."""
+        t = self.__dict__.get("_table")
+        if t is None:
+            t = self._table = LinearTable(self.parts)
+        return t
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((x.shape[0], self.n_out), np.float32)

@@ -5,11 +5,12 @@ fixed order whatever rows share the call (row invariance)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads, njit, prange, types
+from numba.extending import overload
 
 from ..intrinsics import fma32
 from ..simd import fma_f, ld_f32, splat_f, st_f32, zero_f
-from .gqa_row import _fma4, _softmax_rows, _store_heads, _vmax, attention_row, row_fits
+from .gqa_row import _fma4, _softmax_rows, _store_heads, _vmax, attention_row, kv_row_fits, row_fits
 from .kv import KV_TILE, is_q8, k_scales, key_at, kv_block, kv_parts, kv_stride1, ld_kv, stored_f32, v_scale, value_at
 from .rows import expf, sum_fixed
 
@@ -511,3 +512,44 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
         scores_kv(q[t0:t1], k, pos0 + t0, scale, scores)
         softmax_window(scores, t1 - t0, H, pos0 + t0, inv)
         values_kv(scores, inv, v, pos0 + t0, out[t0:t1], halves)
+
+
+# The kernel attention_kv takes for one C-contiguous row, as a value a compiled caller can branch on (a decode
+# row's one call, kernels/cpu/decode_row.py): ROW attention_row, ONE_PASS attention, PASSES the window passes.
+ROW, ONE_PASS, PASSES = 0, 1, 2
+
+
+def row_mode(H: int, hd: int, k, v) -> int:
+    """attention_kv's choice for one row of H heads of size hd over stored operands k, v."""
+    if kv_row_fits(H, hd, k, v):
+        return ROW
+    if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
+        return ONE_PASS
+    return PASSES
+
+
+@njit(cache=True)
+def attend_row(mode, q, k, v, pos0, scale, out, scores, nth):
+    """attention_kv of one row q [1, H, hd] by row_mode's `mode` (the same kernels, the same bits)."""
+    if mode == ROW:
+        attention_row(q, k, v, pos0, scale, out, scores)
+    elif mode == ONE_PASS:
+        _one_pass(q, k, v, pos0, scale, out, scores)
+    else:
+        vq, _ = kv_parts(v)
+        inv = np.empty(q.shape[1], np.float32)
+        scores_kv(q, k, pos0, scale, scores)
+        softmax_window(scores, 1, q.shape[1], pos0, inv)
+        values_kv(scores, inv, v, pos0, out, vq.shape[0] % nth != 0)
+
+
+def _one_pass(q, k, v, pos0, scale, out, scores):
+    """`attention` over float32 operands; nothing for the stored types (row_mode never picks it for them)."""
+    raise NotImplementedError
+
+
+@overload(_one_pass, inline="always")
+def _one_pass_typed(q, k, v, pos0, scale, out, scores):
+    if all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (k, v)):
+        return lambda q, k, v, pos0, scale, out, scores: attention(q, k, v, pos0, scale, out, scores)
+    return lambda q, k, v, pos0, scale, out, scores: None

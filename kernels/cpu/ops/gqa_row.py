@@ -26,9 +26,14 @@ WIDE_ROW = AVX512BW  # 16 accumulators and their operands fit 32 registers; AVX2
 def row_fits(q, k, v, out, scores) -> bool:
     """Whether attention_row takes this call: one row, heads in fours, whole 64s of head_dim, stride-1 operands."""
     T, H, hd = q.shape
-    parts = [*(k if isinstance(k, tuple) else (k,)), *(v if isinstance(v, tuple) else (v,)), q, out, scores]
+    return T == 1 and kv_row_fits(H, hd, k, v) and all(a.strides[-1] == a.itemsize for a in (q, out, scores))
+
+
+def kv_row_fits(H: int, hd: int, k, v) -> bool:
+    """row_fits for a row of H heads of size hd over these stored operands, its own arrays stride-1."""
+    parts = [*(k if isinstance(k, tuple) else (k,)), *(v if isinstance(v, tuple) else (v,))]
     Hkv = parts[0].shape[0]
-    return (WIDE_ROW and T == 1 and H % Hkv == 0 and (H // Hkv) % 4 == 0 and hd % 64 == 0
+    return (WIDE_ROW and H % Hkv == 0 and (H // Hkv) % 4 == 0 and hd % 64 == 0
             and all(a.strides[-1] == a.itemsize for a in parts))
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ..intrinsics import h2f
+from ..intrinsics import f2h, h2f
 from ..simd import bc_f32, cvt, ld_f32, ld_h2f, ld_s8, mul_f, zero_f
 
 # Keys are stored in tiles of KV_TILE positions, [..., ctx/KV_TILE, hd, KV_TILE]: within a tile each dimension's
@@ -74,6 +74,74 @@ def kv_quantize_q8_0(x, qs, d):
                 qs[n, i] = np.int8(np.rint(x[n, i] * inv))
 
 
+
+def put_key_row(kt, k, pos):
+    """Position pos of a layer's stored keys (tiles of any stored type, as kv_layer gives them) = k [Hkv, hd]
+    float32, converted as HostBackend.kv_write converts a window's rows (Numba only: a decode row's one call)."""
+    raise NotImplementedError
+
+
+def put_value_row(vc, v, pos):
+    """Position pos of a layer's stored values = v [Hkv, hd], as put_key_row (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(put_key_row)
+def _put_key_row(kt, k, pos):
+    if isinstance(kt, types.BaseTuple):  # q8_0: quants and f16 scale bits per 32 dimensions
+        def put(kt, k, pos):
+            qs, d = _q8_rows(k)
+            t, j = pos // KV_TILE, pos % KV_TILE
+            for g in range(k.shape[0]):
+                for i in range(k.shape[1]):
+                    kt[0][g, t, i, j] = qs[g, i]
+                for b in range(d.shape[1]):
+                    kt[1][g, t, b, j] = f2h(d[g, b])
+        return put
+    conv = _to_stored(kt.dtype)
+
+    def put(kt, k, pos):
+        t, j = pos // KV_TILE, pos % KV_TILE
+        for g in range(k.shape[0]):
+            for i in range(k.shape[1]):
+                kt[g, t, i, j] = conv(k[g, i])
+    return put
+
+
+@overload(put_value_row)
+def _put_value_row(vc, v, pos):
+    if isinstance(vc, types.BaseTuple):
+        def put(vc, v, pos):
+            qs, d = _q8_rows(v)
+            for g in range(v.shape[0]):
+                for i in range(v.shape[1]):
+                    vc[0][g, pos, i] = qs[g, i]
+                for b in range(d.shape[1]):
+                    vc[1][g, pos, b] = f2h(d[g, b])
+        return put
+    conv = _to_stored(vc.dtype)
+
+    def put(vc, v, pos):
+        for g in range(v.shape[0]):
+            for i in range(v.shape[1]):
+                vc[g, pos, i] = conv(v[g, i])
+    return put
+
+
+def _to_stored(dtype):
+    """float32 → the stored element: itself, or f16 bits."""
+    if dtype == types.uint16:
+        return njit(inline="always")(lambda x: f2h(x))
+    return njit(inline="always")(lambda x: x)
+
+
+@njit(cache=True)
+def _q8_rows(x):
+    """kv_quantize_q8_0 of rows x [N, hd]: (quants, float32 scales)."""
+    qs = np.empty(x.shape, np.int8)
+    d = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    kv_quantize_q8_0(x, qs, d)
+    return qs, d
 
 # Stored KV values by type, for the passes above: an array of float32 or f16 bits (uint16), or a q8_0 pair
 # (int8 quants, f16 scale bits). The passes take a pair's arrays apart once (kv_parts: a float array stands for
