@@ -21,11 +21,12 @@ from .quant import linear_rows
 
 @njit(cache=True)
 def attention_half(x, nw, eps, qa, qd, qs, qc, H, Hkv, hd, qn, kn, positions, cos, sin, n_rot, neox, kt, vc, pos0,
-                   scale, mode, scores, oa, od, os, oc, nth):
+                   scale, mark, scores, oa, od, os, oc, nth):
     """x [1, D] += wo · attention(rope(qk_norm(q|k|v · rmsnorm(x, nw)))) at position pos0, the row's key and value
     written into kt, vc (a layer's stored operands, KVCache.kv_layer). (qa, qd, qs, qc) and (oa, od, os, oc):
-    the q|k|v and output matrices' LinearTable arrays; qn, kn: the QK-norm weights (empty: none); mode: the
-    attention kernel (ops.gqa.row_mode); scores: scratch [>= H, >= pos0 + 1]."""
+    the q|k|v and output matrices' LinearTable arrays; qn, kn: the QK-norm weights (empty: none); mark: the
+    attention kernel attention_kv would take (ops.gqa.MARKS[row_mode(...)]: compiled per kernel, only the one taken
+    is compiled in); scores: scratch [>= H, >= pos0 + 1]."""
     D = x.shape[1]
     h = np.empty((1, D), np.float32)
     rmsnorm(x, nw, eps, h)
@@ -47,7 +48,7 @@ def attention_half(x, nw, eps, qa, qd, qs, qc, H, Hkv, hd, qn, kn, positions, co
     put_key_row(kt, k[0], pos0)
     put_value_row(vc, v[0], pos0)
     att = np.empty((1, H, hd), np.float32)
-    attend_row(mode, q, kt, vc, pos0, scale, att, scores, nth)
+    attend_row(mark, q, kt, vc, pos0, scale, att, scores)
     y = np.empty((1, D), np.float32)
     linear_rows(att.reshape(1, H * hd), oa, od, os, oc, y, nth)
     for i in range(D):  # the composed path's accumulate: x += a temporary

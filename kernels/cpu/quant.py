@@ -114,7 +114,7 @@ class PackedMatrix:
     flat uint8 arrays (unused slots empty) handed to the drivers, `dims` = (tiles, blocks per row), `perm`: the
     canonical activation order (int64 [Kp], -1 = zero padding)."""
 
-    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "key", "nbytes", "numerics")
+    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "key", "nbytes", "numerics", "_table")
 
     @property
     def row_invariant(self) -> bool:
@@ -137,6 +137,15 @@ class PackedMatrix:
         self.dims = np.array([arrays[0].shape[0], n_blocks], np.int64)
         self.perm = np.ascontiguousarray(perm, dtype=np.int64)
         self.nbytes = int(sum(a.nbytes for a in arrays))
+
+    @property
+    def table(self) -> LinearTable:
+        """This matrix as a one-part LinearTable (its int8 launch: linear_rows), built once."""
+        try:
+            return self._table
+        except AttributeError:
+            self._table = LinearTable([self])
+            return self._table
 
     def __repr__(self) -> str:
         return (f"PackedMatrix({Q(self.qtype).name}, {self.n_rows}x{self.n_cols}, {self.nbytes} bytes, "
@@ -311,12 +320,6 @@ def _launch_one(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out):
                  out.ctypes.data, out.shape[1])
 
 
-@njit(parallel=True, cache=True)
-def _launch_i8(fn, a0, a1, a2, a3, a4, a5, dims, T, buf, out, nth):
-    """out [T, N] = W x on the int8 path, x already quantised into buf (qdot.quantize_acts): as _launch."""
-    _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, dims[1] * qdot.QB, buf, out, nth)
-
-
 # Tiles are handed out on demand (an atomic counter), so that a thread that starts late or streams slower (a VM's
 # second core ran its static half ~8 % slower) takes less: first one long range a thread, _HEAD of an even share,
 # which keeps each weight stream long, then the rest in ranges of about a _TAIL-th of a share.
@@ -435,11 +438,12 @@ def linear_rows(x, addr, dims, sg, col, out, nth):
 
 class LinearTable:
     """A fused matrix's parts (PackedMatrix list sharing an input, outputs side by side) as arrays for
-    linear_rows: `ok` when every part runs on the int8 path in whole tiles."""
+    linear_rows: `ok` when every part runs on the int8 path, in whole tiles where there are several."""
 
     def __init__(self, parts: list):
         self.parts = list(parts)  # kept: the table holds their addresses
-        self.ok = all(p.numerics == "i8" and p.n_rows % NT == 0 and p.n_cols == parts[0].n_cols for p in parts)
+        whole = len(parts) == 1 or all(p.n_rows % NT == 0 for p in parts)  # a lone part clips at its own width
+        self.ok = whole and all(p.numerics == "i8" and p.n_cols == parts[0].n_cols for p in parts)
         if self.ok:
             self.addr = np.array([[_kernel_address(p.key)] + [a.ctypes.data for a in p.flat] for p in parts],
                                  np.int64)
@@ -524,12 +528,9 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         x = np.ascontiguousarray(x, dtype=np.float32)
     if w.numerics == "i8":  # every T: the integer kernels share each decoded weight group among the rows
-        fn = _KADDR.get(w.key) or _kernel_address(w.key)
-        buf = np.empty(qdot.act_bytes(T, w.n_cols), np.uint8)
-        # called from here: a kernel compiled into _launch_i8 would cache with it
-        qdot.quantize_acts(x, buf, qdot.act_group(w.qtype))
+        t = w.table
         dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
-        _launch_i8(fn, *w.flat, w.dims, T, buf, dst, numba.get_num_threads())
+        linear_rows(x, t.addr, t.dims, t.sg, t.col, dst, numba.get_num_threads())
         if dst is not out:
             out[...] = dst
         return

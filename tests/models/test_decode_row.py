@@ -11,10 +11,14 @@ from guild.kvtypes import KVTypes
 from guild.models import load_model
 from guild.tools.tiny import write_tiny_model
 
+# a compiled function Numba cannot cache would compile again in every process: fail where it warns so
+pytestmark = pytest.mark.filterwarnings("error::numba.NumbaWarning")
+
 # shapes whose every matrix is whole tiles of 64 rows: QK-norm, NEOX rope, heads in fours (qwen3moe); a dense
 # llama, heads in threes
 MODELS = {
-    "qwen3moe": dict(arch="qwen3moe", qtype="Q8_0", dim=256, n_heads=8, n_kv_heads=2, n_experts=4, top_k=2, ffn=128),
+    "qwen3moe": dict(arch="qwen3moe", qtype="Q8_0", dim=256, n_heads=8, n_kv_heads=2, head_dim=64, n_experts=4, top_k=2,
+                     ffn=128),
     "llama": dict(arch="llama", qtype="Q8_0", dim=192, n_heads=3, n_kv_heads=1, ffn=256),
 }
 PROMPT = [5, 77, 12, 200, 31, 9, 150, 64, 3, 99, 18]

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...kernels.cpu.decode_row import attention_half, ffn_half
 from ...kernels.cpu.moe import experts_ffn, moe_ffn, moe_residual_row
-from ...kernels.cpu.ops.gqa import row_mode
+from ...kernels.cpu.ops.gqa import MARKS, row_mode
 from .clock import KernelClock, clocked
 from .host import HOST
 from .protocol import TimedBackend
@@ -163,10 +163,11 @@ class Layout:
         kt, vc = st.kv_layer(li)
         qn = _NO_NORM if q_norm is None else q_norm
         kn = _NO_NORM if k_norm is None else k_norm
+        mark = MARKS[row_mode(H, hd, kt, vc)]
         with clocked(HOST.clock, "attention_row"):
             attention_half(x, norm, eps, tq.addr, tq.dims, tq.sg, tq.col, H, Hkv, hd, qn, kn, positions, cos, sin,
-                           n_rot, neox, kt, vc, pos0, np.float32(1.0 / np.sqrt(hd)), row_mode(H, hd, kt, vc), scores,
-                           to.addr, to.dims, to.sg, to.col, numba.get_num_threads())
+                           n_rot, neox, kt, vc, pos0, np.float32(1.0 / np.sqrt(hd)), mark, scores, to.addr, to.dims,
+                           to.sg, to.col, numba.get_num_threads())
         return True
 
     def ffn_row(self, be, x, norm, eps: float, gu, down) -> bool:

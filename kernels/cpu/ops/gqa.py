@@ -514,42 +514,41 @@ def attention_kv(q, k, v, pos0, scale, out, scores) -> None:
         values_kv(scores, inv, v, pos0 + t0, out[t0:t1], halves)
 
 
-# The kernel attention_kv takes for one C-contiguous row, as a value a compiled caller can branch on (a decode
-# row's one call, kernels/cpu/decode_row.py): ROW attention_row, ONE_PASS attention, PASSES the window passes.
-ROW, ONE_PASS, PASSES = 0, 1, 2
+# attention_kv's choice for one C-contiguous row, named to a compiled caller by the dtype of an empty array
+# (MARKS[mode]) so that only the chosen kernel is compiled into it (kernels/cpu/decode_row.py: a literal argument
+# sends every call through Numba's slow dispatch, a function-typed one keeps the caller out of its cache):
+# attention_row, `attention`, the window passes (values_kv's `halves` as it would be now: a compiled function
+# that asks the thread count cannot be cached)
+ROW, ONE_PASS, PASSES, PASSES_HALVES = 0, 1, 2, 3
+MARKS = tuple(np.empty(0, t) for t in (np.int8, np.int16, np.int32, np.int64))
 
 
 def row_mode(H: int, hd: int, k, v) -> int:
-    """attention_kv's choice for one row of H heads of size hd over stored operands k, v."""
+    """attention_kv's kernel for one row of H heads of size hd over stored operands k, v."""
     if kv_row_fits(H, hd, k, v):
         return ROW
     if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
         return ONE_PASS
-    return PASSES
+    return PASSES_HALVES if (v[0] if isinstance(v, tuple) else v).shape[0] % get_num_threads() else PASSES
 
 
-@njit(cache=True)
-def attend_row(mode, q, k, v, pos0, scale, out, scores, nth):
-    """attention_kv of one row q [1, H, hd] by row_mode's `mode` (the same kernels, the same bits)."""
-    if mode == ROW:
-        attention_row(q, k, v, pos0, scale, out, scores)
-    elif mode == ONE_PASS:
-        _one_pass(q, k, v, pos0, scale, out, scores)
-    else:
-        vq, _ = kv_parts(v)
-        inv = np.empty(q.shape[1], np.float32)
-        scores_kv(q, k, pos0, scale, scores)
-        softmax_window(scores, 1, q.shape[1], pos0, inv)
-        values_kv(scores, inv, v, pos0, out, vq.shape[0] % nth != 0)
-
-
-def _one_pass(q, k, v, pos0, scale, out, scores):
-    """`attention` over float32 operands; nothing for the stored types (row_mode never picks it for them)."""
+def attend_row(mark, q, k, v, pos0, scale, out, scores):
+    """Row 0 of q [1, H, hd] by the kernel MARKS[row_mode(...)] names (Numba only)."""
     raise NotImplementedError
 
 
-@overload(_one_pass, inline="always")
-def _one_pass_typed(q, k, v, pos0, scale, out, scores):
-    if all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (k, v)):
-        return lambda q, k, v, pos0, scale, out, scores: attention(q, k, v, pos0, scale, out, scores)
-    return lambda q, k, v, pos0, scale, out, scores: None
+@overload(attend_row)
+def _attend_row(mark, q, k, v, pos0, scale, out, scores):
+    m = {types.int8: ROW, types.int16: ONE_PASS, types.int32: PASSES, types.int64: PASSES_HALVES}[mark.dtype]
+    if m == ROW:
+        return lambda mark, q, k, v, pos0, scale, out, scores: attention_row(q, k, v, pos0, scale, out, scores)
+    if m == ONE_PASS:
+        return lambda mark, q, k, v, pos0, scale, out, scores: attention(q, k, v, pos0, scale, out, scores)
+    halves = m == PASSES_HALVES
+
+    def passes(mark, q, k, v, pos0, scale, out, scores):
+        inv = np.empty(q.shape[0] * q.shape[1], np.float32)
+        scores_kv(q, k, pos0, scale, scores)
+        softmax_window(scores, q.shape[0], q.shape[1], pos0, inv)
+        values_kv(scores, inv, v, pos0, out, halves)
+    return passes
