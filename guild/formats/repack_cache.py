@@ -359,6 +359,10 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: boo
             bar.close()
         _fadvise(g.path, "POSIX_FADV_DONTNEED")  # the GGUF's pages, read once, would crowd out the cache's
         if model is not None:  # no touch: the file's time is its writing's, and resident.remember's key
+            if path.stat().st_size <= available_memory() // 2:  # written past the page cache (O_DIRECT): the
+                # disk reads it back in while this process runs, so that the next load reads memory, as before
+                threading.Thread(target=_fadvise, args=(path, "POSIX_FADV_WILLNEED", False, _WILLNEED_STEP),
+                                 daemon=True, name="guild-prefetch").start()
             return model, "built"
         built = True
 
@@ -376,8 +380,12 @@ def _replay(g: GGUFFile, cache: CacheFile, load_model, read_ahead: bool = True):
     return model
 
 
-def _fadvise(path, advice: str, wait_read: bool = False) -> None:
-    """posix_fadvise over a whole file (where the platform has it); with wait_read, read it through instead."""
+_WILLNEED_STEP = 128 << 10  # Linux reads at most the device's read-ahead (128 KiB by default) per WILLNEED call
+
+
+def _fadvise(path, advice: str, wait_read: bool = False, step: int = 0) -> None:
+    """posix_fadvise over a whole file (where the platform has it), in calls of `step` bytes if given; with
+    wait_read, read it through instead."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -388,6 +396,9 @@ def _fadvise(path, advice: str, wait_read: bool = False) -> None:
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
                 while f.readinto(buf):
                     pass
+        elif step and hasattr(os, advice):  # each call queues its reads and returns
+            for off in range(0, os.fstat(fd).st_size, step):
+                os.posix_fadvise(fd, off, step, getattr(os, advice))
         elif hasattr(os, advice):
             os.posix_fadvise(fd, 0, 0, getattr(os, advice))
     except OSError:

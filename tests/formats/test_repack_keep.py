@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,19 @@ def test_the_flusher_writes_the_buffer_as_it_is_packed(tmp_path, monkeypatch, di
         assert direct_fd is None and set(used) == {fd}
     elif direct_fd is not None:  # this file system takes O_DIRECT: the aligned bulk went through it
         assert (direct_fd in used) == (direct == "taken") and used[-1] == fd
+
+
+def test_the_file_written_past_the_page_cache_is_read_back_in_whole(tmp_path, kept, monkeypatch):
+    """After a kept build, the new file is read into the page cache for the next load: WILLNEED over every step
+    of the file (Linux reads at most the device's read-ahead per call, so one call for the file reads its start)."""
+    calls = []
+    monkeypatch.setattr(rc, "_WILLNEED_STEP", 4096)
+    monkeypatch.setattr(rc.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n, advice)))
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen3moe", n_experts=4, qtype="Q4_K", dim=256, ffn=256, seed=5)
+    _, how = rc.load_cached(GGUFFile(path), load_model)
+    for t in threading.enumerate():
+        if t.name == "guild-prefetch":
+            t.join()
+    (cache_file,) = kept.glob("*.rpk")
+    steps = [(off, n) for off, n, advice in calls if advice == os.POSIX_FADV_WILLNEED and n == 4096]
+    assert how == "built" and steps == [(o, 4096) for o in range(0, cache_file.stat().st_size, 4096)]
