@@ -4,10 +4,10 @@ its second load costs little more than opening the file.
 The first load of a GGUF repacks each matrix (kernels.cpu.quant.pack) and streams the packed arrays into a cache
 file, releasing the GGUF's pages as it goes (GGUFFile.release): the process never holds the repacked copy and
 the file's pages at once. The file is written atomically (guild.formats.files); every load then reads it into
-memory (guild.formats.resident: when it fits the memory budget, for decode speed) or maps it (--mmap, a model
-too large, experts streamed by the expert cache), and builds the model on views of it. Mapped, resident memory
-is about one copy of the weights, in pages of the cache file that the kernels touched, which the kernel can drop
-and read back like any file page.
+memory (guild.formats.resident: when it fits the memory budget, for decode speed; the first load keeps the
+packed arrays it wrote instead: repack_writer.py) or maps it (--mmap, a model too large, experts streamed by the
+expert cache), and builds the model on views of it. Mapped, resident memory is about one copy of the weights,
+in pages of the cache file that the kernels touched, which the kernel can drop and read back like any file page.
 
 Where: `$GUILD_CACHE_DIR/repack/` (else the platform user cache dir), one file per model, named by the model's
 identity digest (SHA-256 of the GGUF's header, metadata and tensor index: GGUFFile.identity_digest).
@@ -60,7 +60,7 @@ from .cache_header import _TRAILER, MAGIC, StaleCache, cache_root, read_header
 from .files import atomic_path
 from .finite import ScaleLedger
 from .gguf import GGUFFile
-from .repack_writer import ALIGN, _pwrite_all
+from .repack_writer import ALIGN, _pwrite_all, packed_views, place
 from .repack_writer import Progress as _Progress
 from .repack_writer import Recorder as _Recorder
 
@@ -140,9 +140,11 @@ pack.accepts_parts = True  # models.llama.fuse hands over its tensors' parts unc
 
 
 # -- writing -------------------------------------------------------------------------------------------
-def build(g: GGUFFile, path: Path, load_model, progress=None, threads: int | None = None) -> None:
+def build(g: GGUFFile, path: Path, load_model, progress=None, threads: int | None = None, keep: bool = False):
     """Run `load_model(g)` once with every matrix repacked on `threads` threads (repack_writer.Recorder) and
-    written into a new cache file at `path` (atomically: a temporary, renamed once whole)."""
+    written into a new cache file at `path` (atomically: a temporary, renamed once whole). Returns None, or with
+    `keep` the model of that pass, on the packed arrays in memory: those the file's data section holds, in one
+    buffer as a read of the file would give it (resident.read_shared gives it to later loads of the file)."""
     progress = progress or (lambda n: None)
     key = _source_key(g)
     try:
@@ -151,14 +153,27 @@ def build(g: GGUFFile, path: Path, load_model, progress=None, threads: int | Non
         raise CacheWriteError(f"{path.parent}: cannot create ({e.strerror or e})") from None
     if g.size <= available_memory() // 2:  # the kernel reads ahead at disk speed while the loader checks the file
         prefetch(g.path)
+    buf = None
+    if keep:  # the data section's length, from a pass that packs nothing
+        end = len(MAGIC)
+        numerics = current_numerics()
+
+        def measure(qtype, raw, n_rows, n_cols):
+            nonlocal end
+            end = place(end, qtype, n_rows, n_cols, numerics)[2]
+
+        _dry_run(g, load_model, measure)
+        buf = resident.anonymous(end)
+        buf[: len(MAGIC)] = np.frombuffer(MAGIC, np.uint8)
     with atomic_path(path, "the repack cache", CacheWriteError) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.write(fd, MAGIC)
-            rec = _Recorder(fd, g, progress, threads)
+            if buf is None:
+                os.write(fd, MAGIC)
+            rec = _Recorder(fd, g, progress, threads, buf, tmp)
             try:
                 with pack_hook(rec), _scales_checked_by_pack(g) as ledger:
-                    load_model(g)
+                    model = load_model(g)
                     rec.finish()
                     ledger.finish()
             finally:
@@ -171,6 +186,10 @@ def build(g: GGUFFile, path: Path, load_model, progress=None, threads: int | Non
                                                               MAGIC)), rec.pos)
         finally:
             os.close(fd)
+    if buf is None:
+        return None
+    resident.remember(path, buf)
+    return model
 
 
 @contextmanager
@@ -264,9 +283,7 @@ class CacheFile:
 
     def views(self, i: int) -> PackedMatrix:
         q, n, k, arrays = self.matrices[i]
-        b = self.buf
-        return PackedMatrix.from_arrays(q, n, k, [b[o : o + nb].view(dt).reshape(sh) for o, dt, sh, nb in arrays],
-                                        numerics=self.numerics)
+        return packed_views(self.buf, q, n, k, [a[0] for a in arrays], self.numerics)
 
 
 class _Replayer:
@@ -299,9 +316,10 @@ def _free_bytes(d: Path) -> int:
 def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: bool = True):
     """`load_model(g)` (models.load_model), the matrices mapped from g's repack cache, built first if needed.
     Returns (model, how): how is "cache" (mapped from an existing cache), "built" (cache written now, then
-    mapped) or "memory" (repacked into memory: cache off or not writable). read_ahead: `prefetch` the file
-    (not for a model whose experts an expert cache will read: the file may not fit in memory); a model that
-    reads ahead and fits the memory budget is read into memory rather than mapped (resident.py)."""
+    mapped; or, read into memory anyway, kept as packed) or "memory" (repacked into memory: cache off or not
+    writable). read_ahead: `prefetch` the file (not for a model whose experts an expert cache will read: the
+    file may not fit in memory); a model that reads ahead and fits the memory budget is read into memory rather
+    than mapped (resident.py)."""
     weights = sum(t.data.nbytes for t in g.tensors.values())
     load = read_ahead and resident.wanted(weights)
     if not enabled():
@@ -332,14 +350,20 @@ def load_cached(g: GGUFFile, load_model, progress: bool = False, read_ahead: boo
                 f"{free / 1e9:.1f} GB free; free space there (guild cache prune), point "
                 "GUILD_CACHE_DIR elsewhere, or set GUILD_REPACK_CACHE=0 to repack into memory")
         bar = _Progress(progress, weights, f"repacking {Path(g.path).name}")
-        try:
-            build(g, path, load_model, bar)
+        try:  # a model read into memory anyway is kept as packed, not read back from the file just written
+            model = build(g, path, load_model, bar, keep=load)
         except CacheWriteError as err:  # the model's own errors (validation) propagate as they are
             log.warning("repack cache %s not written (%s); repacking into memory", path, err)
             return _in_memory(g, load_model, progress, weights), "memory"
         finally:
             bar.close()
         _fadvise(g.path, "POSIX_FADV_DONTNEED")  # the GGUF's pages, read once, would crowd out the cache's
+        if model is not None:  # no touch: the file's time is its writing's, and resident.remember's key
+            if path.stat().st_size <= available_memory() // 2:  # written past the page cache (O_DIRECT): the
+                # disk reads it back in while this process runs, so that the next load reads memory, as before
+                threading.Thread(target=_fadvise, args=(path, "POSIX_FADV_WILLNEED", False, _WILLNEED_STEP),
+                                 daemon=True, name="guild-prefetch").start()
+            return model, "built"
         built = True
 
 
@@ -356,8 +380,12 @@ def _replay(g: GGUFFile, cache: CacheFile, load_model, read_ahead: bool = True):
     return model
 
 
-def _fadvise(path, advice: str, wait_read: bool = False) -> None:
-    """posix_fadvise over a whole file (where the platform has it); with wait_read, read it through instead."""
+_WILLNEED_STEP = 128 << 10  # Linux reads at most the device's read-ahead (128 KiB by default) per WILLNEED call
+
+
+def _fadvise(path, advice: str, wait_read: bool = False, step: int = 0) -> None:
+    """posix_fadvise over a whole file (where the platform has it), in calls of `step` bytes if given; with
+    wait_read, read it through instead."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -368,6 +396,9 @@ def _fadvise(path, advice: str, wait_read: bool = False) -> None:
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
                 while f.readinto(buf):
                     pass
+        elif step and hasattr(os, advice):  # each call queues its reads and returns
+            for off in range(0, os.fstat(fd).st_size, step):
+                os.posix_fadvise(fd, off, step, getattr(os, advice))
         elif hasattr(os, advice):
             os.posix_fadvise(fd, 0, 0, getattr(os, advice))
     except OSError:
@@ -419,6 +450,17 @@ def _in_memory(g: GGUFFile, load_model, progress: bool, weights: int):
         bar.close()
 
 
+def _dry_run(g: GGUFFile, load_model, hook) -> None:
+    """`load_model(g)` with `hook` as its packer (it packs nothing) and the finite scan skipped (a load does it):
+    the quantised weights are not read."""
+    was, g.finite_checked = g.finite_checked, True
+    try:
+        with pack_hook(hook):
+            load_model(g)
+    finally:
+        g.finite_checked = was
+
+
 def survey(g: GGUFFile, load_model) -> dict:
     """What a load of g repacks under this process's numerics, found by running the loader with a hook that packs
     nothing: the matrices, their bytes in the cache per layout (why: the int8 path's tiles where the type has int8
@@ -444,12 +486,7 @@ def survey(g: GGUFFile, load_model) -> dict:
         name = GGMLQuantizationType(int(qtype)).name
         kind["types"][name] = kind["types"].get(name, 0) + 1
 
-    was, g.finite_checked = g.finite_checked, True
-    try:
-        with pack_hook(hook):
-            load_model(g)
-    finally:
-        g.finite_checked = was
+    _dry_run(g, load_model, hook)
     raw = sorted(n for n in g.tensors if n not in packed)
     return {"numerics": current_numerics(), "matrices": sum(k["matrices"] for k in layouts.values()),
             "bytes": sum(k["bytes"] for k in layouts.values()), "layouts": layouts,

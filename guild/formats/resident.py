@@ -93,12 +93,20 @@ def read_file(fd: int, nbytes: int, threads: int | None = None) -> np.ndarray:
     return buf
 
 
+def _key(st: os.stat_result, nbytes: int) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, nbytes
+
+
 def read_shared(fd: int, nbytes: int) -> np.ndarray:
     """`read_file`, or the copy this process already holds of the same file (device, inode, size, mtime) and
     length while a model still uses it."""
-    st = os.fstat(fd)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, nbytes)
+    key = _key(os.fstat(fd), nbytes)
     buf = _SHARED.get(key)
     if buf is None:
         buf = _SHARED[key] = read_file(fd, nbytes)
     return buf
+
+
+def remember(path, buf: np.ndarray) -> None:
+    """buf holds the first buf.size bytes of the file at path (it was written from it): `read_shared` gives it."""
+    _SHARED[_key(os.stat(path), buf.size)] = buf

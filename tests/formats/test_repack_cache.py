@@ -96,6 +96,13 @@ def cache_env(tmp_path, monkeypatch):
     return tmp_path / "cache" / "repack"
 
 
+@pytest.fixture(params=["mapped", "kept"])
+def first_load(request, monkeypatch):
+    """How a first load ends: the cache mapped (--mmap), or (read into memory) the packed arrays kept."""
+    monkeypatch.setattr(resident, "_FLAG", [request.param == "mapped"])
+    return request.param
+
+
 def _logits(model, tokens=(1, 5, 9, 300, 7)) -> np.ndarray:
     return model.forward(list(tokens), model.new_state(64))
 
@@ -266,7 +273,8 @@ def _with_bad_scales(src, dst, name, blocks):
 
 @pytest.mark.parametrize("cache", ["on", "off"])
 @pytest.mark.parametrize("counted", [True, False], ids=["by-packers", "after"])
-def test_bad_scales_found_as_the_repack_reads_them(models, cache_env, monkeypatch, tmp_path, cache, counted):
+def test_bad_scales_found_as_the_repack_reads_them(models, cache_env, monkeypatch, tmp_path, cache, counted,
+                                                   first_load):
     """A first load reads each quantised tensor once: the packers check its block scales (no scan of its own
     before); a tensor whose packer did not count them is scanned after. A bad scale is still the scan's one line
     naming the tensor, with its count over the whole tensor, and leaves no cache."""
@@ -278,6 +286,7 @@ def test_bad_scales_found_as_the_repack_reads_them(models, cache_env, monkeypatc
     if not counted:  # as a type packed in NumPy: no count
         for mod in (rc, rc_writer):
             monkeypatch.setattr(mod, "pack_checked", lambda *args: (rc.repack(*args), None))
+        monkeypatch.setattr(rc_writer, "pack_into", lambda *args: None)
     scanned = []
     count = finite.nonfinite_count
     monkeypatch.setattr(finite, "nonfinite_count", lambda t: scanned.append(t.name) or count(t))
@@ -373,7 +382,7 @@ def _full_disk(monkeypatch, room: int = 64 << 10) -> None:
     monkeypatch.setattr(rc_writer.os, "pwrite", full)
 
 
-def test_full_disk_while_writing_leaves_no_entry(models, cache_env, monkeypatch, caplog):
+def test_full_disk_while_writing_leaves_no_entry(models, cache_env, monkeypatch, caplog, first_load):
     """The disk fills while the cache is written (the free-space check passed: another writer took the room): one
     warning naming the cause, the model repacked into memory (the same logits), and neither the cache file nor its
     temporary left behind."""
@@ -411,14 +420,17 @@ def _serial_reference(g) -> tuple[bytes, list]:
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_parallel_writer_matches_a_serial_one(models, cache_env, threads):
+@pytest.mark.parametrize("keep", [False, True])
+def test_parallel_writer_matches_a_serial_one(models, cache_env, threads, keep):
     """The threaded writer's file holds, byte for byte, what a serial writer appends (both models: two quant types,
-    a fused matrix), and its header's table is the serial one's."""
+    a fused matrix), and its header's table is the serial one's; so does a writer that keeps the packed arrays
+    (packed into one buffer, written from it)."""
     for path in models:
         g = GGUFFile(path)
         ref, matrices = _serial_reference(g)
         out = cache_env / f"{path.stem}.{threads}.rpk"
-        rc.build(GGUFFile(path), out, load_model, threads=threads)
+        model = rc.build(GGUFFile(path), out, load_model, threads=threads, keep=keep)
+        assert (model is not None) == keep
         got = out.read_bytes()
         with open(out, "rb") as f:
             hdr, h_off = rc.read_header(f, len(got))
@@ -426,7 +438,7 @@ def test_parallel_writer_matches_a_serial_one(models, cache_env, threads):
         assert hdr["matrices"] == matrices and hdr["data_end"] == len(ref)
 
 
-def test_a_failing_repack_leaves_nothing(models, cache_env, monkeypatch):
+def test_a_failing_repack_leaves_nothing(models, cache_env, monkeypatch, first_load):
     """A repack that fails on a worker thread mid-file stops the build with that error (not a warning: it is no
     disk trouble), and leaves neither a cache that a later load would take nor a temporary."""
     a, _ = models
@@ -440,6 +452,7 @@ def test_a_failing_repack_leaves_nothing(models, cache_env, monkeypatch):
 
     with monkeypatch.context() as mp, pytest.raises(ValueError, match="bad block in matrix 3"):
         mp.setattr(rc_writer, "pack_checked", bad)
+        mp.setattr(rc_writer, "pack_into", lambda *args: None)  # kept: every matrix through pack_checked
         _load(a)
     assert list(cache_env.iterdir()) == []
     assert _load(a)[1] == "built"
