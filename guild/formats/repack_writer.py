@@ -34,7 +34,6 @@ import numpy as np
 
 from ..kernels.cpu import qdot
 from ..kernels.cpu.quant import PackedMatrix, current_numerics, layout, numerics_for, pack_checked
-from ..kernels.quant_types import row_bytes
 from .cache_header import MAGIC
 
 ALIGN = 64
@@ -77,16 +76,7 @@ def pack_into(qtype, raw, n_rows: int, n_cols: int, outs: tuple) -> tuple | None
     q = int(qtype)
     if numerics_for(q) != "i8" or q not in qdot.PACKERS:
         return None
-    rb, bad, r0 = row_bytes(q, int(n_cols)), [], 0
-    for p in _parts(raw):
-        rows = np.ascontiguousarray(p).view(np.uint8)
-        if rows.size % rb or r0 + rows.size // rb > n_rows:
-            raise ValueError(f"{q}:{n_rows}x{n_cols} matrix: a part of {rows.size} bytes is not its rows")
-        bad.append(int(qdot.pack_into(q, outs, rows.reshape(-1, rb), r0)))
-        r0 += rows.size // rb
-    if r0 != n_rows:
-        raise ValueError(f"{q}:{n_rows}x{n_cols} matrix: its parts hold {r0} rows")
-    return tuple(bad)
+    return pack_checked(q, raw, n_rows, n_cols, outs)[1]
 
 
 class Recorder:

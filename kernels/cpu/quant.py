@@ -235,9 +235,10 @@ def pack(qtype: int, raw, n_rows: int, n_cols: int) -> PackedMatrix:
     return pack_checked(qtype, raw, n_rows, n_cols)[0]
 
 
-def pack_checked(qtype: int, raw, n_rows: int, n_cols: int) -> tuple:
+def pack_checked(qtype: int, raw, n_rows: int, n_cols: int, outs: tuple | None = None) -> tuple:
     """`pack`, and per part of `raw` how many of its f16 block scales are inf or NaN, counted as the compiled
-    packers (qdot.PACKERS) read them; None where the matrix packed otherwise (its scales not looked at)."""
+    packers (qdot.PACKERS) read them; None where the matrix packed otherwise (its scales not looked at). `outs`:
+    zeroed arrays of qdot.layout for the compiled packers to write into (a kept repack's buffer), else new ones."""
     qt = Q(int(qtype))
     t = QUANT_TYPES.get(qt)
     if t is None or t.f32 is None:
@@ -246,7 +247,7 @@ def pack_checked(qtype: int, raw, n_rows: int, n_cols: int) -> tuple:
     N, K = int(n_rows), int(n_cols)
     rb = row_bytes(qt, K)
     if numerics_for(qt) == "i8" and qt in qdot.PACKERS:  # each part straight into its rows of the tiles
-        outs = tuple(np.zeros(shape, dt) for dt, shape in qdot.layout(qt, N, K))
+        outs = outs if outs is not None else tuple(np.zeros(shape, dt) for dt, shape in qdot.layout(qt, N, K))
         bad, r0 = [], 0
         for p in parts:
             b = np.ascontiguousarray(p).view(np.uint8)
