@@ -5,7 +5,8 @@ a dense layer's FFN half (moe.moe_half is a MoE layer's).
 Each step is the kernel the composed path (the model's block over HostBackend ops) calls, in the same order on
 the same values, so the row is bitwise what that path gives it; only the Python between the ~12 calls goes (a
 decode step runs this once a layer, and the worker threads wait while the main thread runs Python). Plain glue,
-not itself parallel: it calls the compiled parallel launchers, so a cold start compiles only this.
+not itself parallel, over the compiled parallel launchers; Numba links what a function calls into its code, so a
+cold start pays ~3-4 s for these two halves on top of the kernels they call (docs/running.md).
 """
 
 from __future__ import annotations
