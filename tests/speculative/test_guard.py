@@ -1,10 +1,11 @@
-"""The adaptive scheduler's guard (scheduler.Guard): realised cost against plain's, rests, peeks and probes, alone
+"""The adaptive scheduler's guard (guard.Guard): realised cost against plain's, rests, peeks and probes, alone
 and replayed over long-context traces whose asking costs what the cost model does not price."""
 
 import pytest
 
 from guild.speculative.adaptive import AdaptiveDrafter
-from guild.speculative.scheduler import AdaptiveScheduler, Guard, Proposal, SchedulerConfig
+from guild.speculative.guard import Guard
+from guild.speculative.scheduler import AdaptiveScheduler, Proposal, SchedulerConfig
 from guild.tools import replay as R
 
 CFG = SchedulerConfig()
