@@ -32,14 +32,13 @@ THREADS = 2
 ROUNDS = 1
 BASELINE = "llama.cpp"
 RUNNERS = ("normal", "adaptive", "llama.cpp")
-GGML_TYPE = {"f32": 0, "f16": 1, "q8_0": 8}  # llama.cpp's type_k / type_v
 YARN = 2  # llama.cpp's rope_scaling_type
 
 
 def add_args(ap) -> None:
     ap.add_argument("--sizes", default="4096,8192,16384,32768", help="W10 prompt sizes (default: %(default)s)")
     ap.add_argument("--models", default="smollm2-135m", help="a GGUF path or tag (default: %(default)s)")
-    ap.add_argument("--cache-type", default="f16", help=f"both sides' KV cache type: {', '.join(GGML_TYPE)}")
+    ap.add_argument("--cache-type", default="f16", help=f"both sides' KV cache type: {', '.join(R.GGML_KV_TYPES)}")
     ap.add_argument("--rope-scale", type=float, default=4.0, help="YaRN's context factor (default: %(default)s)")
     ap.add_argument("-n", "--tokens", type=int, default=64, help="greedy tokens decoded per run")
     ap.add_argument("--runners", default=",".join(RUNNERS), help="a subset of %(default)s")
@@ -47,8 +46,8 @@ def add_args(ap) -> None:
 
 
 def check(a) -> None:
-    if a.cache_type not in GGML_TYPE or a.cache_type not in KV_TYPES:
-        raise BadFlagError(f"--cache-type must be one of {', '.join(GGML_TYPE)}, got '{a.cache_type}'")
+    if a.cache_type not in R.GGML_KV_TYPES or a.cache_type not in KV_TYPES:
+        raise BadFlagError(f"--cache-type must be one of {', '.join(R.GGML_KV_TYPES)}, got '{a.cache_type}'")
     if a.tokens < 2 or a.vt < 0 or a.rope_scale < 1:
         raise BadFlagError("--tokens must be >= 2, --vt >= 0 and --rope-scale >= 1")
     if not set(a.runners.split(",")) <= set(RUNNERS):
@@ -72,6 +71,7 @@ def _guild(a, strategy: str) -> Runner:
                              rope=RopeOptions(scaling="yarn", scale=a.rope_scale),
                              kv=KVTypes(a.cache_type, a.cache_type))
         lm = load_for(a.models, opts, threads=a.threads)
+        lm.warm_up(strategy, opts.mtp)  # as `guild run` loads: a kernel compiled on first use is not decode time
         w = load_workloads(["W10"])[0].scaled(lm.tokenizer, n)
         ss = slots(lm, opts, 1, corpus_texts=w.corpus_texts())
         t = run_turn(ss, w.render_turns()[0], chat=True, max_tokens=a.tokens, max_draft=opts.max_draft)[0][0]
@@ -98,7 +98,7 @@ def _llama(a) -> Runner:
         ids = load_workloads(["W10"])[0].scaled(tok, pt["size"]).prompt_ids(tok)
         llm = R.open_llama_cpp(path, n_ctx=len(ids) + a.tokens + 8, n_threads=a.threads, n_threads_batch=a.threads,
                                n_batch=512, rope_scaling_type=YARN, rope_freq_scale=1 / a.rope_scale,
-                               type_k=GGML_TYPE[a.cache_type], type_v=GGML_TYPE[a.cache_type],
+                               type_k=R.GGML_KV_TYPES[a.cache_type], type_v=R.GGML_KV_TYPES[a.cache_type],
                                flash_attn=a.cache_type == "q8_0")  # llama.cpp quantizes V only under it
         dec, pre, toks = R.llama_decode(llm, ids, a.tokens, stop_eos=True)
         return Run({"prefill_tok_s": pre, "decode_tok_s": dec}, toks, {"prompt": len(ids)})
