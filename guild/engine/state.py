@@ -104,12 +104,19 @@ class KVCache:
 
     def kv_layer(self, layer: int):
         """A layer's keys and values as the attention kernels take them (kernels/cpu/ops.attention_kv)."""
-        return self._operand(self.k[layer], self.k_scale, layer), self._operand(self.v[layer], self.v_scale, layer)
+        return tuple((a[0][layer], a[1][layer]) if isinstance(a, tuple) else a[layer] for a in self.kv_stacked())
+
+    def kv_stacked(self):
+        """Every layer's keys and values at once, stacked by layer (kernels/cpu/ops/kv.layer_operand gives layer li
+        of each as kv_layer does). Valid until the cache grows (the next window's begin)."""
+        ks = None if self.k_scale is None else self.k_scale.view(np.uint16)
+        vs = None if self.v_scale is None else self.v_scale.view(np.uint16)
+        return self._stacked(self.k, ks), self._stacked(self.v, vs)
 
     @staticmethod
-    def _operand(a: np.ndarray, scale, layer: int):
+    def _stacked(a: np.ndarray, scale):
         if scale is not None:
-            return a, scale[layer].view(np.uint16)
+            return a, scale
         return a.view(np.uint16) if a.dtype == np.float16 else a
 
     def _clear(self, lo: int, hi: int) -> None:

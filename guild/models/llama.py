@@ -17,6 +17,7 @@ from ..formats.repack_cache import pack
 from ..kernels.cpu.quant import ExpertList
 from ..kvtypes import F32_KV, KVTypes
 from .base import Architecture, ModelArgs, check_finite
+from .decode_step import DecodeStep
 from .validate import llama_layer_rules
 
 
@@ -55,9 +56,10 @@ class Layer:
         return own + self.gu.parts + self.down.parts
 
 
-# a decode row's halves in one compiled call each on the host (Layout.attention_row, ffn_row, moe_row); off: op by
-# op, the same bits
+# a decode row's layers in one compiled call on the host (DecodeStep), else its halves one call each
+# (Layout.attention_row, ffn_row, moe_row); off: op by op, the same bits
 FUSED_ROW = True
+WHOLE_STEP = True  # off: the halves a layer at a time (the per-op timings of guild.bench step)
 
 
 class Llama(Architecture):
@@ -200,6 +202,8 @@ class Llama(Architecture):
         within the kernels' row-invariant batch)."""
         w = Window.open(self, windows)
         x = w.embed(self)
+        if FUSED_ROW and WHOLE_STEP and x.shape[0] == 1 and DecodeStep.of(self).run(self, x, w):  # every layer at once
+            return output_logits(self, x, w, last_only)
         for li, L in enumerate(self.layers):
             x = w.enter(li, x)
             with w.be(li).activate():  # the layer's kernels on the stream its transfers use (a device's own)

@@ -15,7 +15,7 @@ from . import ops
 from .intrinsics import _call_kernel, fetch_add
 from .ops import softmax_topk, swiglu
 from .qdot import ACT_EXTRA, QB, quantize_acts
-from .quant import ExpertTable, PackedMatrix, _kernel_address, _launch, _launch_one, experts_matmul, matmul
+from .quant import ExpertTable, PackedMatrix, _launch, _launch_one, experts_matmul, matmul
 
 
 def moe_ffn(
@@ -36,7 +36,7 @@ def moe_ffn(
         tables = row_tables(router, experts_gu, experts_down, k, nth)
         if tables is not None:
             tg, td = tables
-            _moe_row(h, _kernel_address(router.key), *router.flat, router.dims, router.perm, k, renorm, tg.addr,
+            _moe_row(h, router.addr, router.dims, router.perm, k, renorm, tg.addr,
                      tg.dims, td.addr, td.dims, tg.sg, td.sg, tg.n_rows, out, nth)
             return k
     logits = np.empty((T, router.n_rows), np.float32)  # [T, E]
@@ -65,21 +65,19 @@ def moe_residual_row(x: np.ndarray, norm: np.ndarray, eps: float, router: Packed
     if tables is None or not x.flags.c_contiguous:
         return False
     tg, td = tables
-    moe_half(x, norm, eps, _kernel_address(router.key), *router.flat, router.dims, router.perm, k, renorm, tg.addr,
+    moe_half(x, norm, eps, router.addr, router.dims, router.perm, k, renorm, tg.addr,
              tg.dims, td.addr, td.dims, tg.sg, td.sg, tg.n_rows, nth)
     return True
 
 
-@njit(cache=True)
-def moe_half(x, norm, eps, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims,
-             sg_gu, sg_dn, F2, nth):
+@njit(cache=True, inline="always")
+def moe_half(x, norm, eps, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2, nth):
     """The MoE half of a decode row's layer: rmsnorm, _moe_row, the residual add, as the composed ops do them."""
     D = x.shape[1]
     h = np.empty((1, D), np.float32)
     ops.rmsnorm(x, norm, eps, h)
     out = np.empty((1, D), np.float32)
-    _moe_row(h, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn,
-             F2, out, nth)
+    _moe_row(h, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2, out, nth)
     for i in range(D):  # the composed path's x += ffn
         x[0, i] += out[0, i]
 
@@ -146,8 +144,7 @@ def _owned_fits(G, nth):
 
 
 @njit(cache=True)
-def _moe_row(h, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu,
-             sg_dn, F2, out, nth):
+def _moe_row(h, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2, out, nth):
     """moe_ffn of one row h [1, D] (a decode step) in one call from Python: the router as matmul's float path runs
     it (quant._launch_one / _launch), softmax_topk, route_groups, _experts_owned: the same bits. Its k groups
     split evenly over the nth threads (the caller checks). Not itself parallel: it calls the compiled parallel
@@ -157,9 +154,9 @@ def _moe_row(h, rfn, r0, r1, r2, r3, r4, r5, rdims, perm, k, renorm, gu_addr, gu
     logits = np.empty((1, E), np.float32)
     xp = np.empty((1, perm.shape[0]), np.float32)
     if rdims[0] == 1:  # one tile: on this thread
-        _launch_one(rfn, r0, r1, r2, r3, r4, r5, rdims, perm, h, xp, logits)
+        _launch_one(ra, rdims, perm, h, xp, logits)
     else:
-        _launch(rfn, r0, r1, r2, r3, r4, r5, rdims, perm, h, xp, logits, nth)
+        _launch(ra, rdims, perm, h, xp, logits, nth)
     ids = np.empty((1, k), np.int64)
     w = np.empty((1, k), np.float32)
     softmax_topk(logits, k, renorm, ids, w)

@@ -114,7 +114,8 @@ class PackedMatrix:
     flat uint8 arrays (unused slots empty) handed to the drivers, `dims` = (tiles, blocks per row), `perm`: the
     canonical activation order (int64 [Kp], -1 = zero padding)."""
 
-    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "key", "nbytes", "numerics", "_table")
+    __slots__ = ("qtype", "n_rows", "n_cols", "arrays", "flat", "dims", "perm", "key", "nbytes", "numerics", "_table",
+                 "_addr")
 
     @property
     def row_invariant(self) -> bool:
@@ -146,6 +147,15 @@ class PackedMatrix:
         except AttributeError:
             self._table = LinearTable([self])
             return self._table
+
+    @property
+    def addr(self) -> np.ndarray:
+        """The kernel's address and the six flat arrays' (int64 [7]), as the launchers take them, built once."""
+        try:
+            return self._addr
+        except AttributeError:
+            self._addr = np.array([_kernel_address(self.key)] + [a.ctypes.data for a in self.flat], np.int64)
+            return self._addr
 
     def __repr__(self) -> str:
         return (f"PackedMatrix({Q(self.qtype).name}, {self.n_rows}x{self.n_cols}, {self.nbytes} bytes, "
@@ -304,21 +314,21 @@ def _kernel_address(key: tuple) -> int:
 
 
 @njit(parallel=True, cache=True)
-def _launch(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out, nth):
-    """out [T, N] = W x for T <= _GEMV_PATH_ROWS: one parallel region of nth threads running the kernel `fn` (an
-    address) on ranges of tiles handed out on demand (_ranges). xp [T, Kp] is the caller's buffer for the
-    permuted activations (owned by the caller, so that it outlives the kernels, which only see addresses)."""
+def _launch(a, dims, perm, x, xp, out, nth):
+    """out [T, N] = W x for T <= _GEMV_PATH_ROWS: one parallel region of nth threads running the kernel a[0] (an
+    address; a[1:7] the packed arrays', PackedMatrix.addr) on ranges of tiles handed out on demand (_ranges). xp
+    [T, Kp] is the caller's buffer for the permuted activations (owned by the caller, so that it outlives the
+    kernels, which only see addresses)."""
     _permute_x(x, perm, xp)
-    _ranges(fn, a0, a1, a2, a3, a4, a5, dims, x.shape[0], perm.shape[0], xp, out, nth)
+    _ranges(a, dims, x.shape[0], perm.shape[0], xp, out, nth)
 
 
 @njit(cache=True)
-def _launch_one(fn, a0, a1, a2, a3, a4, a5, dims, perm, x, xp, out):
+def _launch_one(a, dims, perm, x, xp, out):
     """_launch for a matrix of one tile (a router) on the calling thread: waking the others costs more."""
     _permute_x(x, perm, xp)
-    _call_kernel(fn, a0.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data,
-                 a5.ctypes.data, dims[0], dims[1], xp.ctypes.data, x.shape[0], perm.shape[0], 0, dims[0],
-                 out.ctypes.data, out.shape[1])
+    _call_kernel(a[0], a[1], a[2], a[3], a[4], a[5], a[6], dims[0], dims[1], xp.ctypes.data, x.shape[0],
+                 perm.shape[0], 0, dims[0], out.ctypes.data, out.shape[1])
 
 
 # Tiles are handed out on demand (an atomic counter), so that a thread that starts late or streams slower (a VM's
@@ -342,11 +352,11 @@ def _bounds(i, nt, nth):
 
 
 @njit(cache=True, inline="always")
-def _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, Kp, xp, out, nth):
-    """The kernel over all tiles of out [T, N] in the ranges of _bounds, each taken by the next free thread (a
-    range's arithmetic is the same whichever thread runs it). The loop body names xp and out, not only
-    their addresses: an array whose last use is taking its address may be freed before the loop runs (a caller
-    that allocates xp itself, moe._moe_row, then routed on freed memory: other bits, call to call)."""
+def _ranges(a, dims, T, Kp, xp, out, nth):
+    """The kernel a[0] (PackedMatrix.addr) over all tiles of out [T, N] in the ranges of _bounds, each taken by the
+    next free thread (a range's arithmetic is the same whichever thread runs it). The loop body names xp and out,
+    not only their addresses: an array whose last use is taking its address may be freed before the loop runs (a
+    caller that allocates xp itself, moe._moe_row, then routed on freed memory: other bits, call to call)."""
     N = out.shape[1]
     nt, nb = dims[0], dims[1]
     ctr = np.empty(1, np.int64)  # np.zeros would be a parallel loop of its own here
@@ -355,8 +365,8 @@ def _ranges(fn, a0, a1, a2, a3, a4, a5, dims, T, Kp, xp, out, nth):
         g0, g1 = _bounds(fetch_add(ctr.ctypes.data, 1), nt, nth)
         while g0 < nt:
             if g1 > g0:
-                _call_kernel(fn, a0.ctypes.data, a1.ctypes.data, a2.ctypes.data, a3.ctypes.data, a4.ctypes.data,
-                             a5.ctypes.data, nt, nb, xp.ctypes.data, T, Kp, g0, g1, out.ctypes.data, N)
+                _call_kernel(a[0], a[1], a[2], a[3], a[4], a[5], a[6], nt, nb, xp.ctypes.data, T, Kp, g0, g1,
+                             out.ctypes.data, N)
             g0, g1 = _bounds(fetch_add(ctr.ctypes.data, 1), nt, nth)
 
 
@@ -446,8 +456,7 @@ class LinearTable:
         whole = len(parts) == 1 or all(p.n_rows % NT == 0 for p in parts)  # a lone part clips at its own width
         self.ok = whole and all(p.numerics == "i8" and p.n_cols == parts[0].n_cols for p in parts)
         if self.ok:
-            self.addr = np.array([[_kernel_address(p.key)] + [a.ctypes.data for a in p.flat] for p in parts],
-                                 np.int64)
+            self.addr = np.array([p.addr for p in parts], np.int64)
             self.dims = np.array([p.dims for p in parts], np.int64)
             self.sg = np.array([qdot.act_group(p.qtype) for p in parts], np.int64)
             self.col = np.cumsum([0] + [p.n_rows for p in parts]).astype(np.int64)
@@ -472,8 +481,7 @@ class ExpertTable:
         self.qtype = w0.qtype
         self.ok = all(w.numerics == "i8" and (w.n_rows, w.n_cols) == (w0.n_rows, w0.n_cols) for w in ws)
         if self.ok:
-            self.addr = np.array([[_kernel_address(w.key)] + [a.ctypes.data for a in w.flat]
-                                  for w in ws], np.int64)
+            self.addr = np.array([w.addr for w in ws], np.int64)
             self.dims = np.array([w.dims for w in ws], np.int64)
             self.n_rows, self.n_cols = w0.n_rows, w0.n_cols
             self.sg = qdot.act_group(w0.qtype)  # activation blocks per scale
@@ -536,15 +544,14 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
             out[...] = dst
         return
     if T <= _GEMV_PATH_ROWS or w.n_rows <= NARROW_ROWS:
-        fn = _KADDR.get(w.key) or _kernel_address(w.key)
         dst = out if out.flags.c_contiguous and out.dtype == np.float32 else np.empty((T, w.n_rows), np.float32)
         for t0 in range(0, T, _GEMV_PATH_ROWS):
             xc = x[t0 : t0 + _GEMV_PATH_ROWS]
             xp = np.empty((xc.shape[0], w.perm.shape[0]), np.float32)
             if w.dims[0] == 1:
-                _launch_one(fn, *w.flat, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS])
+                _launch_one(w.addr, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS])
             else:
-                _launch(fn, *w.flat, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS],
+                _launch(w.addr, w.dims, w.perm, xc, xp, dst[t0 : t0 + _GEMV_PATH_ROWS],
                         numba.get_num_threads())
         if dst is not out:
             out[...] = dst

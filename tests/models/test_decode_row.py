@@ -58,6 +58,7 @@ def test_one_call_row_is_the_op_by_op_row(model, kv, monkeypatch, threads):
             return r
 
         monkeypatch.setattr(layout, fn, counted)
+    monkeypatch.setattr(llama, "WHOLE_STEP", False)  # the halves a layer at a time (test_decode_step.py: all at once)
     monkeypatch.setattr(llama, "FUSED_ROW", False)
     want = _decode(m, kv)
     assert not any(ran.values())

@@ -1,6 +1,6 @@
 """Where a decode step's time goes: the share of a greedy step spent in Python outside the kernels and the
-backend's ops, each op's ms per step (the routed experts as one), and the verifier's share of a T = 5 window
-(sampling with penalties on every row).
+backend's ops, each op's ms per step (a decode row's layers are one call, "decode_layers"; llama.WHOLE_STEP off
+splits it into halves), and the verifier's share of a T = 5 window (sampling with penalties on every row).
 
     python -m guild.bench step --models smollm2-135m-moe --rounds 3
 """

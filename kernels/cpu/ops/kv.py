@@ -128,6 +128,19 @@ def _put_value_row(vc, v, pos):
     return put
 
 
+def layer_operand(a, li):
+    """Layer li of a stacked KV operand (KVCache.kv_stacked: an array [L, ...], or (quants, scales)), as kv_layer
+    gives it (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(layer_operand, inline="always")
+def _layer_operand(a, li):
+    if isinstance(a, types.BaseTuple):
+        return lambda a, li: (a[0][li], a[1][li])
+    return lambda a, li: a[li]
+
+
 def _to_stored(dtype):
     """float32 → the stored element: itself, or f16 bits."""
     if dtype == types.uint16:
