@@ -1,5 +1,5 @@
-"""A decode row's every layer in one compiled call (kernels/cpu/decode_row.moe_layers / dense_layers): the layers'
-matrices, norms and router as tables stacked by layer, built once per model.
+"""A decode row's or a verification window's every layer in one compiled call (kernels/cpu/decode_row.moe_layers /
+dense_layers): the layers' matrices, norms and router as tables stacked by layer, built once per model.
 
 The per-layer path (Llama.block: one compiled call per half) runs ~0.1 ms of Python a layer between the halves;
 a step streams its weights through the caches and evicts the interpreter's working set, so that Python costs
@@ -16,8 +16,9 @@ from ..engine.backends import HOST
 from ..engine.backends.clock import clocked
 from ..engine.state import KVCache
 from ..kernels.cpu.decode_row import dense_layers, moe_layers
-from ..kernels.cpu.moe import _owned_fits, row_tables
-from ..kernels.cpu.ops.gqa import MARKS, row_mode
+from ..kernels.cpu.moe import expert_tables
+from ..kernels.cpu.ops.gqa import MARKS, row_mode, window_mode
+from ..kernels.cpu.quant import GEMV_MAX_ROWS
 
 
 def _stack(arrays) -> np.ndarray:
@@ -57,8 +58,7 @@ class DecodeStep:
                      _stack([no_norm if L.k_norm is None else L.k_norm for L in Ls]), *_tables(to))
         self.fnorm = _stack([L.ffn_norm for L in Ls])
         if self.moe:
-            tabs = [row_tables(L.router, L.experts_gu, L.experts_down, a.n_experts_used, a.n_experts_used)
-                    for L in Ls]
+            tabs = [expert_tables(L.router, L.experts_gu, L.experts_down) for L in Ls]
             if any(t is None for t in tabs) or len({(tg.addr.shape, td.addr.shape, tg.n_rows) for tg, td in tabs}) != 1:
                 return
             r = [L.router for L in Ls]
@@ -83,33 +83,32 @@ class DecodeStep:
         return st
 
     def run(self, model, x, w) -> bool:
-        """Every layer over the decode row x [1, D] in place, in one compiled call, where the window allows it (one
-        host KV cache, every layer on the host, no expert cache); False, having done nothing, elsewhere. Records
-        what the per-layer path would: the distinct experts, the rows an MTP head fuses (w.features)."""
+        """Every layer over the window's rows x [T, D] (T <= GEMV_MAX_ROWS: a decode row or a verification window)
+        in place, in one compiled call, where the window allows it (one host KV cache, every layer on the host, no
+        expert cache); False, having done nothing, elsewhere. Records what the per-layer path would: the distinct
+        experts, the rows an MTP head fuses (w.features)."""
         st = w.states[0]
-        nth = numba.get_num_threads()
-        if not (self.ok and x.shape[0] == 1 and len(w.states) == 1 and type(st) is KVCache and x.flags.c_contiguous
-                and w.experts is None and not any(be.device for be in w.layout.layer_be)
-                and (not self.moe or _owned_fits(self.ffn[3], nth))):
+        if not (self.ok and 1 <= x.shape[0] <= GEMV_MAX_ROWS and len(w.states) == 1 and type(st) is KVCache
+                and x.flags.c_contiguous and w.experts is None and not any(be.device for be in w.layout.layer_be)):
             return False
         a = model.args
-        H, Hkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
+        T, H, Hkv, hd = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
         an, qa, qd, qs, qc, qn, kn, oa, od, os, oc = self.attn
         K, V = st.kv_stacked()
         k0, v0 = st.kv_layer(0)
         cos, sin = w.rope[HOST.name]
         A = (an, qa, qd, qs, qc, H, Hkv, hd, qn, kn, w.positions_on(HOST), cos, sin, model.n_rot, a.rope_neox, K, V,
-             w.pos0s[0], np.float32(1.0 / np.sqrt(hd)), MARKS[row_mode(H, hd, k0, v0)], w.scores, oa, od, os, oc)
+             w.pos0s[0], np.float32(1.0 / np.sqrt(hd)), MARKS[row_mode(H, hd, k0, v0)], MARKS[window_mode(v0)],
+             w.scores, oa, od, os, oc)
         keep = np.full(len(self.layers), -1, np.int64)
         for i, li in enumerate(sorted(w.keep)):
             keep[li] = i
-        feats = np.empty((len(w.keep), a.dim), np.float32)
+        feats = np.empty((len(w.keep), T, a.dim), np.float32)
+        nth = numba.get_num_threads()
         with clocked(HOST.clock, "decode_layers"):
             if self.moe:
-                moe_layers(x, a.norm_eps, A, self.fnorm, *self.ffn, keep, feats, nth)
+                moe_layers(x, a.norm_eps, A, self.fnorm, *self.ffn, keep, feats, w.distinct, nth)
             else:
                 dense_layers(x, a.norm_eps, A, self.fnorm, *self.ffn, keep, feats, nth)
-        if self.moe:
-            w.distinct[:] = self.ffn[3]
-        w.features = [(HOST, feats[i : i + 1]) for i in range(len(w.keep))]
+        w.features = [(HOST, feats[i]) for i in range(len(w.keep))]
         return True

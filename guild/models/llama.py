@@ -202,7 +202,7 @@ class Llama(Architecture):
         within the kernels' row-invariant batch)."""
         w = Window.open(self, windows)
         x = w.embed(self)
-        if FUSED_ROW and WHOLE_STEP and x.shape[0] == 1 and DecodeStep.of(self).run(self, x, w):  # every layer at once
+        if FUSED_ROW and WHOLE_STEP and DecodeStep.of(self).run(self, x, w):  # a step or a window: every layer at once
             return output_logits(self, x, w, last_only)
         for li, L in enumerate(self.layers):
             x = w.enter(li, x)

@@ -25,92 +25,103 @@ from .quant import linear_rows
 
 @njit(cache=True, inline="always")
 def attention_half(x, nw, eps, qa, qd, qs, qc, H, Hkv, hd, qn, kn, positions, cos, sin, n_rot, neox, kt, vc, pos0,
-                   scale, mark, scores, oa, od, os, oc, nth):
-    """x [1, D] += wo · attention(rope(qk_norm(q|k|v · rmsnorm(x, nw)))) at position pos0, the row's key and value
-    written into kt, vc (a layer's stored operands, KVCache.kv_layer). (qa, qd, qs, qc) and (oa, od, os, oc):
-    the q|k|v and output matrices' LinearTable arrays; qn, kn: the QK-norm weights (empty: none); mark: the
-    attention kernel attention_kv would take (ops.gqa.MARKS[row_mode(...)]: compiled per kernel, only the one taken
-    is compiled in); scores: scratch [>= H, >= pos0 + 1]."""
-    D = x.shape[1]
-    h = np.empty((1, D), np.float32)
+                   scale, mark, wmark, scores, oa, od, os, oc, nth):
+    """x [T, D] += wo · attention(rope(qk_norm(q|k|v · rmsnorm(x, nw)))) at positions pos0.., the rows' keys and
+    values written into kt, vc (a layer's stored operands, KVCache.kv_layer). (qa, qd, qs, qc) and (oa, od, os,
+    oc): the q|k|v and output matrices' LinearTable arrays; qn, kn: the QK-norm weights (empty: none); mark, wmark:
+    the attention kernels attention_kv would take for one row and for a window (ops.gqa.MARKS[row_mode(...)],
+    MARKS[window_mode(...)]: compiled per kernel, only those two are compiled in); scores: scratch [>= T H,
+    >= pos0 + T]."""
+    T, D = x.shape
+    h = np.empty((T, D), np.float32)
     rmsnorm(x, nw, eps, h)
-    qkv = np.empty((1, qc[-1]), np.float32)
+    qkv = np.empty((T, qc[-1]), np.float32)
     linear_rows(h, qa, qd, qs, qc, qkv, nth)
-    q = np.empty((1, H, hd), np.float32)
-    k = np.empty((1, Hkv, hd), np.float32)
-    v = np.empty((1, Hkv, hd), np.float32)
-    for i in range(H * hd):  # element by element: a slice assignment compiles a shape-error path
-        q[0, i // hd, i % hd] = qkv[0, i]
-    for i in range(Hkv * hd):
-        k[0, i // hd, i % hd] = qkv[0, H * hd + i]
-        v[0, i // hd, i % hd] = qkv[0, (H + Hkv) * hd + i]
+    q = np.empty((T, H, hd), np.float32)
+    k = np.empty((T, Hkv, hd), np.float32)
+    v = np.empty((T, Hkv, hd), np.float32)
+    for t in range(T):  # element by element: a slice assignment compiles a shape-error path
+        for i in range(H * hd):
+            q[t, i // hd, i % hd] = qkv[t, i]
+        for i in range(Hkv * hd):
+            k[t, i // hd, i % hd] = qkv[t, H * hd + i]
+            v[t, i // hd, i % hd] = qkv[t, (H + Hkv) * hd + i]
     if qn.shape[0]:
         rmsnorm_heads(q, qn, eps)
         rmsnorm_heads(k, kn, eps)
     rope(q, positions, cos, sin, n_rot, neox)
     rope(k, positions, cos, sin, n_rot, neox)
-    put_key_row(kt, k[0], pos0)
-    put_value_row(vc, v[0], pos0)
-    att = np.empty((1, H, hd), np.float32)
-    attend_row(mark, q, kt, vc, pos0, scale, att, scores)
-    y = np.empty((1, D), np.float32)
-    linear_rows(att.reshape(1, H * hd), oa, od, os, oc, y, nth)
-    for i in range(D):  # the composed path's accumulate: x += a temporary
-        x[0, i] += y[0, i]
+    for t in range(T):  # every row stored before any attends (the composed path's write, then attention)
+        put_key_row(kt, k[t], pos0 + t)
+        put_value_row(vc, v[t], pos0 + t)
+    att = np.empty((T, H, hd), np.float32)
+    if T == 1:
+        attend_row(mark, q, kt, vc, pos0, scale, att, scores)
+    else:
+        attend_row(wmark, q, kt, vc, pos0, scale, att, scores)
+    y = np.empty((T, D), np.float32)
+    linear_rows(att.reshape(T, H * hd), oa, od, os, oc, y, nth)
+    for t in range(T):  # the composed path's accumulate: x += a temporary
+        for i in range(D):
+            x[t, i] += y[t, i]
 
 
 @njit(cache=True, inline="always")
 def ffn_half(x, norm, eps, ga, gd, gs, gc, da, dd, ds, dc, nth):
-    """x [1, D] += down · swiglu(gate|up · rmsnorm(x, norm)): a dense layer's FFN half for one decode row, as the
+    """x [T, D] += down · swiglu(gate|up · rmsnorm(x, norm)): a dense layer's FFN half for a window's rows, as the
     composed ops do it. (ga, gd, gs, gc), (da, dd, ds, dc): the gate|up and down matrices' LinearTable arrays."""
-    D = x.shape[1]
-    h = np.empty((1, D), np.float32)
+    T, D = x.shape
+    h = np.empty((T, D), np.float32)
     rmsnorm(x, norm, eps, h)
-    gu = np.empty((1, gc[-1]), np.float32)
+    gu = np.empty((T, gc[-1]), np.float32)
     linear_rows(h, ga, gd, gs, gc, gu, nth)
-    act = np.empty((1, gc[-1] // 2), np.float32)
+    act = np.empty((T, gc[-1] // 2), np.float32)
     swiglu(gu, act)
-    y = np.empty((1, D), np.float32)
+    y = np.empty((T, D), np.float32)
     linear_rows(act, da, dd, ds, dc, y, nth)
-    for i in range(D):
-        x[0, i] += y[0, i]
+    for t in range(T):
+        for i in range(D):
+            x[t, i] += y[t, i]
 
 
-# A whole decode step's layers in one call: the Python between two layers' halves (~0.1 ms a layer in a step that
-# streams its weights through the caches, ~10-20x its cost in a hot loop) goes too. A is attention_half's per-layer
-# operands stacked by layer (guild.models.decode_step); keep[li] >= 0: the slot of feats [n, D] that takes the
-# layer's output row (the rows an MTP head fuses).
+# A whole window's layers in one call (a decode row, or a verification window of up to GEMV_MAX_ROWS rows): the
+# Python between two layers' halves (~0.1 ms a layer in a step that streams its weights through the caches,
+# ~10-20x its cost in a hot loop) goes too. A is attention_half's per-layer operands stacked by layer
+# (guild.models.decode_step); keep[li] >= 0: the slot of feats [n, T, D] that takes the layer's output rows (the
+# rows an MTP head fuses).
 @njit(cache=True, inline="always")
 def _attention_layer(x, li, A, eps, nth):
-    an, qa, qd, qs, qc, H, Hkv, hd, qn, kn, positions, cos, sin, n_rot, neox, K, V, pos0, scale, mark, scores, oa, \
-        od, os, oc = A
+    an, qa, qd, qs, qc, H, Hkv, hd, qn, kn, positions, cos, sin, n_rot, neox, K, V, pos0, scale, mark, wmark, \
+        scores, oa, od, os, oc = A
     attention_half(x, an[li], eps, qa[li], qd[li], qs[li], qc[li], H, Hkv, hd, qn[li], kn[li], positions, cos, sin,
-                   n_rot, neox, layer_operand(K, li), layer_operand(V, li), pos0, scale, mark, scores, oa[li], od[li],
-                   os[li], oc[li], nth)
+                   n_rot, neox, layer_operand(K, li), layer_operand(V, li), pos0, scale, mark, wmark, scores, oa[li],
+                   od[li], os[li], oc[li], nth)
 
 
 @njit(cache=True, inline="always")
 def _keep(x, li, keep, feats):
     if keep[li] >= 0:
-        for i in range(x.shape[1]):
-            feats[keep[li], i] = x[0, i]
+        for t in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                feats[keep[li], t, i] = x[t, i]
 
 
 @njit(cache=True)
 def moe_layers(x, eps, A, fnorm, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2,
-               keep, feats, nth):
-    """Every MoE layer of a decode row x [1, D] in place: attention_half then moe.moe_half, layer after layer,
-    the router and experts tables stacked by layer (ra [L, 7], gu_addr [L, E, 7], ...)."""
+               keep, feats, distinct, nth):
+    """Every MoE layer of a window's rows x [T, D] in place: attention_half then moe.moe_half, layer after layer,
+    the router and experts tables stacked by layer (ra [L, 7], gu_addr [L, E, 7], ...); distinct [L]: each
+    layer's distinct experts."""
     for li in range(fnorm.shape[0]):
         _attention_layer(x, li, A, eps, nth)
-        moe_half(x, fnorm[li], eps, ra[li], rdims[li], perm[li], k, renorm, gu_addr[li], gu_dims[li], dn_addr[li],
-                 dn_dims[li], sg_gu[li], sg_dn[li], F2, nth)
+        distinct[li] = moe_half(x, fnorm[li], eps, ra[li], rdims[li], perm[li], k, renorm, gu_addr[li], gu_dims[li],
+                                dn_addr[li], dn_dims[li], sg_gu[li], sg_dn[li], F2, nth)
         _keep(x, li, keep, feats)
 
 
 @njit(cache=True)
 def dense_layers(x, eps, A, fnorm, ga, gd, gs, gc, da, dd, ds, dc, keep, feats, nth):
-    """Every dense layer of a decode row x [1, D] in place: attention_half then ffn_half, layer after layer, the
+    """Every dense layer of a window's rows x [T, D] in place: attention_half then ffn_half, layer after layer, the
     FFN's LinearTable arrays stacked by layer."""
     for li in range(fnorm.shape[0]):
         _attention_layer(x, li, A, eps, nth)

@@ -14,8 +14,8 @@ from numba import get_num_threads, njit, prange
 from . import ops
 from .intrinsics import _call_kernel, fetch_add
 from .ops import softmax_topk, swiglu
-from .qdot import ACT_EXTRA, QB, quantize_acts
-from .quant import ExpertTable, PackedMatrix, _launch, _launch_one, experts_matmul, matmul
+from .qdot import ACT_EXTRA, QB, quantize_acts, quantize_groups
+from .quant import ExpertTable, PackedMatrix, _launch, _launch_experts, _launch_one, experts_matmul, matmul
 
 
 def moe_ffn(
@@ -47,13 +47,18 @@ def moe_ffn(
     return experts_ffn(h, ids, w, experts_gu, experts_down, out)
 
 
-def row_tables(router: PackedMatrix, experts_gu, experts_down, k: int, nth: int):
-    """The (gate|up, down) ExpertTables where a decode row takes _moe_row: a float router, experts resident (not
-    an expert cache's) and on the int8 path, k groups splitting over nth threads. Else None."""
+def expert_tables(router: PackedMatrix, experts_gu, experts_down):
+    """The (gate|up, down) ExpertTables where _moe_row can run a layer: a float router, experts resident (not an
+    expert cache's) and on the int8 path. Else None."""
     if router.numerics == "i8" or getattr(experts_gu, "resident", None) is not None:
         return None
     tg, td = ExpertTable.of(experts_gu), ExpertTable.of(experts_down)
-    return (tg, td) if tg.ok and td.ok and _owned_fits(k, nth) else None
+    return (tg, td) if tg.ok and td.ok else None
+
+
+def row_tables(router: PackedMatrix, experts_gu, experts_down, k: int, nth: int):
+    """expert_tables where a decode row's k groups also split over nth threads (its experts in one region)."""
+    return expert_tables(router, experts_gu, experts_down) if _owned_fits(k, nth) else None
 
 
 def moe_residual_row(x: np.ndarray, norm: np.ndarray, eps: float, router: PackedMatrix, experts_gu, experts_down,
@@ -72,14 +77,17 @@ def moe_residual_row(x: np.ndarray, norm: np.ndarray, eps: float, router: Packed
 
 @njit(cache=True, inline="always")
 def moe_half(x, norm, eps, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2, nth):
-    """The MoE half of a decode row's layer: rmsnorm, _moe_row, the residual add, as the composed ops do them."""
-    D = x.shape[1]
-    h = np.empty((1, D), np.float32)
+    """The MoE half of a window's layer over x [T, D]: rmsnorm, _moe_row, the residual add, as the composed ops do
+    them. Returns the distinct experts."""
+    T, D = x.shape
+    h = np.empty((T, D), np.float32)
     ops.rmsnorm(x, norm, eps, h)
-    out = np.empty((1, D), np.float32)
-    _moe_row(h, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2, out, nth)
-    for i in range(D):  # the composed path's x += ffn
-        x[0, i] += out[0, i]
+    out = np.empty((T, D), np.float32)
+    n = _moe_row(h, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2, out, nth)
+    for t in range(T):  # the composed path's x += ffn
+        for i in range(D):
+            x[t, i] += out[t, i]
+    return n
 
 
 def experts_ffn(
@@ -145,31 +153,42 @@ def _owned_fits(G, nth):
 
 @njit(cache=True)
 def _moe_row(h, ra, rdims, perm, k, renorm, gu_addr, gu_dims, dn_addr, dn_dims, sg_gu, sg_dn, F2, out, nth):
-    """moe_ffn of one row h [1, D] (a decode step) in one call from Python: the router as matmul's float path runs
-    it (quant._launch_one / _launch), softmax_topk, route_groups, _experts_owned: the same bits. Its k groups
-    split evenly over the nth threads (the caller checks). Not itself parallel: it calls the compiled parallel
-    launchers, so a cold start compiles only this glue."""
-    D = h.shape[1]
+    """moe_ffn of a window's rows h [T, D] (a decode step: T = 1) in one call from Python, as moe_ffn and
+    experts_ffn run it: the router as matmul's float path runs it (quant._launch_one / _launch), softmax_topk,
+    route_groups, then _experts_owned where the groups split well over the nth threads, else experts_matmul's two
+    launches, SwiGLU and combine_groups: the same bits. Returns the distinct experts. Not itself parallel: it
+    calls the compiled parallel launchers, so a cold start compiles only this glue."""
+    T, D = h.shape
     E = gu_addr.shape[0]
-    logits = np.empty((1, E), np.float32)
-    xp = np.empty((1, perm.shape[0]), np.float32)
+    R = T * k
+    logits = np.empty((T, E), np.float32)
+    xp = np.empty((T, perm.shape[0]), np.float32)
     if rdims[0] == 1:  # one tile: on this thread
         _launch_one(ra, rdims, perm, h, xp, logits)
     else:
         _launch(ra, rdims, perm, h, xp, logits, nth)
-    ids = np.empty((1, k), np.int64)
-    w = np.empty((1, k), np.float32)
+    ids = np.empty((T, k), np.int64)
+    w = np.empty((T, k), np.float32)
     softmax_topk(logits, k, renorm, ids, w)
-    order = np.empty(k, np.int64)
+    order = np.empty(R, np.int64)
     offs = np.empty(E + 1, np.int64)
     eids = np.empty(E, np.int64)
-    x = np.empty((k, D), np.float32)
+    x = np.empty((R, D), np.float32)
     n = route_groups(ids, h, order, offs, eids, x)
-    gu = np.empty((k, F2), np.float32)
-    act = np.empty((k, F2 // 2), np.float32)
-    ye = np.empty((k, D), np.float32)
-    _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids[:n], offs[: n + 1], x, sg_gu, sg_dn, gu, act, ye, order,
-                   w, out, nth)
+    gu = np.empty((R, F2), np.float32)
+    act = np.empty((R, F2 // 2), np.float32)
+    ye = np.empty((R, D), np.float32)
+    if not _experts_owned(gu_addr, gu_dims, dn_addr, dn_dims, eids[:n], offs[: n + 1], x, sg_gu, sg_dn, gu, act, ye,
+                          order, w, out, nth):
+        xb = np.empty(R * (-(-D // QB)) * (QB + ACT_EXTRA), np.uint8)  # qdot.act_bytes(R, D)
+        quantize_groups(x, offs[: n + 1], xb, sg_gu)
+        _launch_experts(gu_addr, gu_dims, eids[:n], offs[: n + 1], xb, gu, nth)
+        swiglu(gu, act)
+        ab = np.empty(R * (-(-(F2 // 2) // QB)) * (QB + ACT_EXTRA), np.uint8)
+        quantize_groups(act, offs[: n + 1], ab, sg_dn)
+        _launch_experts(dn_addr, dn_dims, eids[:n], offs[: n + 1], ab, ye, nth)
+        combine_groups(ye, order, w, out)
+    return n
 
 
 @njit(cache=True, inline="always")

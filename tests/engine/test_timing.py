@@ -9,6 +9,7 @@ import pytest
 
 from guild.bench.cases.step import python_share
 from guild.bench.runners import guild_windows
+from guild.kernels.cpu.quant import GEMV_MAX_ROWS
 from guild.tools.tiny import write_tiny_model
 
 
@@ -35,8 +36,8 @@ def test_one_window_timing_routine_times_the_host_kernels(tiny):
     assert st.pos == 8 and HOST.clock is None
     for T in (1, 3):
         assert len(t.forward_ms[T]) == len(t.commit_ms[T]) == len(t.distinct[T]) == 2
-        # a decode row's experts run inside its one call of every layer (DecodeStep)
-        op = "decode_layers" if T == 1 else "experts"
+        # a decode row's or a verification window's experts run inside its one call of every layer (DecodeStep)
+        op = "decode_layers" if T <= GEMV_MAX_ROWS else "experts"
         assert all(0 < e < f for e, f in zip(t.kernel(op, T), t.forward_ms[T], strict=True))
         assert t.window_ms(T)[0] == t.forward_ms[T][0] + t.commit_ms[T][0]
     time_windows(m, st, lambda r, T: np.arange(T), [2], 1, keep=lambda T: T)
@@ -67,13 +68,13 @@ def test_the_per_op_split_of_a_window_sums_within_it(tiny, tmp_path):
         st = m.new_state(64)
         m.forward(np.arange(8), st)
         st.commit(8)
-        t = time_windows(m, st, lambda r, T: np.arange(r, r + T), [1, 4], 2, keep=lambda T: T, ops=ops,
+        t = time_windows(m, st, lambda r, T: np.arange(r, r + T), [1, 12], 2, keep=lambda T: T, ops=ops,
                          after=lambda out, w, T, ops=ops: outs.setdefault(ops, []).append(out.logits.copy()))
-        assert HOST.clock is None and st.pos == 8 + 2 * 5
+        assert HOST.clock is None and st.pos == 8 + 2 * 13
     assert all(np.array_equal(a, b) for a, b in zip(outs[False], outs[True], strict=True))
-    for T in (1, 4):
+    for T in (1, 12):
         for k, f in zip(t.kernel_ms[T], t.forward_ms[T], strict=True):
-            # a decode row's layers are one call (DecodeStep: "decode_layers"); a window's ops one by one
+            # a decode row's layers are one call (DecodeStep: "decode_layers"); a prompt chunk's ops one by one
             want = {"matmul", "rmsnorm"} | ({"decode_layers"} if T == 1 else {"attention", "experts"})
             assert want <= set(k) and all(v > 0 for v in k.values())
             assert 0 < sum(k.values()) < f

@@ -1,7 +1,9 @@
-"""A decode row's every layer in one compiled call (guild/models/decode_step.py, llama.WHOLE_STEP): each step's
-logits, the rows an MTP head fuses and the distinct experts bitwise / equal to the op-by-op path's, in every KV
-cache type, with layers whose q|k|v differ in parts (a real Q4_K_M file's Q6_K values); the one call is what ran,
-and a window it cannot take (two sessions) takes the per-layer path."""
+"""A decode row's or a verification window's every layer in one compiled call (guild/models/decode_step.py,
+llama.WHOLE_STEP): each step's and window's logits, the rows an MTP head fuses and the distinct experts bitwise /
+equal to the op-by-op path's, in every KV cache type, with layers whose q|k|v differ in parts (a real Q4_K_M
+file's Q6_K values), windows whose expert groups split unevenly over the threads (the two-launch experts) and
+evenly (one region); the one call is what ran, and a window it cannot take (two sessions, more than
+GEMV_MAX_ROWS rows) takes the per-layer path."""
 
 import numba
 import numpy as np
@@ -45,19 +47,22 @@ def model(request, tmp_path_factory):
     return request.param, m
 
 
-def _decode(m, kv: str, steps: int = 5):
-    st = m.new_state(64, KVTypes(kv, kv))
-    tok = int(np.argmax(m.forward(PROMPT, st)[-1]))
+SIZES = (1, 2, 3, 1, 5, 8, 1, 4)  # decode steps and windows, each committing part of its rows
+
+
+def _decode(m, kv: str):
+    st = m.new_state(96, KVTypes(kv, kv))
+    m.forward(PROMPT, st)
     st.commit(len(PROMPT))
+    rng = np.random.default_rng(3)
     rows, feats, distinct = [], [], []
-    for _ in range(steps):
-        r = m.forward_batch([([tok], st)])[0]
-        st.commit(1)
-        rows.append(r.logits[-1].copy())
-        feats.append(np.concatenate([np.asarray(f) for f in r.features]))
+    for T in SIZES:
+        r = m.forward_batch([(rng.integers(0, 300, T), st)])[0]
+        st.commit(int(rng.integers(1, T + 1)))
+        rows.append(r.logits.copy())
+        feats.append(np.stack([np.asarray(f) for f in r.features]))
         distinct.append(np.array(r.distinct_experts))
-        tok = int(np.argmax(r.logits[-1]))
-    return np.stack(rows), np.stack(feats), np.stack(distinct)
+    return rows, feats, distinct
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16", "q8_0"])
@@ -73,16 +78,32 @@ def test_the_whole_step_is_the_op_by_op_step(model, kv, monkeypatch, threads):
     assert ran == []
     monkeypatch.setattr(llama, "FUSED_ROW", True)
     got = _decode(m, kv)
-    assert ran == ["moe_layers" if name == "qwen3moe" else "dense_layers"] * 5
+    assert ran == ["moe_layers" if name == "qwen3moe" else "dense_layers"] * len(SIZES)
     assert [len(t) for t in m._decode_step.attn[1]] == [3, 3, 3]  # one fused part, padded; the split layer's three
-    assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
-    assert got[1].shape == (5, 2, m.args.dim) and np.array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
-    assert np.array_equal(got[2], want[2])
+    for g, w, T in zip(got[0], want[0], SIZES, strict=True):
+        assert g.shape[0] == T and np.array_equal(g.view(np.uint32), w.view(np.uint32))
+    for g, w, T in zip(got[1], want[1], SIZES, strict=True):
+        assert g.shape == (2, T, m.args.dim) and np.array_equal(g.view(np.uint32), w.view(np.uint32))
+    assert all(np.array_equal(g, w) for g, w in zip(got[2], want[2], strict=True))
+    if name == "qwen3moe":  # 4 experts, top 2: windows of 2+ rows route to 3 groups (uneven over 2 threads) or 4
+        assert {int(d.max()) for d in got[2]} >= {2, 3, 4}
+
+
+def test_a_long_window_takes_the_per_layer_path(model, monkeypatch):
+    """More rows than GEMV_MAX_ROWS (a prompt chunk): not a verification window, layer by layer."""
+    _, m = model
+    step = decode_step.DecodeStep.of(m)
+    inner = step.run
+    ran = []
+    monkeypatch.setattr(step, "run", lambda *a: ran.append(inner(*a)) or ran[-1])
+    st = m.new_state(64)
+    m.forward(list(range(9)), st)
+    assert ran == [False]
 
 
 def test_two_sessions_take_the_per_layer_path(model, monkeypatch):
-    """A window of two sessions' rows is not one decode row: forward_batch runs it layer by layer, each session's
-    logits bitwise its own single-session step's (which took the one call)."""
+    """Two sessions' rows are not one window: forward_batch runs them layer by layer, each session's logits bitwise
+    its own single-session step's (which took the one call)."""
     _, m = model
     ran = []
     step = decode_step.DecodeStep.of(m)
@@ -92,11 +113,12 @@ def test_two_sessions_take_the_per_layer_path(model, monkeypatch):
     for st, p in zip(sts, (PROMPT, PROMPT[::-1]), strict=True):
         m.forward(p, st)
         st.commit(len(p))
+    ran.clear()
     alone = []
     for st in sts:
         alone.append(m.forward([7], st)[-1].copy())
         st.commit(0)  # the window dropped: the same position again below
-    assert ran == [True, True]
     both = m.forward_batch([([7], sts[0]), ([7], sts[1])])
+    assert ran == [True, True, False]
     for r, a in zip(both, alone, strict=True):
         assert np.array_equal(r.logits[-1].view(np.uint32), a.view(np.uint32))

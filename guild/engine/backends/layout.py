@@ -166,8 +166,8 @@ class Layout:
         mark = MARKS[row_mode(H, hd, kt, vc)]
         with clocked(HOST.clock, "attention_row"):
             attention_half(x, norm, eps, tq.addr, tq.dims, tq.sg, tq.col, H, Hkv, hd, qn, kn, positions, cos, sin,
-                           n_rot, neox, kt, vc, pos0, np.float32(1.0 / np.sqrt(hd)), mark, scores, to.addr, to.dims,
-                           to.sg, to.col, numba.get_num_threads())
+                           n_rot, neox, kt, vc, pos0, np.float32(1.0 / np.sqrt(hd)), mark, mark, scores, to.addr,
+                           to.dims, to.sg, to.col, numba.get_num_threads())
         return True
 
     def ffn_row(self, be, x, norm, eps: float, gu, down) -> bool:

@@ -529,6 +529,12 @@ def row_mode(H: int, hd: int, k, v) -> int:
         return ROW
     if not isinstance(k, tuple) and not isinstance(v, tuple) and k.dtype == v.dtype == np.float32:
         return ONE_PASS
+    return window_mode(v)
+
+
+def window_mode(v) -> int:
+    """attention_kv's kernel for a window of 2 to PREFILL_ROWS stride-1 rows over stored values v: the passes,
+    the value pass in halves where the KV heads do not split evenly over the threads."""
     return PASSES_HALVES if (v[0] if isinstance(v, tuple) else v).shape[0] % get_num_threads() else PASSES
 
 
