@@ -126,10 +126,9 @@ class LoadedModel:
         if warmup.helper_wanted(self.device, self.weights):
             helper = warmup.CompileHelper.start(self.path, self.numerics, self.kv.k, self.kv.v, self.threads)
         try:
-            d = self.drafter(draft, 64)  # its kernels first: a helper meanwhile compiles the forward's first ones
-            if helper is not None:
-                self.session(64).generate(ids[:1], 2)  # one-row windows: the helper compiles the others
-                self.compile_helper = helper.wait() == 0
+            d = self.drafter(draft, 64)  # its kernels first: a helper meanwhile compiles a prompt window's
+            if helper is not None:  # then the whole-step call (steps and draft windows), reading the helper's
+                self.compile_helper = helper.wait() == 0  # attention passes from the cache, not compiling them twice
             self.session(64).generate(ids, 6, drafter=d, max_draft=4)
         finally:
             if helper is not None:
@@ -137,11 +136,9 @@ class LoadedModel:
         self.load_s += time.perf_counter() - t0
 
     def warm_window(self) -> None:
-        """A compile helper's share of warm_up: a prompt window's kernels (PARALLEL_ROWS + 2 rows) and a draft
-        window's (5 rows: the ops below PARALLEL_ROWS)."""
-        ids = self._warm_ids()
-        self.session(64).generate(ids, 1)
-        self.session(64).generate(ids[:5], 1)
+        """A compile helper's share of warm_up: a prompt window's kernels (PARALLEL_ROWS + 2 rows, layer by layer;
+        draft windows take the loader's whole-step call)."""
+        self.session(64).generate(self._warm_ids(), 1)
 
 
 def apply_rope(model, rope: RopeOptions, context: int) -> None:

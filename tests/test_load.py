@@ -83,7 +83,7 @@ def test_warm_up_starts_waits_for_and_closes_the_helper(moe_path, monkeypatch):
     _Helper.calls = []
     lm.warm_up("normal", MtpOptions())
     assert _Helper.calls == [("start", (lm.path, lm.numerics, "f32", "f32", 1)), "wait", "close"]
-    assert lm.compile_helper is True and ran == [("session", 64), ("session", 64)]
+    assert lm.compile_helper is True and ran == [("session", 64)]  # after the wait: one session
     _Helper.calls = []
     monkeypatch.setattr(lm, "session", lambda n: 1 / 0)  # a warm-up that fails still stops its helper
     with pytest.raises(ZeroDivisionError):

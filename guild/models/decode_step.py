@@ -9,16 +9,30 @@ same order: bitwise the per-layer path (tests/models/test_decode_step.py).
 
 from __future__ import annotations
 
+import time
+
 import numba
 import numpy as np
 
 from ..engine.backends import HOST
-from ..engine.backends.clock import clocked
 from ..engine.state import KVCache
 from ..kernels.cpu.decode_row import dense_layers, moe_layers
+from ..kernels.cpu.intrinsics import read_cycles
 from ..kernels.cpu.moe import expert_tables
 from ..kernels.cpu.ops.gqa import MARKS, row_mode, window_mode
 from ..kernels.cpu.quant import GEMV_MAX_ROWS
+
+_RATE: list[float] = []
+
+
+def _cycles_per_s() -> float:
+    """The cycle counter's rate (intrinsics.cycles), measured once against the wall clock over ~20 ms."""
+    if not _RATE:
+        c0, t0 = read_cycles(), time.perf_counter()
+        while time.perf_counter() - t0 < 0.02:
+            pass
+        _RATE.append((read_cycles() - c0) / (time.perf_counter() - t0))
+    return _RATE[0]
 
 
 def _stack(arrays) -> np.ndarray:
@@ -40,18 +54,20 @@ def _tables(ts: list) -> tuple:
 
 
 class DecodeStep:
-    """The stacked tables of a Llama-family model's layers (`ok`: every layer takes the one-call halves, all MoE
-    or all dense, the same number of matrix parts in each), for the layers list it was built from."""
+    """The stacked tables of a Llama-family model's layers (`ok`: all MoE or all dense, every matrix on the int8
+    path, a float router and resident experts), for the layers list it was built from."""
 
     def __init__(self, model):
         self.layers = model.layers  # kept: the tables hold the addresses of its weights
         a = model.args
         Ls = self.layers
-        self.moe = Ls[0].moe
         self.ok = False
-        tq, to = [L.qkv.table for L in Ls], [L.wo.table for L in Ls]
-        if not all(t.ok for t in tq + to) or any(L.moe != self.moe for L in Ls):
+        if not Ls:
             return
+        self.moe = Ls[0].moe
+        tq, to = [getattr(L.qkv, "table", None) for L in Ls], [getattr(L.wo, "table", None) for L in Ls]
+        if not all(t is not None and t.ok for t in tq + to) or any(L.moe != self.moe for L in Ls):
+            return  # a device's matrices (DeviceLinear), another path, or MoE and dense layers mixed
         no_norm = np.zeros(0, np.float32)
         self.attn = (_stack([L.attn_norm for L in Ls]), *_tables(tq),
                      _stack([no_norm if L.q_norm is None else L.q_norm for L in Ls]),
@@ -105,10 +121,15 @@ class DecodeStep:
             keep[li] = i
         feats = np.empty((len(w.keep), T, a.dim), np.float32)
         nth = numba.get_num_threads()
-        with clocked(HOST.clock, "decode_layers"):
-            if self.moe:
-                moe_layers(x, a.norm_eps, A, self.fnorm, *self.ffn, keep, feats, w.distinct, nth)
-            else:
-                dense_layers(x, a.norm_eps, A, self.fnorm, *self.ffn, keep, feats, nth)
+        t0 = time.perf_counter()
+        if self.moe:
+            c = moe_layers(x, a.norm_eps, A, self.fnorm, *self.ffn, keep, feats, w.distinct, nth)
+        else:
+            c = 0
+            dense_layers(x, a.norm_eps, A, self.fnorm, *self.ffn, keep, feats, nth)
+        if HOST.clock is not None:  # the op split timing reads: the experts apart, as the per-layer path clocks them
+            total, e = time.perf_counter() - t0, c / _cycles_per_s()
+            HOST.clock.add("experts", min(e, total))
+            HOST.clock.add("decode_layers", max(total - e, 0.0))
         w.features = [(HOST, feats[i]) for i in range(len(w.keep))]
         return True

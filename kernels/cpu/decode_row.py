@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .intrinsics import cycles
 from .moe import moe_half
 from .ops import rmsnorm, rmsnorm_heads, rope, swiglu
 from .ops.gqa import attend_row
@@ -111,12 +112,17 @@ def moe_layers(x, eps, A, fnorm, ra, rdims, perm, k, renorm, gu_addr, gu_dims, d
                keep, feats, distinct, nth):
     """Every MoE layer of a window's rows x [T, D] in place: attention_half then moe.moe_half, layer after layer,
     the router and experts tables stacked by layer (ra [L, 7], gu_addr [L, E, 7], ...); distinct [L]: each
-    layer's distinct experts."""
+    layer's distinct experts. Returns the cycles (intrinsics.cycles) spent in the MoE halves (the clock's
+    "experts", which calibration prices apart)."""
+    c = 0
     for li in range(fnorm.shape[0]):
         _attention_layer(x, li, A, eps, nth)
+        c0 = cycles()
         distinct[li] = moe_half(x, fnorm[li], eps, ra[li], rdims[li], perm[li], k, renorm, gu_addr[li], gu_dims[li],
                                 dn_addr[li], dn_dims[li], sg_gu[li], sg_dn[li], F2, nth)
+        c += cycles() - c0
         _keep(x, li, keep, feats)
+    return c
 
 
 @njit(cache=True)

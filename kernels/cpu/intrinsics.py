@@ -290,3 +290,22 @@ def fetch_add(typingctx, addr, v):
                                   "monotonic")
 
     return sig, codegen
+
+
+@intrinsic
+def cycles(typingctx):
+    """The CPU's cycle counter (rdtsc on x86: a constant rate where the CPU has constant_tsc), to time a part of
+    a compiled call from inside it."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def read_cycles():
+    return cycles()

@@ -62,7 +62,7 @@ def test_step_breakdown(small, capsys):
     (r,) = _records(capsys, "step", "--models", small, "-r", "1", "--steps", "3", "-t", "1", "--json")
     f = r["figures"]
     assert 0 < f["python_share"]["median"] < 1 and 0 < f["verifier_share"]["median"] < 1
-    assert {"matmul", "decode_layers"} <= set(f["op_ms"]["series"])  # a decode row's layers: one call
+    assert {"matmul", "experts", "decode_layers"} <= set(f["op_ms"]["series"])  # a decode row's layers: one call
 
 
 @pytest.mark.parametrize("argv", [["decode", "--models", "/nonexistent.gguf"], ["decode", "--models", ""],

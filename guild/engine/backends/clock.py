@@ -33,6 +33,11 @@ class KernelClock:
             if not self._depth:
                 self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
+    def add(self, name: str, seconds: float) -> None:
+        """seconds measured elsewhere (a part of a compiled call), counted under name unless inside a span."""
+        if not self._depth:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
     def timed(self, name: str, fn):
         """fn, its calls counted under name."""
 

@@ -556,5 +556,8 @@ def _attend_row(mark, q, k, v, pos0, scale, out, scores):
         inv = np.empty(q.shape[0] * q.shape[1], np.float32)
         scores_kv(q, k, pos0, scale, scores)
         softmax_window(scores, q.shape[0], q.shape[1], pos0, inv)
-        values_kv(scores, inv, v, pos0, out, halves)
+        # a bool, not the constant's literal type: values_kv's specialisation is attention_kv's (one compile, which a
+        # compile helper may already have cached)
+        h = halves if q.shape[0] >= 0 else not halves
+        values_kv(scores, inv, v, pos0, out, h)
     return passes
