@@ -127,8 +127,9 @@ class LoadedModel:
             helper = warmup.CompileHelper.start(self.path, self.numerics, self.kv.k, self.kv.v, self.threads)
         try:
             d = self.drafter(draft, 64)  # its kernels first: a helper meanwhile compiles a prompt window's
-            if helper is not None:  # then the whole-step call (steps and draft windows), reading the helper's
-                self.compile_helper = helper.wait() == 0  # attention passes from the cache, not compiling them twice
+            if helper is not None:
+                self.session(64).generate(ids[:1], 2)  # the whole-step call (steps, draft windows) meanwhile
+                self.compile_helper = helper.wait() == 0
             self.session(64).generate(ids, 6, drafter=d, max_draft=4)
         finally:
             if helper is not None:
