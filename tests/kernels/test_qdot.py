@@ -379,9 +379,17 @@ def test_prefetch_distance_leaves_the_bits(qt):
     assert np.array_equal(got[0][0], got[1][0])
 
 
+def test_only_zen4_and_later_go_without_software_prefetch():
+    """The host rule behind PF_BYTES' default: Zen 4 and later read streamed weights faster without software
+    prefetch, Zen 3 (and Intel) with it (kernels.py's measurements)."""
+    assert [simd.isa.zen4_or_later(c) for c in ("znver4", "znver5", "znver3", "znver1", "skylake-avx512",
+                                                 "sapphirerapids", "znver", "")] == [True, True] + [False] * 6
+    assert simd.isa.ZEN4 == simd.isa.zen4_or_later(simd.isa._host_cpu())
+
+
 def test_prefetch_setting_is_validated():
     assert qdot.kernels.prefetch_bytes("0") == 0 and qdot.kernels.prefetch_bytes(" 4096 ") == 4096
-    assert qdot.kernels.prefetch_bytes("") == (0 if simd.isa.ZEN else qdot.kernels.PF_BYTES_DEFAULT)
+    assert qdot.kernels.prefetch_bytes("") == (0 if simd.isa.ZEN4 else qdot.kernels.PF_BYTES_DEFAULT)
     for bad in ("-1", "1e3", "lots", str(1 << 20)):
         with pytest.raises(GuildError, match="GUILD_PREFETCH_BYTES=.*expected bytes"):
             qdot.kernels.prefetch_bytes(bad)

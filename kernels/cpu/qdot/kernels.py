@@ -15,7 +15,7 @@ from ...quant_types import QUANT_TYPES
 from ..drivers import NT
 from ..intrinsics import _pf32, _pi32
 from ..simd import add_i, grid_rows2, hsum2, lane, ld_i32, prefetch, st_f32, zero_f, zero_i
-from ..simd.isa import ZEN
+from ..simd.isa import ZEN4
 from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _sfin, _unit
 from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
 
@@ -178,20 +178,22 @@ def _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs,
 # Qwen3-30B-A3B slice, 2 threads: decode +12 %; 10 and above, or into L2 only, gave less), and 3 units of Q8_0
 # instead of 6: decode of the 4-layer Q8_0 slice +9 % (58.0-61.3 against 52.1-55.2 tok/s, three alternated pairs).
 PF_BYTES_DEFAULT = 1776
-# AMD Zen cores' stream prefetchers keep up with the weight streams alone, and software prefetches only take
+# AMD Zen 4 cores' stream prefetchers keep up with the weight streams alone, and software prefetches only take
 # load slots: without them a Zen 4 VM read every matrix of a 12-layer slice's token 22 % faster (17.8 against 23.0
 # ms, six alternated rounds) and decoded ~8 % faster (median of 13 alternated pairs, 0.92-1.24), where the Xeon
-# lost 12 %.
-PF_BYTES_ZEN = 0
+# lost 12 %. A Zen 3 VM decoded 1.10-1.13x faster with them (the same slice, the kernels swapped in one process,
+# 16 alternated blocks of 8 steps; the embedded models 1.07-1.08x): Zen 3 and earlier take PF_BYTES_DEFAULT.
+PF_BYTES_ZEN4 = 0
 PREFETCH_ENV = "GUILD_PREFETCH_BYTES"
 
 
 def prefetch_bytes(env: str | None = None) -> int:
     """The prefetch distance in bytes: GUILD_PREFETCH_BYTES where set (0: no software prefetch), else 0 on AMD
-    Zen and PF_BYTES_DEFAULT elsewhere. A value that is not a whole number of bytes is refused in one line."""
+    Zen 4 and later and PF_BYTES_DEFAULT elsewhere. A value that is not a whole number of bytes is refused in one
+    line."""
     v = (os.environ.get(PREFETCH_ENV, "") if env is None else env).strip()
     if not v:
-        return PF_BYTES_ZEN if ZEN else PF_BYTES_DEFAULT
+        return PF_BYTES_ZEN4 if ZEN4 else PF_BYTES_DEFAULT
     if not v.isdigit() or int(v) > 1 << 16:
         raise GuildError(f"{PREFETCH_ENV}={v!r}: expected bytes from 0 to 65536 (0: no software prefetch)")
     return int(v)

@@ -26,8 +26,15 @@ def _host_cpu() -> str:
         return ""
 
 
-# AMD Zen cores (LLVM's znver1..5): their hardware prefetchers want no help on streamed weights (kernels/cpu/qdot)
-ZEN = _host_cpu().startswith("znver")
+# AMD Zen 4 and later (LLVM's znver4, znver5): their stream prefetchers want no help on streamed weights
+# (kernels/cpu/qdot/kernels.py); Zen 3 and earlier read them faster with software prefetch, as Intel cores do
+def zen4_or_later(cpu: str) -> bool:
+    """Whether an LLVM host CPU name is an AMD Zen 4 or later (znver4, znver5, ...)."""
+    gen = cpu.removeprefix("znver")
+    return cpu.startswith("znver") and gen.isdigit() and int(gen) >= 4
+
+
+ZEN4 = zen4_or_later(_host_cpu())
 
 # GUILD_NO_VNNI=1 forces the portable IR (tests compare the two on a VNNI host)
 VNNI512 = ("+avx512vnni" in _host_features() and "+avx512bw" in _host_features()
