@@ -116,3 +116,31 @@ def test_fresh_processes_time_to_first_token(small, capsys):
     assert [r["runner"] for r in recs] == ["guild run", "guild serve"]
     assert all(r["figures"]["ttft_ms"]["median"] > 0 for r in recs)
     assert recs[1]["figures"]["ttft_later_ms"]["median"] > 0
+
+
+def test_one_model_is_held_at_a_time(monkeypatch):
+    """The cases' model holder drops the model it holds before the next one loads, so two large models are never
+    resident side by side (with a llama.cpp runner's own copy beside them)."""
+    import weakref
+
+    from guild.bench.cases import models
+
+    class Model:
+        pass
+
+    held, alive_at_load = [], []
+
+    def fake_load(path, **kw):
+        alive_at_load.append([r() is not None for r in held])
+        m = Model()
+        held.append(weakref.ref(m))
+        return m
+
+    monkeypatch.setattr(models, "load", fake_load)
+    monkeypatch.setattr(models, "_HELD", {})
+    a = models.loaded("a.gguf", 1)
+    assert models.loaded("a.gguf", 1) is a  # loaded once
+    del a
+    models.loaded("b.gguf", 1)
+    models.loaded("a.gguf", 1, "f32")
+    assert alive_at_load == [[], [False], [False, False]]

@@ -3,9 +3,10 @@ written once into a folder (guild.tools.synth); and the prompts every engine get
 
 from __future__ import annotations
 
+import gc
 import os
 import textwrap
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 
 from ...errors import BadFlagError
@@ -48,9 +49,19 @@ def model_paths(a) -> dict[str, str]:
     return {Path(p).name: p for p in out}
 
 
-@lru_cache(maxsize=1)  # one model held at a time: a loaded model is resident memory (guild.formats.resident)
+_HELD: dict = {}  # (path, threads, numerics) -> the one loaded model this process holds
+
+
 def loaded(path: str, threads: int, numerics: str = "i8"):
-    return load(path, threads=threads, numerics=numerics, progress=False)
+    """The model at path, loaded once: one held at a time, the one before dropped before the next loads (a loaded
+    model is resident memory, guild.formats.resident: two 8 GB slices side by side with a llama.cpp runner's copy
+    ran a 24 GB host out of memory)."""
+    key = (path, threads, numerics)
+    if key not in _HELD:
+        _HELD.clear()
+        gc.collect()  # the old model's arrays go now, not at some later collection
+        _HELD[key] = load(path, threads=threads, numerics=numerics, progress=False)
+    return _HELD[key]
 
 
 @cache
