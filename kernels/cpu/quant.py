@@ -557,10 +557,14 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
             out[...] = dst
         return
     # prefill: the same kernels dequantise chunks of tiles to float32 [K, cols] (mode T = 0), BLAS multiplies;
-    # each worker thread takes a contiguous share of the tiles with its own scratch and single-threaded BLAS
+    # each worker thread takes a contiguous share of the chunks with its own scratch and single-threaded BLAS. The
+    # chunks are the matrix's, not the threads': BLAS may sum a column differently in panels of another width (a
+    # Zen 3's OpenBLAS did), so a chunk cut at a thread's share would change the bits with the thread count
     cf = _KFUNC.get(w.key) or _kernel(w.key)
     nt = int(w.dims[0])
-    n_workers = min(numba.get_num_threads(), nt)
+    step = _prefill_step(nt)
+    nc = -(-nt // step)
+    n_workers = min(numba.get_num_threads(), nc)
     if out.flags.c_contiguous and out.dtype == np.float32:
         dst = out
     else:
@@ -569,7 +573,8 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         _prefill_part(cf, w, x, dst, 0, nt)
     else:
         jobs = [
-            _pool(n_workers).submit(_prefill_part, cf, w, x, dst, c * nt // n_workers, (c + 1) * nt // n_workers)
+            _pool(n_workers).submit(_prefill_part, cf, w, x, dst, min(nt, c * nc // n_workers * step),
+                                    min(nt, (c + 1) * nc // n_workers * step))
             for c in range(n_workers)
         ]
         for j in jobs:
@@ -578,12 +583,18 @@ def matmul(w: PackedMatrix, x: np.ndarray, out: np.ndarray) -> None:
         out[...] = dst
 
 
+def _prefill_step(nt: int) -> int:
+    """Tiles per chunk of the prefill product of a matrix of nt tiles: up to _PREFILL_ROWS features, and at least
+    eight chunks where the matrix has the tiles (so that threads share a small matrix too)."""
+    return max(1, min(_PREFILL_ROWS // NT, -(-nt // 8)))
+
+
 def _prefill_part(cf, w: PackedMatrix, x: np.ndarray, out: np.ndarray, t0: int, t1: int) -> None:
-    """Tiles t0..t1 of the prefill product: dequantise up to _PREFILL_ROWS features, then x @ chunk (BLAS).
-    The cfunc is called through ctypes and numpy's matmul runs in C: both release the GIL."""
+    """Tiles t0..t1 of the prefill product (t0 on a chunk boundary): dequantise a chunk of _prefill_step tiles,
+    then x @ chunk (BLAS). The cfunc is called through ctypes and numpy's matmul runs in C: both release the GIL."""
     nt, nb = int(w.dims[0]), int(w.dims[1])
     Kp = w.perm.shape[0]
-    step = max(1, _PREFILL_ROWS // NT)
+    step = _prefill_step(nt)
     buf = np.empty((Kp, min(step, t1 - t0) * NT), np.float32)
     ptrs = [a.ctypes.data for a in w.flat]
     for g0 in range(t0, t1, step):
