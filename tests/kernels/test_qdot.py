@@ -395,3 +395,58 @@ def test_prefetch_setting_is_validated():
             qdot.kernels.prefetch_bytes(bad)
     if qdot.kernels.PF_BYTES == 0:
         assert all(qdot.kernels.prefetch_units(int(q)) == 0 for q in TYPES)
+
+
+def _tile_extremes(qt, n, k):
+    """Rows at the integer bounds, the rest random. Q4_K: every 6-bit scale and min 63 and every quant 15 (row
+    0). Q6_K: every quant 63 with every scale −128 (row 0) or 127 (row 1)."""
+    raw = ref_quant.random_raw(qt, n, k, np.random.default_rng(5))
+    blk = raw.reshape(n, k // 256, row_bytes(qt, 256))
+    if qt == Q.Q4_K:
+        blk[0, :, 4:] = 0xFF  # [d, dmin, scales 12, quants 128]
+    else:
+        blk[:2, :, :192] = 0xFF  # [low nibbles 128, high bits 64, scales 16, d]
+        blk[0, :, 192:208] = 0x80
+        blk[1, :, 192:208] = 0x7F
+    return raw
+
+
+@pytest.mark.skipif(not simd.amx.AMX, reason="the host has no AMX-INT8 (or Linux refused its tile state)")
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("n, k", [(200, 512), (64, 768)])
+def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
+    """The AMX path (tiles of 16 rows, then _super_rows for the rest) gives bitwise the vector kernel's output
+    for every row count, at the integer bounds (extreme weights; activations of one sign, whose block sums split
+    into negative high parts) and on random rows."""
+    from numba import cfunc
+
+    from guild.kernels.cpu.intrinsics import _KSIG
+
+    raw = _tile_extremes(qt, n, k)
+    with kq.numerics("i8"):
+        w = kq.pack(qt, raw, n, k)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((100, k)).astype(np.float32)
+    x[0], x[1] = 3.0, -3.0  # x̂ = ±127 everywhere: Σx̂ = ±4064 a block
+    fns = {a: cfunc(_KSIG)(qdot.kernels._entry(int(qt), f"_k_amx_{int(a)}", None, a)) for a in (True, False)}
+    assert re.search(r"\btdpbs[us]d\b", fns[True]._library.get_asm_str())
+    t = w.table
+    for T in (16, 17, 31, 32, 48, 53, 100):
+        got = []
+        for a in (True, False):
+            addr = t.addr.copy()
+            addr[0, 0] = fns[a].address
+            out = np.empty((T, n), np.float32)
+            kq.linear_rows(x[:T], addr, t.dims, t.sg, t.col, out, 2)
+            got.append(out)
+        assert np.array_equal(got[0], got[1]), T
+    assert np.array_equal(got[0][:2], _mm(w, x[:2]))
+
+
+def test_amx_is_taken_only_where_the_host_has_it():
+    from guild.kernels.cpu.simd.amx import _amx_wanted
+
+    spr = "+avx512f,+amx-tile,+amx-int8,+amx-bf16"
+    assert _amx_wanted(spr, "") and _amx_wanted(spr, "0")
+    assert not _amx_wanted(spr, "1")  # GUILD_NO_AMX=1
+    assert not _amx_wanted("+avx512f,+avx512vnni", "") and not _amx_wanted("+amx-tile", "")

@@ -33,6 +33,7 @@ from ..simd import (
     gather_u32,
     hi4,
     inline_here,
+    lane,
     ld_h2f,
     ld_i32,
     ld_s8,
@@ -47,6 +48,7 @@ from ..simd import (
     or_i,
     splat_f,
     splat_i,
+    st_f32,
     st_i32,
     sub_i,
     xor80,
@@ -77,6 +79,18 @@ from .types import (
     Q8_0,
     SB,
 )
+
+
+@njit(cache=True, inline="always")
+def _put(pout, out, t, N, n0, y):
+    """out[t, n0:n0 + GL] = y, clipped at N."""
+    if n0 + GL <= N:
+        st_f32(pout + 4 * (t * N + n0), y)
+    elif n0 < N:
+        for i in range(N - n0):
+            out[t, n0 + i] = lane(y, i)
+
+
 
 # ---------------------------------------------------------------------------------------------------------
 # kernels: one 32-element block of 16 features (group j of tile g) for one row → y

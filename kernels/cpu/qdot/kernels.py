@@ -14,29 +14,23 @@ from ....errors import GuildError
 from ...quant_types import QUANT_TYPES
 from ..drivers import NT
 from ..intrinsics import _pf32, _pi32
-from ..simd import add_i, grid_rows2, hsum2, lane, ld_i32, prefetch, st_f32, zero_f, zero_i
+from ..simd import add_i, grid_rows2, hsum2, ld_i32, prefetch, zero_f, zero_i
+from ..simd.amx import AMX
 from ..simd.isa import ZEN4
-from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _sfin, _unit
+from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _put, _sfin, _unit
+from .tiles import TILE_ROWS_OF, no_rows
 from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
 
 
-@njit(cache=True, inline="always")
-def _put(pout, out, t, N, n0, y):
-    """out[t, n0:n0 + GL] = y, clipped at N."""
-    if n0 + GL <= N:
-        st_f32(pout + 4 * (t * N + n0), y)
-    elif n0 < N:
-        for i in range(N - n0):
-            out[t, n0 + i] = lane(y, i)
-
-
-def _entry(kind: int, name: str, pf: int | None = None):
+def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None):
     """Tiles g0..g1 of out [T, N], 16 features at a time: rows two at a time (one weight load and decode for
     both), then a last one alone, the blocks in memory order. Two accumulators a pass fit AVX2's registers,
     and three inlined block bodies keep the compile short.
     The C entry point of one kind (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp,
     g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
-    slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic)."""
+    slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic).
+    Where the host has AMX (`amx`: this one, for tests), Q4_K's and Q6_K's whole tiles of 16 rows take tile
+    products (tiles.py) and the rows past them _super_rows: the same integers and float steps."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
@@ -45,6 +39,7 @@ def _entry(kind: int, name: str, pf: int | None = None):
     # the fields' bytes per unit, then the prefetch distance in units (pf: this one, for tests)
     ub = unit_bytes(kind) + (prefetch_units(kind) if pf is None else pf,)
     one = ub[5] == 0  # the hardware prefetchers alone feed decode: one weight stream per field (_super_one)
+    rows16 = TILE_ROWS_OF.get(kind, no_rows) if (AMX if amx is None else amx) else no_rows  # AMX's tiles of rows
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
@@ -62,6 +57,9 @@ def _entry(kind: int, name: str, pf: int | None = None):
             rows_t1 = t1 and T == 1
             rs = np.empty(GL if rows_t1 else 0, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
             prs = rs.ctypes.data
+            T16 = rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) if T >= 16 else 0
+            if T16 == T:
+                return
             for g in range(g0, g1):
                 for j in range(NJ):
                     n0 = g * NT + GL * j
@@ -70,12 +68,12 @@ def _entry(kind: int, name: str, pf: int | None = None):
                     if grid and dec:
                         _grid_decode(kind, p0, p4, g, nb, j, pd)
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                    pd, True, ub)
+                                    pd, True, ub, 0)
                     elif rows_t1:  # one row: elements in lanes, 16 rows one after another
                         _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs, ub)
                     elif T > 1:
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                    pd, False, ub)
+                                    pd, False, ub, T16)
                     elif one:  # one row, no software prefetch: one group a pass, one stream per field
                         _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
@@ -113,12 +111,12 @@ def _entry(kind: int, name: str, pf: int | None = None):
 
 
 @njit(cache=True, inline="always")
-def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec, ub):
-    """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
+def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec, ub, t0):
+    """Rows t0.. of group j of tile g for a super-block kind: per super-block, each row's integer sums over
     its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode). Rows
     two at a time; an odd last row is paired with itself (one loop body: a lone-row loop compiled markedly
     slower). A single row (T = 1) takes _super_groups or _super_one instead."""
-    for t in range(0, T, 2):
+    for t in range(t0, T, 2):
         u = min(t + 1, T - 1)
         y = z = zero_f()
         for s in range(0, nb, SB):
@@ -126,7 +124,7 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
             for b in range(s, s + SB):
                 xa = pxp + t * Kp + b * QB
                 xu = pxp + u * Kp + b * QB
-                if t == 0:  # the later row pairs find the group's weights in cache
+                if t == t0:  # the later row pairs find the group's weights in cache
                     _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
                 if dec:
                     a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))

@@ -9,6 +9,7 @@ Numba's code generation) and exact portable IR elsewhere (zero/sign extension, m
 lowers with the host's best integer multiplies.
 """
 
+from . import amx
 from .dots import dot4, dot4ss, dot8, dot32s, dpbusd, dpbusd_portable
 from .gather import gather_u32, grid_rows2, grid_rows2_portable, hsum2, lookup16
 from .isa import AVX2, AVX512BW, F32, I32, VNNI512, Vec, inline_here
@@ -36,6 +37,7 @@ from .vectors import (
     max_f,
     mul_f,
     mul_i,
+    mul_w,
     neg_bytes,
     neg_i,
     or_i,
@@ -43,6 +45,7 @@ from .vectors import (
     rint_i,
     splat_f,
     splat_i,
+    sra_w,
     st_f32,
     st_i8,
     st_i32,
@@ -58,6 +61,7 @@ __all__ = [
     "F32",
     "I32",
     "VNNI512",
+    "amx",
     "Vec",
     "abs_f",
     "add_f",
@@ -94,6 +98,7 @@ __all__ = [
     "max_f",
     "mul_f",
     "mul_i",
+    "mul_w",
     "neg_bytes",
     "neg_i",
     "or_i",
@@ -101,6 +106,7 @@ __all__ = [
     "rint_i",
     "splat_f",
     "splat_i",
+    "sra_w",
     "st_f32",
     "st_i32",
     "st_i8",

@@ -1,0 +1,247 @@
+"""The int8 path on AMX tiles (simd/amx.py): whole tiles of 16 rows of a super-block kind's product, the same
+integers as the vector kernels (dots.py) and the same float step (_sfin), so every row stays bitwise what it
+gets alone.
+
+A super-block's integer sum needs each block's (or half-block's) integer scale inside it, where a tile product
+sums over all of k. So the weights are expanded with their scales in, split into bytes, per group of 16 features
+and super-block (in L1 for every tile of rows that reads it, four bytes of a feature's k per 32-bit column
+entry: the quad layout's own), and the per-block terms taken out of the activations' sums are one more small
+tile product over the blocks, their sums split into bytes the same way:
+  Q4_K: i = sc·Σ u·x̂ (u ≤ 15, sc ≤ 63), m = mn·s. sc = 8·sh + sl (sh, sl ≤ 7): u·sh and u·sl ≤ 105 are bytes and
+        Σ i = 8·(x̂ · B_sh) + x̂ · B_sl; Σ m = Σ mn·s over the 8 blocks, s = 128·(s >> 7) + (s & 127).
+  Q6_K: i = sc·(Σ u·x̂ − 32 s) per half-block (u ≤ 63, sc a signed byte). u·sc = 128·hi + lo (lo = its low 7
+        bits, |hi| ≤ 63): Σ u·sc·x̂ = 128·(x̂ · B_hi) + x̂ · B_lo, less 32·Σ sc·s over the 16 halves.
+Two products over k = 256 a tile of rows and super-block, with nothing per block between them."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..drivers import NT
+from ..simd import (
+    add_i,
+    bits_i,
+    hi4,
+    ld_f32,
+    ld_i32,
+    ld_s8,
+    ld_u8,
+    lo4,
+    mul_i,
+    mul_w,
+    or_i,
+    splat_i,
+    sra_w,
+    st_f32,
+    st_i32,
+    sub_i,
+    zero_f,
+    zero_i,
+)
+from ..simd.amx import (
+    tile_dpbssd,
+    tile_dpbsud,
+    tile_load,
+    tile_load_config,
+    tile_release,
+    tile_shape,
+    tile_store,
+    tile_zero,
+)
+from .dots import _M2, _b2off, _put, _sfin, _unit
+from .types import GL, NJ, Q4_K, Q6_K, SB
+
+TILE_ROWS = 16  # rows of activations a tile product takes
+_CHUNK = 2048  # scratch bytes per 64 elements of k: B_hi's tile (16 rows x 64 bytes), then B_lo's
+_TERMS = 256  # scratch bytes of a super-block's per-block factors (mins or scales): up to 4 tile rows of 64
+# tile registers: A (16 rows x 64 bytes of x̂), B_hi, B_lo, their products; the sums' two byte parts (16 rows x
+# the super-block's 8 blocks or 16 halves) and the per-block factors (2 or 4 rows x 64 bytes)
+_A, _BH, _BL, _CH, _CL, _SL, _SH, _M = 0, 1, 2, 3, 4, 5, 6, 7
+
+
+def terms(kind: int) -> int:
+    """The per-block terms of a super-block: its 8 blocks' mins (Q4_K) or its 16 halves' scales (Q6_K)."""
+    return SB if kind == Q4_K else 2 * SB
+
+
+@njit(cache=True)
+def scratch_bytes(nb):
+    """Bytes of one super-block of a group of 16 features, expanded."""
+    return SB // 2 * _CHUNK + _TERMS
+
+
+@njit(cache=True, inline="always")
+def _pair16(v):
+    """A byte per lane (sign-extended) in both 16-bit halves (mul_w's multiplier)."""
+    return or_i(bits_i(v, 0, 0xFFFF, 0), bits_i(v, 0, 0xFFFF, 16))
+
+
+@njit(cache=True, inline="always")
+def _split_products(u, sc2, ph, pl):
+    """The 4 bytes u (≤ 63) of each lane times its signed scale (sc2: _pair16), as 128·hi + lo per byte: hi's
+    bytes to ph, lo's (7 bits) to pl. Even and odd bytes multiply in 16-bit halves (|u·sc| < 2^13: exact)."""
+    pe = mul_w(bits_i(u, 0, 0x00FF00FF, 0), sc2)
+    po = mul_w(bits_i(u, 8, 0x00FF00FF, 0), sc2)
+    st_i32(pl, or_i(bits_i(pe, 0, 0x007F007F, 0), bits_i(po, 0, 0x007F007F, 8)))
+    st_i32(ph, or_i(bits_i(sra_w(pe, 7), 0, 0x00FF00FF, 0), bits_i(sra_w(po, 7), 0, 0x00FF00FF, 8)))
+
+
+@njit(cache=True, inline="always")
+def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
+    """Super-block s (its first block) of group j of tile g, expanded at pb (scratch_bytes): per block, 8 tile rows
+    (k = 4r..4r + 3 of the block in each 32-bit column entry) of B_hi, the same of B_lo; then the per-block
+    factors, four a 32-bit column entry (Q4_K: the 8 mins in 2 rows; Q6_K: the 16 half-block scales in 4)."""
+    pm = pb + SB // 2 * _CHUNK
+    m = zero_i()
+    for b in range(s, s + SB):
+        oq = _unit(g, j, nb, b) * 4 * GL * 4
+        base = pb + (b - s) // 2 * _CHUNK + (b % 2) * 8 * 64
+        if kind == Q4_K:
+            sc = ld_u8(p1 + _b2off(g, nb, b, 0, j))
+            sh = mul_i(bits_i(sc, 3, 7, 0), splat_i(np.int32(0x10001)))  # in both 16-bit halves (mul_w)
+            sl = mul_i(bits_i(sc, 0, 7, 0), splat_i(np.int32(0x10001)))
+            for q in range(4):
+                w = ld_i32(p0 + oq + q * GL * 4)
+                lo = lo4(w)  # elements 4q..4q + 3 of the block
+                hi = hi4(w)  # elements 16 + 4q..
+                st_i32(base + q * 64, mul_w(lo, sh))  # bytes ≤ 105: no carry between them
+                st_i32(base + (4 + q) * 64, mul_w(hi, sh))
+                st_i32(base + 1024 + q * 64, mul_w(lo, sl))
+                st_i32(base + 1024 + (4 + q) * 64, mul_w(hi, sl))
+            m = or_i(m, bits_i(ld_u8(p1 + _b2off(g, nb, b, 1, j)), 0, 0xFF, 8 * (b % 4)))
+            if b % 4 == 3:
+                st_i32(pm + (b - s) // 4 * 64, m)
+                m = zero_i()
+        else:  # Q6_K: u = the nibble and the two bits above it from the planes (dots._q6)
+            oh = _unit(g, j, nb, b) * 2 * GL * 4
+            h0 = ld_i32(p1 + oh)
+            h1 = ld_i32(p1 + oh + GL * 4)
+            sA = ld_s8(p2 + _b2off(g, nb, b, 0, j))
+            sB = ld_s8(p2 + _b2off(g, nb, b, 1, j))
+            for q in range(4):
+                w = ld_i32(p0 + oq + q * GL * 4)
+                _split_products(or_i(lo4(w), bits_i(h0, 2 * q, _M2, 4)), _pair16(sA), base + q * 64,
+                                base + 1024 + q * 64)
+                _split_products(or_i(hi4(w), bits_i(h1, 2 * q, _M2, 4)), _pair16(sB), base + (4 + q) * 64,
+                                base + 1024 + (4 + q) * 64)
+            m = or_i(m, or_i(bits_i(sA, 0, 0xFF, 16 * (b % 2)), bits_i(sB, 0, 0xFF, 16 * (b % 2) + 8)))
+            if b % 2 == 1:
+                st_i32(pm + (b - s) // 2 * 64, m)
+                m = zero_i()
+
+
+@njit(cache=True, inline="always")
+def _dp(kind, c, a, b):
+    """C += A·B, B's bytes unsigned (Q4_K's weights and mins) or signed (Q6_K's)."""
+    if kind == Q4_K:
+        tile_dpbsud(c, a, b)
+    else:
+        tile_dpbssd(c, a, b)
+
+
+@njit(cache=True, inline="always")
+def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb):
+    """Rows 0..T16 − 1 (a multiple of 16) of group j of tile g into yb [T16, 16] f32: per super-block, its
+    weights expanded (_expand), then per tile of 16 rows the tile products and per row _sfin as in _super_rows.
+    wb: scratch_bytes, cb: 4 KiB for the int32 results, sxb [2, T16, terms]: the activations' sums per term,
+    low 7 bits and the rest; arrays, so that they live as long as the caller's loop. The caller has loaded the
+    tile configuration (_configure)."""
+    pb, pc, py, ps = wb.ctypes.data, cb.ctypes.data, yb.ctypes.data, sxb.ctypes.data
+    pm = pb + SB // 2 * _CHUNK
+    nk = nb * (1 if kind == Q4_K else 2)  # the sums' parts a row holds
+    for t in range(T16):
+        st_f32(py + t * 64, zero_f())
+    for s in range(0, nb, SB):
+        _expand(kind, p0, p1, p2, g, nb, j, s, pb)
+        k0 = s * (1 if kind == Q4_K else 2)
+        for t0 in range(0, T16, TILE_ROWS):
+            tile_zero(_CH)
+            tile_zero(_CL)
+            for c in range(SB // 2):
+                tile_load(_A, pxp + t0 * Kp + s * 32 + c * 64, Kp)
+                tile_load(_BH, pb + c * _CHUNK, 64)
+                tile_load(_BL, pb + c * _CHUNK + 1024, 64)
+                _dp(kind, _CH, _A, _BH)
+                _dp(kind, _CL, _A, _BL)
+            tile_store(_CH, pc, 64)
+            tile_store(_CL, pc + 1024, 64)
+            tile_zero(_CH)
+            tile_zero(_CL)
+            tile_load(_SL, ps + t0 * nk + k0, nk)
+            tile_load(_SH, ps + (T16 + t0) * nk + k0, nk)
+            tile_load(_M, pm, 64)
+            _dp(kind, _CL, _SL, _M)
+            _dp(kind, _CH, _SH, _M)
+            tile_store(_CL, pc + 2048, 64)
+            tile_store(_CH, pc + 3072, 64)
+            for r in range(TILE_ROWS):
+                t = t0 + r
+                o = r * 64
+                terms_ = add_i(ld_i32(pc + 2048 + o), mul_i(ld_i32(pc + 3072 + o), splat_i(np.int32(128))))
+                if kind == Q4_K:
+                    acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(8))), ld_i32(pc + 1024 + o))
+                    macc = terms_
+                else:
+                    acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(128))), ld_i32(pc + 1024 + o))
+                    acc = sub_i(acc, mul_i(terms_, splat_i(np.int32(32))))
+                    macc = zero_i()
+                y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, acc, macc, xd[t, s], ld_f32(py + t * 64))
+                st_f32(py + t * 64, y)
+
+
+@njit(cache=True, inline="always")
+def _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N):
+    """The whole tiles of 16 rows of tiles g0..g1 of the product (the kernel's arguments); returns the rows done
+    (T rounded down to 16), the rest are the caller's."""
+    T16 = T // TILE_ROWS * TILE_ROWS
+    if T16 == 0:
+        return 0
+    q4 = kind == Q4_K
+    nk = nb if q4 else 2 * nb
+    cfg = np.zeros(64, np.uint8)
+    for t in (_A, _BH, _BL, _CH, _CL):
+        tile_shape(cfg, t, TILE_ROWS, 64)
+    tile_shape(cfg, _SL, TILE_ROWS, SB if q4 else 2 * SB)
+    tile_shape(cfg, _SH, TILE_ROWS, SB if q4 else 2 * SB)
+    tile_shape(cfg, _M, 2 if q4 else 4, 64)
+    sxb = np.empty((2, T16, nk), np.uint8)
+    for t in range(T16):
+        for k in range(nk):
+            v = sx[t, k] if q4 else sh[t, k // 2, k % 2]
+            sxb[0, t, k] = v & 127
+            sxb[1, t, k] = (v >> 7) & 255
+    tile_load_config(cfg.ctypes.data)
+    wb = np.empty(scratch_bytes(nb), np.uint8)
+    cb = np.empty(4 * TILE_ROWS * 64, np.uint8)
+    yb = np.empty(T16 * GL, np.float32)
+    for g in range(g0, g1):
+        for j in range(NJ):
+            n0 = g * NT + GL * j
+            if n0 >= N:
+                break
+            _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb)
+            for t in range(T16):
+                _put(pout, out, t, N, n0, ld_f32(yb.ctypes.data + 64 * t))
+    tile_release()
+    return T16
+
+
+def _entry(kind: int, name: str):
+    """_rows of one kind (a closure constant), compiled under its own name."""
+
+    def rows(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N):
+        return _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N)
+
+    rows.__name__ = rows.__qualname__ = name
+    return njit(cache=True)(rows)
+
+
+@njit(cache=True)
+def no_rows(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N):
+    """_rows where tiles are not taken: no rows."""
+    return 0
+
+
+TILE_ROWS_OF = {Q4_K: _entry(Q4_K, "q4k_rows"), Q6_K: _entry(Q6_K, "q6k_rows")}
+"""The kinds with a tile path, and its entry."""
