@@ -7,8 +7,8 @@ sums over all of k. So the weights are expanded with their scales in, split into
 and super-block (in L1 for every tile of rows that reads it, four bytes of a feature's k per 32-bit column
 entry: the quad layout's own), and the per-block terms taken out of the activations' sums are one more small
 tile product over the blocks, their sums split into bytes the same way:
-  Q4_K: i = sc·Σ u·x̂ (u ≤ 15, sc ≤ 63), m = mn·s. sc = 8·sh + sl (sh, sl ≤ 7): u·sh and u·sl ≤ 105 are bytes and
-        Σ i = 8·(x̂ · B_sh) + x̂ · B_sl; Σ m = Σ mn·s over the 8 blocks, s = 128·(s >> 7) + (s & 127).
+  Q4_K, Q5_K: i = sc·Σ u·x̂ (u ≤ 15 or 31, sc ≤ 63), m = mn·s. sc = 8·sh + sl (sh, sl ≤ 7): u·sh and u·sl ≤ 217
+        are bytes and Σ i = 8·(x̂ · B_sh) + x̂ · B_sl; Σ m = Σ mn·s over the 8 blocks, s = 128·(s >> 7) + (s & 127).
   Q6_K: i = sc·(Σ u·x̂ − 32 s) per half-block (u ≤ 63, sc a signed byte). u·sc = 128·hi + lo (lo = its low 7
         bits, |hi| ≤ 63): Σ u·sc·x̂ = 128·(x̂ · B_hi) + x̂ · B_lo, less 32·Σ sc·s over the 16 halves.
 Two products over k = 256 a tile of rows and super-block, with nothing per block between them."""
@@ -49,8 +49,8 @@ from ..simd.amx import (
     tile_store,
     tile_zero,
 )
-from .dots import _M2, _b2off, _put, _sfin, _unit
-from .types import GL, NJ, Q4_K, Q6_K, SB
+from .dots import _M1, _M2, _b2off, _put, _sfin, _unit
+from .types import GL, NJ, Q4_K, Q5_K, Q6_K, SB
 
 TILE_ROWS = 16  # rows of activations a tile product takes
 _CHUNK = 2048  # scratch bytes per 64 elements of k: B_hi's tile (16 rows x 64 bytes), then B_lo's
@@ -58,11 +58,6 @@ _TERMS = 256  # scratch bytes of a super-block's per-block factors (mins or scal
 # tile registers: A (16 rows x 64 bytes of x̂), B_hi, B_lo, their products; the sums' two byte parts (16 rows x
 # the super-block's 8 blocks or 16 halves) and the per-block factors (2 or 4 rows x 64 bytes)
 _A, _BH, _BL, _CH, _CL, _SL, _SH, _M = 0, 1, 2, 3, 4, 5, 6, 7
-
-
-def terms(kind: int) -> int:
-    """The per-block terms of a super-block: its 8 blocks' mins (Q4_K) or its 16 halves' scales (Q6_K)."""
-    return SB if kind == Q4_K else 2 * SB
 
 
 @njit(cache=True)
@@ -91,25 +86,27 @@ def _split_products(u, sc2, ph, pl):
 def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
     """Super-block s (its first block) of group j of tile g, expanded at pb (scratch_bytes): per block, 8 tile rows
     (k = 4r..4r + 3 of the block in each 32-bit column entry) of B_hi, the same of B_lo; then the per-block
-    factors, four a 32-bit column entry (Q4_K: the 8 mins in 2 rows; Q6_K: the 16 half-block scales in 4)."""
+    factors, four a 32-bit column entry (Q4_K, Q5_K: the 8 mins in 2 rows; Q6_K: the 16 half-block scales in 4)."""
     pm = pb + SB // 2 * _CHUNK
     m = zero_i()
     for b in range(s, s + SB):
         oq = _unit(g, j, nb, b) * 4 * GL * 4
         base = pb + (b - s) // 2 * _CHUNK + (b % 2) * 8 * 64
-        if kind == Q4_K:
-            sc = ld_u8(p1 + _b2off(g, nb, b, 0, j))
+        if kind == Q4_K or kind == Q5_K:
+            psm = p1 if kind == Q4_K else p2  # the scales and mins
+            hw = ld_i32(p1 + _unit(g, j, nb, b) * GL * 4) if kind == Q5_K else zero_i()  # Q5_K's 5th bits
+            sc = ld_u8(psm + _b2off(g, nb, b, 0, j))
             sh = mul_i(bits_i(sc, 3, 7, 0), splat_i(np.int32(0x10001)))  # in both 16-bit halves (mul_w)
             sl = mul_i(bits_i(sc, 0, 7, 0), splat_i(np.int32(0x10001)))
             for q in range(4):
                 w = ld_i32(p0 + oq + q * GL * 4)
-                lo = lo4(w)  # elements 4q..4q + 3 of the block
-                hi = hi4(w)  # elements 16 + 4q..
-                st_i32(base + q * 64, mul_w(lo, sh))  # bytes ≤ 105: no carry between them
+                lo = or_i(lo4(w), bits_i(hw, q, _M1, 4))  # elements 4q..4q + 3 of the block
+                hi = or_i(hi4(w), bits_i(hw, 4 + q, _M1, 4))  # elements 16 + 4q..
+                st_i32(base + q * 64, mul_w(lo, sh))  # bytes ≤ 31·7: no carry between them
                 st_i32(base + (4 + q) * 64, mul_w(hi, sh))
                 st_i32(base + 1024 + q * 64, mul_w(lo, sl))
                 st_i32(base + 1024 + (4 + q) * 64, mul_w(hi, sl))
-            m = or_i(m, bits_i(ld_u8(p1 + _b2off(g, nb, b, 1, j)), 0, 0xFF, 8 * (b % 4)))
+            m = or_i(m, bits_i(ld_u8(psm + _b2off(g, nb, b, 1, j)), 0, 0xFF, 8 * (b % 4)))
             if b % 4 == 3:
                 st_i32(pm + (b - s) // 4 * 64, m)
                 m = zero_i()
@@ -133,8 +130,8 @@ def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
 
 @njit(cache=True, inline="always")
 def _dp(kind, c, a, b):
-    """C += A·B, B's bytes unsigned (Q4_K's weights and mins) or signed (Q6_K's)."""
-    if kind == Q4_K:
+    """C += A·B, B's bytes unsigned (Q4_K's and Q5_K's weights and mins) or signed (Q6_K's)."""
+    if kind != Q6_K:
         tile_dpbsud(c, a, b)
     else:
         tile_dpbssd(c, a, b)
@@ -149,12 +146,12 @@ def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb
     tile configuration (_configure)."""
     pb, pc, py, ps = wb.ctypes.data, cb.ctypes.data, yb.ctypes.data, sxb.ctypes.data
     pm = pb + SB // 2 * _CHUNK
-    nk = nb * (1 if kind == Q4_K else 2)  # the sums' parts a row holds
+    nk = nb * (2 if kind == Q6_K else 1)  # the sums' parts a row holds
     for t in range(T16):
         st_f32(py + t * 64, zero_f())
     for s in range(0, nb, SB):
         _expand(kind, p0, p1, p2, g, nb, j, s, pb)
-        k0 = s * (1 if kind == Q4_K else 2)
+        k0 = s * (2 if kind == Q6_K else 1)
         for t0 in range(0, T16, TILE_ROWS):
             tile_zero(_CH)
             tile_zero(_CL)
@@ -179,7 +176,7 @@ def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb
                 t = t0 + r
                 o = r * 64
                 terms_ = add_i(ld_i32(pc + 2048 + o), mul_i(ld_i32(pc + 3072 + o), splat_i(np.int32(128))))
-                if kind == Q4_K:
+                if kind != Q6_K:
                     acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(8))), ld_i32(pc + 1024 + o))
                     macc = terms_
                 else:
@@ -197,7 +194,7 @@ def _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, ou
     T16 = T // TILE_ROWS * TILE_ROWS
     if T16 == 0:
         return 0
-    q4 = kind == Q4_K
+    q4 = kind != Q6_K  # Q4_K, Q5_K: a sum and a min a block; Q6_K: a sum and a scale a half
     nk = nb if q4 else 2 * nb
     cfg = np.zeros(64, np.uint8)
     for t in (_A, _BH, _BL, _CH, _CL):
@@ -243,5 +240,5 @@ def no_rows(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N
     return 0
 
 
-TILE_ROWS_OF = {Q4_K: _entry(Q4_K, "q4k_rows"), Q6_K: _entry(Q6_K, "q6k_rows")}
+TILE_ROWS_OF = {Q4_K: _entry(Q4_K, "q4k_rows"), Q5_K: _entry(Q5_K, "q5k_rows"), Q6_K: _entry(Q6_K, "q6k_rows")}
 """The kinds with a tile path, and its entry."""
