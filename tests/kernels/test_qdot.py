@@ -415,9 +415,9 @@ def _tile_extremes(qt, n, k):
 @pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("n, k", [(200, 512), (64, 768)])
 def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
-    """The AMX path (tiles of 16 rows, then _super_rows for the rest) gives bitwise the vector kernel's output
-    for every row count, at the integer bounds (extreme weights; activations of one sign, whose block sums split
-    into negative high parts) and on random rows."""
+    """The AMX path (tiles of 16 rows, the last padded with zero rows; below TILE_MIN rows the vector kernel)
+    gives bitwise the vector kernel's output for every row count, at the integer bounds (extreme weights;
+    activations of one sign, whose block sums split into negative high parts) and on random rows."""
     from numba import cfunc
 
     from guild.kernels.cpu.intrinsics import _KSIG
@@ -431,7 +431,7 @@ def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
     fns = {a: cfunc(_KSIG)(qdot.kernels._entry(int(qt), f"_k_amx_{int(a)}", None, a)) for a in (True, False)}
     assert re.search(r"\btdpbs[us]d\b", fns[True]._library.get_asm_str())
     t = w.table
-    for T in (16, 17, 31, 32, 48, 53, 100):
+    for T in (11, 12, 16, 17, 31, 32, 48, 53, 100):
         got = []
         for a in (True, False):
             addr = t.addr.copy()

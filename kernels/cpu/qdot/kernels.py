@@ -18,7 +18,7 @@ from ..simd import add_i, grid_rows2, hsum2, ld_i32, prefetch, zero_f, zero_i
 from ..simd.amx import AMX
 from ..simd.isa import ZEN4
 from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _put, _sfin, _unit
-from .tiles import TILE_ROWS_OF, no_rows
+from .tiles import TILE_MIN, TILE_ROWS_OF, no_rows
 from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
 
 
@@ -29,8 +29,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
     The C entry point of one kind (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp,
     g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic).
-    Where the host has AMX (`amx`: this one, for tests), Q4_K's, Q5_K's and Q6_K's whole tiles of 16 rows take
-    tile products (tiles.py) and the rows past them _super_rows: the same integers and float steps."""
+    Where the host has AMX (`amx`: this one, for tests), Q4_K's, Q5_K's and Q6_K's products of TILE_MIN rows or
+    more take tile products (tiles.py): the same integers and float steps."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
@@ -57,8 +57,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
             rows_t1 = t1 and T == 1
             rs = np.empty(GL if rows_t1 else 0, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
             prs = rs.ctypes.data
-            T16 = rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) if T >= 16 else 0
-            if T16 == T:
+            tiled = rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) if T >= TILE_MIN else 0
+            if tiled == T:
                 return
             for g in range(g0, g1):
                 for j in range(NJ):
@@ -73,7 +73,7 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
                         _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs, ub)
                     elif T > 1:
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                    pd, False, ub, T16)
+                                    pd, False, ub, tiled)
                     elif one:  # one row, no software prefetch: one group a pass, one stream per field
                         _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows

@@ -16,9 +16,10 @@ Two products over k = 256 a tile of rows and super-block, with nothing per block
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
 from ..drivers import NT
+from ..intrinsics import _pi8
 from ..simd import (
     add_i,
     bits_i,
@@ -53,6 +54,7 @@ from .dots import _M1, _M2, _b2off, _put, _sfin, _unit
 from .types import GL, NJ, Q4_K, Q5_K, Q6_K, SB
 
 TILE_ROWS = 16  # rows of activations a tile product takes
+TILE_MIN = 12  # rows from which a product takes the tiles: 1.2-1.3x the vector kernels at 12, 0.9x at 8
 _CHUNK = 2048  # scratch bytes per 64 elements of k: B_hi's tile (16 rows x 64 bytes), then B_lo's
 _TERMS = 256  # scratch bytes of a super-block's per-block factors (mins or scales): up to 4 tile rows of 64
 # tile registers: A (16 rows x 64 bytes of x̂), B_hi, B_lo, their products; the sums' two byte parts (16 rows x
@@ -138,25 +140,27 @@ def _dp(kind, c, a, b):
 
 
 @njit(cache=True, inline="always")
-def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb):
-    """Rows 0..T16 − 1 (a multiple of 16) of group j of tile g into yb [T16, 16] f32: per super-block, its
+def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, xd, wb, cb, yb, sxb, xpad):
+    """Rows 0..T − 1 of group j of tile g into yb [Tp, 16] f32 (Tp: T rounded up to 16): per super-block, its
     weights expanded (_expand), then per tile of 16 rows the tile products and per row _sfin as in _super_rows.
-    wb: scratch_bytes, cb: 4 KiB for the int32 results, sxb [2, T16, terms]: the activations' sums per term,
-    low 7 bits and the rest; arrays, so that they live as long as the caller's loop. The caller has loaded the
-    tile configuration (_configure)."""
+    wb: scratch_bytes, cb: 4 KiB for the int32 results, sxb [2, Tp, terms]: the activations' sums per term,
+    low 7 bits and the rest (0 past T), xpad: a last tile's rows of x̂ padded with zeros to 16; arrays, so that
+    they live as long as the caller's loop. The caller has loaded the tile configuration."""
     pb, pc, py, ps = wb.ctypes.data, cb.ctypes.data, yb.ctypes.data, sxb.ctypes.data
+    Tp = sxb.shape[1]
     pm = pb + SB // 2 * _CHUNK
     nk = nb * (2 if kind == Q6_K else 1)  # the sums' parts a row holds
-    for t in range(T16):
+    for t in range(Tp):
         st_f32(py + t * 64, zero_f())
     for s in range(0, nb, SB):
         _expand(kind, p0, p1, p2, g, nb, j, s, pb)
         k0 = s * (2 if kind == Q6_K else 1)
-        for t0 in range(0, T16, TILE_ROWS):
+        for t0 in range(0, Tp, TILE_ROWS):
+            pa = pxp + t0 * Kp if t0 + TILE_ROWS <= T else xpad.ctypes.data
             tile_zero(_CH)
             tile_zero(_CL)
             for c in range(SB // 2):
-                tile_load(_A, pxp + t0 * Kp + s * 32 + c * 64, Kp)
+                tile_load(_A, pa + s * 32 + c * 64, Kp)
                 tile_load(_BH, pb + c * _CHUNK, 64)
                 tile_load(_BL, pb + c * _CHUNK + 1024, 64)
                 _dp(kind, _CH, _A, _BH)
@@ -166,13 +170,13 @@ def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb
             tile_zero(_CH)
             tile_zero(_CL)
             tile_load(_SL, ps + t0 * nk + k0, nk)
-            tile_load(_SH, ps + (T16 + t0) * nk + k0, nk)
+            tile_load(_SH, ps + (Tp + t0) * nk + k0, nk)
             tile_load(_M, pm, 64)
             _dp(kind, _CL, _SL, _M)
             _dp(kind, _CH, _SH, _M)
             tile_store(_CL, pc + 2048, 64)
             tile_store(_CH, pc + 3072, 64)
-            for r in range(TILE_ROWS):
+            for r in range(min(TILE_ROWS, T - t0)):
                 t = t0 + r
                 o = r * 64
                 terms_ = add_i(ld_i32(pc + 2048 + o), mul_i(ld_i32(pc + 3072 + o), splat_i(np.int32(128))))
@@ -189,11 +193,13 @@ def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb
 
 @njit(cache=True, inline="always")
 def _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N):
-    """The whole tiles of 16 rows of tiles g0..g1 of the product (the kernel's arguments); returns the rows done
-    (T rounded down to 16), the rest are the caller's."""
-    T16 = T // TILE_ROWS * TILE_ROWS
-    if T16 == 0:
-        return 0
+    """Every row of tiles g0..g1 of the product (the kernel's arguments), 16 rows a tile product, the last tile's
+    rows padded with zeros; returns T (the rows done)."""
+    Tp = -(-T // TILE_ROWS) * TILE_ROWS
+    t1 = Tp - TILE_ROWS  # the last tile's first row
+    xpad = np.zeros(TILE_ROWS * Kp if T < Tp else 0, np.int8)
+    if T < Tp:
+        xpad[: (T - t1) * Kp] = carray(_pi8(pxp + t1 * Kp), ((T - t1) * Kp,))
     q4 = kind != Q6_K  # Q4_K, Q5_K: a sum and a min a block; Q6_K: a sum and a scale a half
     nk = nb if q4 else 2 * nb
     cfg = np.zeros(64, np.uint8)
@@ -202,8 +208,8 @@ def _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, ou
     tile_shape(cfg, _SL, TILE_ROWS, SB if q4 else 2 * SB)
     tile_shape(cfg, _SH, TILE_ROWS, SB if q4 else 2 * SB)
     tile_shape(cfg, _M, 2 if q4 else 4, 64)
-    sxb = np.empty((2, T16, nk), np.uint8)
-    for t in range(T16):
+    sxb = np.zeros((2, Tp, nk), np.uint8)
+    for t in range(T):
         for k in range(nk):
             v = sx[t, k] if q4 else sh[t, k // 2, k % 2]
             sxb[0, t, k] = v & 127
@@ -211,17 +217,17 @@ def _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, ou
     tile_load_config(cfg.ctypes.data)
     wb = np.empty(scratch_bytes(nb), np.uint8)
     cb = np.empty(4 * TILE_ROWS * 64, np.uint8)
-    yb = np.empty(T16 * GL, np.float32)
+    yb = np.empty(Tp * GL, np.float32)
     for g in range(g0, g1):
         for j in range(NJ):
             n0 = g * NT + GL * j
             if n0 >= N:
                 break
-            _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T16, Kp, g, j, xd, wb, cb, yb, sxb)
-            for t in range(T16):
+            _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, xd, wb, cb, yb, sxb, xpad)
+            for t in range(T):
                 _put(pout, out, t, N, n0, ld_f32(yb.ctypes.data + 64 * t))
     tile_release()
-    return T16
+    return T
 
 
 def _entry(kind: int, name: str):
