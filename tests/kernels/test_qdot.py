@@ -411,6 +411,9 @@ def _tile_extremes(qt, n, k):
     return raw
 
 
+_AMX_FNS: dict = {}
+
+
 @pytest.mark.skipif(not simd.amx.AMX, reason="the host has no AMX-INT8 (or Linux refused its tile state)")
 @pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("n, k", [(200, 512), (64, 768)])
@@ -428,7 +431,10 @@ def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((100, k)).astype(np.float32)
     x[0], x[1] = 3.0, -3.0  # x̂ = ±127 everywhere: Σx̂ = ±4064 a block
-    fns = {a: cfunc(_KSIG)(qdot.kernels._entry(int(qt), f"_k_amx_{int(a)}", None, a)) for a in (True, False)}
+    if qt not in _AMX_FNS:  # compiled once a type (a cfunc is not cached)
+        _AMX_FNS[qt] = {a: cfunc(_KSIG)(qdot.kernels._entry(int(qt), f"_k_amx_{int(a)}", None, a))
+                        for a in (True, False)}
+    fns = _AMX_FNS[qt]
     assert re.search(r"\btdpbs[us]d\b", fns[True]._library.get_asm_str())
     t = w.table
     for T in (11, 12, 16, 17, 31, 32, 48, 53, 100):
