@@ -398,14 +398,20 @@ def test_prefetch_setting_is_validated():
 
 
 def _tile_extremes(qt, n, k):
-    """Rows at the integer bounds, the rest random. Q4_K, Q5_K: every 6-bit scale and min 63 and every quant 15 or
-    31 (row 0). Q6_K: every quant 63 with every scale −128 (row 0) or 127 (row 1)."""
+    """Rows at the integer bounds, the rest random: every quant at its largest with every scale and min at its
+    largest (row 0) or, for the signed scales of Q6_K and Q3_K, at their most negative (row 0) and largest (1)."""
     raw = ref_quant.random_raw(qt, n, k, np.random.default_rng(5))
     blk = raw.reshape(n, k // 256, row_bytes(qt, 256))
-    if qt in (Q.Q4_K, Q.Q5_K):
-        blk[0, :, 4:] = 0xFF  # [d, dmin, scales 12, (Q5_K: high bits 32), quants 128]
-    else:
-        blk[:2, :, :192] = 0xFF  # [low nibbles 128, high bits 64, scales 16, d]
+    if qt in (Q.Q4_K, Q.Q5_K):  # [d, dmin, scales and mins 12, (Q5_K: high bits 32), quants 128]
+        blk[0, :, 4:] = 0xFF
+    elif qt == Q.Q2_K:  # [scale | min << 4 16, quants 64, d, dmin]
+        blk[0, :, :80] = 0xFF
+    elif qt == Q.Q3_K:  # [high bits 32, quants 64, scales 12 (+32 offset: 0x00 → −32), d]
+        blk[:2, :, :96] = 0xFF
+        blk[0, :, 96:108] = 0x00
+        blk[1, :, 96:108] = 0xFF
+    else:  # Q6_K: [low nibbles 128, high bits 64, scales 16, d]
+        blk[:2, :, :192] = 0xFF
         blk[0, :, 192:208] = 0x80
         blk[1, :, 192:208] = 0x7F
     return raw
@@ -415,7 +421,7 @@ _AMX_FNS: dict = {}
 
 
 @pytest.mark.skipif(not simd.amx.AMX, reason="the host has no AMX-INT8 (or Linux refused its tile state)")
-@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("n, k", [(200, 512), (64, 768)])
 def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
     """The AMX path (tiles of 16 rows, the last padded with zero rows; below TILE_MIN rows the vector kernel)

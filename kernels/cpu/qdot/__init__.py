@@ -44,7 +44,7 @@ every output row is bitwise the same alone, in a window, in a batch or in a pref
 Twin: kernels/ref_quant.py `quantize_act_q8`, `matmul_ref(act=...)`.
 Modules: types.py (geometry, the per-type fields), packers.py (GGUF blocks → fields, compiled), pack.py (its NumPy
 twin, and get_rows), activations.py,
-dots.py (the block arithmetic), tiles.py (the same integers on AMX tiles, 16 rows at a time: Q4_K, Q5_K, Q6_K),
+dots.py (the block arithmetic), tiles.py (the same integers on AMX tiles, 16 rows at a time: Q2_K to Q6_K),
 kernels.py (the C entry points).
 """
 

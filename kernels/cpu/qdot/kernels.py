@@ -29,7 +29,7 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
     The C entry point of one kind (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp,
     g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic).
-    Where the host has AMX (`amx`: this one, for tests), Q4_K's, Q5_K's and Q6_K's products of TILE_MIN rows or
+    Where the host has AMX (`amx`: this one, for tests), the K-quants' (Q2_K to Q6_K) products of TILE_MIN rows or
     more take tile products (tiles.py): the same integers and float steps."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them

@@ -9,8 +9,10 @@ entry: the quad layout's own), and the per-block terms taken out of the activati
 tile product over the blocks, their sums split into bytes the same way:
   Q4_K, Q5_K: i = sc·Σ u·x̂ (u ≤ 15 or 31, sc ≤ 63), m = mn·s. sc = 8·sh + sl (sh, sl ≤ 7): u·sh and u·sl ≤ 217
         are bytes and Σ i = 8·(x̂ · B_sh) + x̂ · B_sl; Σ m = Σ mn·s over the 8 blocks, s = 128·(s >> 7) + (s & 127).
-  Q6_K: i = sc·(Σ u·x̂ − 32 s) per half-block (u ≤ 63, sc a signed byte). u·sc = 128·hi + lo (lo = its low 7
-        bits, |hi| ≤ 63): Σ u·sc·x̂ = 128·(x̂ · B_hi) + x̂ · B_lo, less 32·Σ sc·s over the 16 halves.
+  Q6_K, Q3_K: i = sc·(Σ u·x̂ − c s) per half-block (u ≤ 63 or 7, sc a signed byte, c = 32 or 4). u·sc = 128·hi +
+        lo (lo = its low 7 bits, |hi| ≤ 63): Σ u·sc·x̂ = 128·(x̂ · B_hi) + x̂ · B_lo, less c·Σ sc·s over the 16
+        halves.
+  Q2_K: i = sc·Σ u·x̂, m = mn·s per half-block (u ≤ 3, sc, mn ≤ 15): u·sc ≤ 45 is a byte, one product.
 Two products over k = 256 a tile of rows and super-block, with nothing per block between them."""
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from ..simd.amx import (
     tile_zero,
 )
 from .dots import _M1, _M2, _b2off, _put, _sfin, _unit
-from .types import GL, NJ, Q4_K, Q5_K, Q6_K, SB
+from .types import GL, NJ, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, SB
 
 TILE_ROWS = 16  # rows of activations a tile product takes
 TILE_MIN = 12  # rows from which a product takes the tiles: 1.2-1.3x the vector kernels at 12, 0.9x at 8
@@ -88,7 +90,8 @@ def _split_products(u, sc2, ph, pl):
 def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
     """Super-block s (its first block) of group j of tile g, expanded at pb (scratch_bytes): per block, 8 tile rows
     (k = 4r..4r + 3 of the block in each 32-bit column entry) of B_hi, the same of B_lo; then the per-block
-    factors, four a 32-bit column entry (Q4_K, Q5_K: the 8 mins in 2 rows; Q6_K: the 16 half-block scales in 4)."""
+    factors, four a 32-bit column entry (Q4_K, Q5_K: the 8 mins in 2 rows; the others: the 16 half-blocks' scales
+    or, Q2_K, mins in 4)."""
     pm = pb + SB // 2 * _CHUNK
     m = zero_i()
     for b in range(s, s + SB):
@@ -112,18 +115,43 @@ def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
             if b % 4 == 3:
                 st_i32(pm + (b - s) // 4 * 64, m)
                 m = zero_i()
-        else:  # Q6_K: u = the nibble and the two bits above it from the planes (dots._q6)
-            oh = _unit(g, j, nb, b) * 2 * GL * 4
-            h0 = ld_i32(p1 + oh)
-            h1 = ld_i32(p1 + oh + GL * 4)
-            sA = ld_s8(p2 + _b2off(g, nb, b, 0, j))
-            sB = ld_s8(p2 + _b2off(g, nb, b, 1, j))
-            for q in range(4):
-                w = ld_i32(p0 + oq + q * GL * 4)
-                _split_products(or_i(lo4(w), bits_i(h0, 2 * q, _M2, 4)), _pair16(sA), base + q * 64,
-                                base + 1024 + q * 64)
-                _split_products(or_i(hi4(w), bits_i(h1, 2 * q, _M2, 4)), _pair16(sB), base + (4 + q) * 64,
-                                base + 1024 + (4 + q) * 64)
+        else:  # one factor a half-block: a scale (and Q2_K's min) for each 16 elements
+            if kind == Q6_K:  # u: the nibble and the two bits above it from the planes (dots._q6)
+                oh = _unit(g, j, nb, b) * 2 * GL * 4
+                h0 = ld_i32(p1 + oh)
+                h1 = ld_i32(p1 + oh + GL * 4)
+                sA = ld_s8(p2 + _b2off(g, nb, b, 0, j))
+                sB = ld_s8(p2 + _b2off(g, nb, b, 1, j))
+                for q in range(4):
+                    w = ld_i32(p0 + oq + q * GL * 4)
+                    _split_products(or_i(lo4(w), bits_i(h0, 2 * q, _M2, 4)), _pair16(sA), base + q * 64,
+                                    base + 1024 + q * 64)
+                    _split_products(or_i(hi4(w), bits_i(h1, 2 * q, _M2, 4)), _pair16(sB), base + (4 + q) * 64,
+                                    base + 1024 + (4 + q) * 64)
+            else:  # Q2_K, Q3_K: u from the 2-bit quads (Q3_K's 3rd bit from the plane, dots._halves2)
+                o2 = _unit(g, j, nb, b) * 2 * GL * 4
+                hw = ld_i32(p1 + _unit(g, j, nb, b) * GL * 4) if kind == Q3_K else zero_i()
+                if kind == Q2_K:  # the scale in each byte's low nibble, the min in its high one
+                    vA = ld_u8(p1 + _b2off(g, nb, b, 0, j))
+                    vB = ld_u8(p1 + _b2off(g, nb, b, 1, j))
+                    sA = bits_i(vA, 4, 15, 0)  # the mins: the per-half factors
+                    sB = bits_i(vB, 4, 15, 0)
+                    cA = mul_i(bits_i(vA, 0, 15, 0), splat_i(np.int32(0x10001)))
+                    cB = mul_i(bits_i(vB, 0, 15, 0), splat_i(np.int32(0x10001)))
+                else:
+                    sA = ld_s8(p2 + _b2off(g, nb, b, 0, j))
+                    sB = ld_s8(p2 + _b2off(g, nb, b, 1, j))
+                    cA = _pair16(sA)
+                    cB = _pair16(sB)
+                for h in range(2):
+                    w = ld_i32(p0 + o2 + h * GL * 4)
+                    for q in range(4):
+                        u = or_i(bits_i(w, 2 * q, _M2, 0), bits_i(hw, 4 * h + q, _M1, 2))
+                        r = base + (4 * h + q) * 64
+                        if kind == Q2_K:  # u·sc ≤ 45: one byte, B_lo alone
+                            st_i32(r + 1024, mul_w(u, cA if h == 0 else cB))
+                        else:
+                            _split_products(u, cA if h == 0 else cB, r, r + 1024)
             m = or_i(m, or_i(bits_i(sA, 0, 0xFF, 16 * (b % 2)), bits_i(sB, 0, 0xFF, 16 * (b % 2) + 8)))
             if b % 2 == 1:
                 st_i32(pm + (b - s) // 2 * 64, m)
@@ -132,8 +160,8 @@ def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
 
 @njit(cache=True, inline="always")
 def _dp(kind, c, a, b):
-    """C += A·B, B's bytes unsigned (Q4_K's and Q5_K's weights and mins) or signed (Q6_K's)."""
-    if kind != Q6_K:
+    """C += A·B, B's bytes unsigned (Q4_K's, Q5_K's and Q2_K's weights and mins) or signed (Q6_K's, Q3_K's)."""
+    if kind != Q6_K and kind != Q3_K:
         tile_dpbsud(c, a, b)
     else:
         tile_dpbssd(c, a, b)
@@ -149,21 +177,22 @@ def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, xd, wb, cb, yb, sxb, 
     pb, pc, py, ps = wb.ctypes.data, cb.ctypes.data, yb.ctypes.data, sxb.ctypes.data
     Tp = sxb.shape[1]
     pm = pb + SB // 2 * _CHUNK
-    nk = nb * (2 if kind == Q6_K else 1)  # the sums' parts a row holds
+    nk = nb * (1 if kind == Q4_K or kind == Q5_K else 2)  # the sums' parts a row holds
     for t in range(Tp):
         st_f32(py + t * 64, zero_f())
     for s in range(0, nb, SB):
         _expand(kind, p0, p1, p2, g, nb, j, s, pb)
-        k0 = s * (2 if kind == Q6_K else 1)
+        k0 = s * (1 if kind == Q4_K or kind == Q5_K else 2)
         for t0 in range(0, Tp, TILE_ROWS):
             pa = pxp + t0 * Kp if t0 + TILE_ROWS <= T else xpad.ctypes.data
             tile_zero(_CH)
             tile_zero(_CL)
             for c in range(SB // 2):
                 tile_load(_A, pa + s * 32 + c * 64, Kp)
-                tile_load(_BH, pb + c * _CHUNK, 64)
                 tile_load(_BL, pb + c * _CHUNK + 1024, 64)
-                _dp(kind, _CH, _A, _BH)
+                if kind != Q2_K:  # Q2_K's weights and scales fit B_lo alone
+                    tile_load(_BH, pb + c * _CHUNK, 64)
+                    _dp(kind, _CH, _A, _BH)
                 _dp(kind, _CL, _A, _BL)
             tile_store(_CH, pc, 64)
             tile_store(_CL, pc + 1024, 64)
@@ -180,12 +209,15 @@ def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, xd, wb, cb, yb, sxb, 
                 t = t0 + r
                 o = r * 64
                 terms_ = add_i(ld_i32(pc + 2048 + o), mul_i(ld_i32(pc + 3072 + o), splat_i(np.int32(128))))
-                if kind != Q6_K:
+                if kind == Q4_K or kind == Q5_K:
                     acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(8))), ld_i32(pc + 1024 + o))
                     macc = terms_
-                else:
+                elif kind == Q2_K:
+                    acc = ld_i32(pc + 1024 + o)
+                    macc = terms_
+                else:  # Q6_K, Q3_K: less 32 or 4 times Σ scale·half-sum
                     acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(128))), ld_i32(pc + 1024 + o))
-                    acc = sub_i(acc, mul_i(terms_, splat_i(np.int32(32))))
+                    acc = sub_i(acc, mul_i(terms_, splat_i(np.int32(32 if kind == Q6_K else 4))))
                     macc = zero_i()
                 y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, acc, macc, xd[t, s], ld_f32(py + t * 64))
                 st_f32(py + t * 64, y)
@@ -200,7 +232,7 @@ def _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, ou
     xpad = np.zeros(TILE_ROWS * Kp if T < Tp else 0, np.int8)
     if T < Tp:
         xpad[: (T - t1) * Kp] = carray(_pi8(pxp + t1 * Kp), ((T - t1) * Kp,))
-    q4 = kind != Q6_K  # Q4_K, Q5_K: a sum and a min a block; Q6_K: a sum and a scale a half
+    q4 = kind == Q4_K or kind == Q5_K  # a sum and a min a block; else a sum and a factor a half-block
     nk = nb if q4 else 2 * nb
     cfg = np.zeros(64, np.uint8)
     for t in (_A, _BH, _BL, _CH, _CL):
@@ -246,5 +278,5 @@ def no_rows(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N
     return 0
 
 
-TILE_ROWS_OF = {Q4_K: _entry(Q4_K, "q4k_rows"), Q5_K: _entry(Q5_K, "q5k_rows"), Q6_K: _entry(Q6_K, "q6k_rows")}
+TILE_ROWS_OF = {k: _entry(k, f"rows_{k}") for k in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
 """The kinds with a tile path, and its entry."""
