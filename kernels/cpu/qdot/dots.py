@@ -91,7 +91,6 @@ def _put(pout, out, t, N, n0, y):
             out[t, n0 + i] = lane(y, i)
 
 
-
 # ---------------------------------------------------------------------------------------------------------
 # kernels: one 32-element block of 16 features (group j of tile g) for one row → y
 _M1, _M2 = 0x01010101, 0x03030303

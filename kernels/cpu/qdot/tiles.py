@@ -13,7 +13,7 @@ tile product over the blocks, their sums split into bytes the same way:
         lo (lo = its low 7 bits, |hi| ≤ 63): Σ u·sc·x̂ = 128·(x̂ · B_hi) + x̂ · B_lo, less c·Σ sc·s over the 16
         halves.
   Q2_K: i = sc·Σ u·x̂, m = mn·s per half-block (u ≤ 3, sc, mn ≤ 15): u·sc ≤ 45 is a byte, one product.
-Two products over k = 256 a tile of rows and super-block, with nothing per block between them."""
+Two products (Q2_K: one) over k = 256 a tile of rows and super-block, with nothing per block between them."""
 
 from __future__ import annotations
 
@@ -64,15 +64,13 @@ _TERMS = 256  # scratch bytes of a super-block's per-block factors (mins or scal
 _A, _BH, _BL, _CH, _CL, _SL, _SH, _M = 0, 1, 2, 3, 4, 5, 6, 7
 
 
-@njit(cache=True)
-def scratch_bytes(nb):
-    """Bytes of one super-block of a group of 16 features, expanded."""
-    return SB // 2 * _CHUNK + _TERMS
+_SCRATCH = SB // 2 * _CHUNK + _TERMS  # bytes of one super-block of a group of 16 features, expanded
 
 
 @njit(cache=True, inline="always")
 def _pair16(v):
-    """A byte per lane (sign-extended) in both 16-bit halves (mul_w's multiplier)."""
+    """A byte per lane (a small unsigned value or a sign-extended one) in both 16-bit halves (mul_w's
+    multiplier)."""
     return or_i(bits_i(v, 0, 0xFFFF, 0), bits_i(v, 0, 0xFFFF, 16))
 
 
@@ -88,7 +86,7 @@ def _split_products(u, sc2, ph, pl):
 
 @njit(cache=True, inline="always")
 def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
-    """Super-block s (its first block) of group j of tile g, expanded at pb (scratch_bytes): per block, 8 tile rows
+    """Super-block s (its first block) of group j of tile g, expanded at pb (_SCRATCH bytes): per block, 8 tile rows
     (k = 4r..4r + 3 of the block in each 32-bit column entry) of B_hi, the same of B_lo; then the per-block
     factors, four a 32-bit column entry (Q4_K, Q5_K: the 8 mins in 2 rows; the others: the 16 half-blocks' scales
     or, Q2_K, mins in 4)."""
@@ -101,8 +99,8 @@ def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
             psm = p1 if kind == Q4_K else p2  # the scales and mins
             hw = ld_i32(p1 + _unit(g, j, nb, b) * GL * 4) if kind == Q5_K else zero_i()  # Q5_K's 5th bits
             sc = ld_u8(psm + _b2off(g, nb, b, 0, j))
-            sh = mul_i(bits_i(sc, 3, 7, 0), splat_i(np.int32(0x10001)))  # in both 16-bit halves (mul_w)
-            sl = mul_i(bits_i(sc, 0, 7, 0), splat_i(np.int32(0x10001)))
+            sh = _pair16(bits_i(sc, 3, 7, 0))
+            sl = _pair16(bits_i(sc, 0, 7, 0))
             for q in range(4):
                 w = ld_i32(p0 + oq + q * GL * 4)
                 lo = or_i(lo4(w), bits_i(hw, q, _M1, 4))  # elements 4q..4q + 3 of the block
@@ -136,8 +134,8 @@ def _expand(kind, p0, p1, p2, g, nb, j, s, pb):
                     vB = ld_u8(p1 + _b2off(g, nb, b, 1, j))
                     sA = bits_i(vA, 4, 15, 0)  # the mins: the per-half factors
                     sB = bits_i(vB, 4, 15, 0)
-                    cA = mul_i(bits_i(vA, 0, 15, 0), splat_i(np.int32(0x10001)))
-                    cB = mul_i(bits_i(vB, 0, 15, 0), splat_i(np.int32(0x10001)))
+                    cA = _pair16(bits_i(vA, 0, 15, 0))
+                    cB = _pair16(bits_i(vB, 0, 15, 0))
                 else:
                     sA = ld_s8(p2 + _b2off(g, nb, b, 0, j))
                     sB = ld_s8(p2 + _b2off(g, nb, b, 1, j))
@@ -171,7 +169,7 @@ def _dp(kind, c, a, b):
 def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, xd, wb, cb, yb, sxb, xpad):
     """Rows 0..T − 1 of group j of tile g into yb [Tp, 16] f32 (Tp: T rounded up to 16): per super-block, its
     weights expanded (_expand), then per tile of 16 rows the tile products and per row _sfin as in _super_rows.
-    wb: scratch_bytes, cb: 4 KiB for the int32 results, sxb [2, Tp, terms]: the activations' sums per term,
+    wb: _SCRATCH bytes, cb: 4 KiB for the int32 results, sxb [2, Tp, terms]: the activations' sums per term,
     low 7 bits and the rest (0 past T), xpad: a last tile's rows of x̂ padded with zeros to 16; arrays, so that
     they live as long as the caller's loop. The caller has loaded the tile configuration."""
     pb, pc, py, ps = wb.ctypes.data, cb.ctypes.data, yb.ctypes.data, sxb.ctypes.data
@@ -247,7 +245,7 @@ def _rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, ou
             sxb[0, t, k] = v & 127
             sxb[1, t, k] = (v >> 7) & 255
     tile_load_config(cfg.ctypes.data)
-    wb = np.empty(scratch_bytes(nb), np.uint8)
+    wb = np.empty(_SCRATCH, np.uint8)
     cb = np.empty(4 * TILE_ROWS * 64, np.uint8)
     yb = np.empty(Tp * GL, np.float32)
     for g in range(g0, g1):

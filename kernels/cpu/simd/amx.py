@@ -41,10 +41,6 @@ def _amx_wanted(features: str, env: str) -> bool:
 
 AMX = _amx_wanted(_host_features(), os.environ.get("GUILD_NO_AMX", "").strip()) and _tile_state_granted()
 
-ROWS = 16  # rows of a full tile
-COLSB = 64  # bytes of a full tile's row
-
-
 @njit(cache=True)
 def tile_shape(cfg, t, rows, colsb):
     """Tile register t of the palette-1 configuration cfg (64 bytes, zeroed first) ← rows x colsb bytes."""
@@ -58,8 +54,7 @@ def _void(builder, name: str, args: list):
 
 
 def _tile(t) -> ir.Constant:
-    if not isinstance(t, types.IntegerLiteral):
-        raise TypeError("a tile register must be a literal integer")
+    """A tile register's number (the typers accept only literal integers) as the instructions' immediate."""
     return ir.Constant(_I8, t.literal_value)
 
 
