@@ -399,10 +399,20 @@ def test_prefetch_setting_is_validated():
 
 def _tile_extremes(qt, n, k):
     """Rows at the integer bounds, the rest random: every quant at its largest with every scale and min at its
-    largest (row 0) or, for the signed scales of Q6_K and Q3_K, at their most negative (row 0) and largest (1)."""
+    largest (row 0) or, for the signed scales of Q6_K, Q3_K and IQ4_XS, at their most negative (row 0) and
+    largest (1); Q8_0's quants at −128 (row 0) and 127 (row 1)."""
     raw = ref_quant.random_raw(qt, n, k, np.random.default_rng(5))
+    if qt == Q.Q8_0:  # [d, quants 32]
+        blk = raw.reshape(n, k // 32, 34)
+        blk[0, :, 2:] = 0x80
+        blk[1, :, 2:] = 0x7F
+        return raw
     blk = raw.reshape(n, k // 256, row_bytes(qt, 256))
-    if qt in (Q.Q4_K, Q.Q5_K):  # [d, dmin, scales and mins 12, (Q5_K: high bits 32), quants 128]
+    if qt == Q.IQ4_XS:  # [d, scales' high bits 2, low nibbles 4 (+32 offset: 0 → −32), quants 128 (0: −127)]
+        blk[:2, :, 8:] = 0x00
+        blk[0, :, 2:8] = 0x00
+        blk[1, :, 2:8] = 0xFF
+    elif qt in (Q.Q4_K, Q.Q5_K):  # [d, dmin, scales and mins 12, (Q5_K: high bits 32), quants 128]
         blk[0, :, 4:] = 0xFF
     elif qt == Q.Q2_K:  # [scale | min << 4 16, quants 64, d, dmin]
         blk[0, :, :80] = 0xFF
@@ -421,10 +431,12 @@ _AMX_FNS: dict = {}
 
 
 @pytest.mark.skipif(not simd.amx.AMX, reason="the host has no AMX-INT8 (or Linux refused its tile state)")
-@pytest.mark.parametrize("qt", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
-@pytest.mark.parametrize("n, k", [(200, 512), (64, 768)])
+@pytest.mark.parametrize("qt, n, k", [(q, n, k) for q in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.Q8_0)
+                                      for n, k in ((200, 512), (64, 768))] + [(Q.Q8_0, 64, 800)],  # odd blocks
+                         ids=lambda v: v.name if isinstance(v, Q) else str(v))
 def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
-    """The AMX path (tiles of 16 rows, the last padded with zero rows; below TILE_MIN rows the vector kernel)
+    """The AMX path (tiles of 16 rows, a last one of fewer overlapping the one before it or, under 16 rows,
+    reading on into the activations' fields; below TILE_MIN rows the vector kernel)
     gives bitwise the vector kernel's output for every row count, at the integer bounds (extreme weights;
     activations of one sign, whose block sums split into negative high parts) and on random rows."""
     from numba import cfunc

@@ -29,8 +29,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
     The C entry point of one kind (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp,
     g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic).
-    Where the host has AMX (`amx`: this one, for tests), the K-quants' (Q2_K to Q6_K) products of TILE_MIN rows or
-    more take tile products (tiles.py): the same integers and float steps."""
+    Where the host has AMX (`amx`: this one, for tests), the K-quants' (Q2_K to Q6_K) and Q8_0's products of
+    TILE_MIN rows or more take tile products (tiles.py): the same integers and float steps."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
@@ -79,6 +79,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
                         k = j + 1 if n0 + GL < N else j
                         _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N, ub)
+            return
+        if T >= TILE_MIN and rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) == T:
             return
         for g in range(g0, g1):
             for j in range(NJ):
