@@ -97,3 +97,4 @@ def test_machine_peaks_are_rates_a_cpu_can_reach():
 
     p = machine_peaks(1, repeats=3)  # the best of three: a folded loop's rate is only bounded by the clock
     assert 0 < p["fp32_gmacs"] < 1000 and 0 < p["int8_gmacs"] < 3000 and p["copy_gbs"] > 0
+    assert 0 < p["read_gbs"] < 2000  # a read the compiler dropped would take no time

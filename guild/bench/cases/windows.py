@@ -1,7 +1,7 @@
 """The verification-window curve: V(T), the ms of one window of T rows at a short context, and V(T)/V(1), for
 T = 1..8, guild beside llama.cpp (one batch of T tokens); for guild also the distinct experts a window routes to
 per MoE layer and the decode bandwidth bound: the bytes one token reads (dense matrices, the routed experts, the
-KV cache) over this machine's measured copy bandwidth (guild.bench.peaks), and the share of it decode reaches.
+KV cache) over this machine's measured read bandwidth (guild.bench.peaks), and the share of it decode reaches.
 
     python -m guild.bench windows --models smollm2-135m-moe --rounds 5
 """
@@ -66,5 +66,6 @@ def runners(a) -> list[Runner]:
 
 def notes(records, a) -> list[str]:
     p = a.peaks
-    return [] if not p else [f"\nmachine, {p['threads']} threads: copy {p['copy_gbs']:.1f} GB/s, fp32 fma "
-                             f"{p['fp32_gmacs']:.0f} G/s, int8 dot {p['int8_gmacs']:.0f} G multiply-adds/s"]
+    return [] if not p else [f"\nmachine, {p['threads']} threads: read {p['read_gbs']:.1f} GB/s (copy "
+                             f"{p['copy_gbs']:.1f}), fp32 fma {p['fp32_gmacs']:.0f} G/s, int8 dot "
+                             f"{p['int8_gmacs']:.0f} G multiply-adds/s"]
