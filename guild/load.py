@@ -16,6 +16,7 @@ from .engine import experts
 from .engine.backends import PARALLEL_ROWS
 from .engine.device import place_model, resolve_device
 from .engine.gpu import describe as describe_placement
+from .engine.memory import keep_freed_blocks
 from .engine.options import DecodeOptions, RopeOptions
 from .engine.session import GuildSession
 from .errors import BadFlagError, GuildError
@@ -207,6 +208,7 @@ def load(model: str | None, plan: str | Path | None = None, threads: int | None 
             set_threads(min(lm.plan.cpu.threads, numba.config.NUMBA_NUM_THREADS))
     lm.threads = set_threads(None)
     move_to_device(lm, device, context, lm.plan.placement if lm.plan is not None else None)
+    keep_freed_blocks()  # after loading: the forward's scratch, not the load's one-off buffers
     return lm
 
 
