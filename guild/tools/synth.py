@@ -23,6 +23,8 @@ in src/llama-quant.cpp, for the tensors these layouts have and more than 8 exper
   (i - n/8) % 3 == 2 (integer division), n the file's block count: blocks 0, 3, 6, 7 of 8; of 48: 0-5, 8, 11,
   ..., 41 and 42-47. (llama.cpp counts attn_v/attn_qkv tensors in block order; each block has one, so the
   count is the block index.)
+* Q3_K_M: Q3_K everywhere except output.weight, Q6_K; attn_v (and attn_qkv) Q5_K in blocks 0 and 1, Q4_K after;
+  attn_output Q4_K; every ffn_down tensor Q5_K in the blocks i < n/16, Q4_K after.
 * MXFP4_MOE: the expert tensors MXFP4, every other matrix Q8_0.
 
 Routers (ffn_gate_inp*), norms and DeltaNet's conv and decay vectors stay F32, as llama.cpp leaves them.
@@ -133,7 +135,7 @@ PRESETS = {
             "theta 500000 (written without llama3 rope scaling), 131072 positions."),
 }
 
-MIXTURES = {"Q4_K_M": Q.Q4_K, "Q5_K_M": Q.Q5_K, "MXFP4_MOE": Q.MXFP4}
+MIXTURES = {"Q3_K_M": Q.Q3_K, "Q4_K_M": Q.Q4_K, "Q5_K_M": Q.Q5_K, "MXFP4_MOE": Q.MXFP4}
 # llama.cpp file types whose tensors (some of them) need an importance matrix (tensor_requires_imatrix)
 NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "Q2_K_S")
 TOKEN_EMBD_GAIN = 2.0  # as guild.tools.tiny: logits with a std of ~2
@@ -160,9 +162,17 @@ class TypeRule:
             return Q.MXFP4 if len(shape) == 3 else Q.Q8_0
         if tensor == "output.weight":
             return Q.Q6_K
-        if tensor.startswith("blk.") and (".attn_v." in tensor or ".attn_qkv." in tensor or ".ffn_down" in tensor):
-            if _use_more_bits(int(tensor.split(".")[1]), self.n_layers):
-                return Q.Q6_K
+        if not tensor.startswith("blk."):
+            return self.base
+        i, v = int(tensor.split(".")[1]), ".attn_v." in tensor or ".attn_qkv." in tensor
+        if self.name == "Q3_K_M":
+            if v:
+                return Q.Q5_K if i < 2 else Q.Q4_K
+            if ".ffn_down" in tensor:
+                return Q.Q5_K if i < self.n_layers // 16 else Q.Q4_K
+            return Q.Q4_K if ".attn_output." in tensor else self.base
+        if (v or ".ffn_down" in tensor) and _use_more_bits(i, self.n_layers):
+            return Q.Q6_K
         return self.base
 
 
@@ -478,8 +488,8 @@ def main(argv=None) -> int:
     ap.add_argument("preset", help=f"one of {', '.join(PRESETS)}")
     ap.add_argument("-o", "--out", required=True, help="the GGUF to write")
     ap.add_argument("--layers", type=int, default=None, help="blocks to write (default 2; qwen3.5: 4)")
-    ap.add_argument("--type", default="Q4_K_M", help="a ggml type, or Q4_K_M / Q5_K_M / MXFP4_MOE (per tensor, "
-                    "as llama.cpp picks); with --quantizer llama.cpp, a llama.cpp file type")
+    ap.add_argument("--type", default="Q4_K_M", help="a ggml type, or Q3_K_M / Q4_K_M / Q5_K_M / MXFP4_MOE (per "
+                    "tensor, as llama.cpp picks); with --quantizer llama.cpp, a llama.cpp file type")
     ap.add_argument("--quantizer", default="random", help="random (valid random blocks) or llama.cpp")
     ap.add_argument("--routing", default="uniform", help="uniform or zipf[:s] (expert popularity ~ rank^-s)")
     ap.add_argument("--seed", type=int, default=0)

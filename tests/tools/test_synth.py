@@ -98,6 +98,16 @@ def test_q4_k_m_follows_llama_cpp(tmp_path):
     assert t["blk.0.ssm_out.weight"] == t["blk.0.ssm_beta.weight"] == t["blk.0.attn_gate.weight"] == Q.Q4_K
 
 
+def test_q3_k_m_follows_llama_cpp(tmp_path):
+    t = _types(write(tmp_path, "llama-8b", layers=32, type_name="Q3_K_M")["path"])
+    for i in range(32):
+        assert t[f"blk.{i}.attn_v.weight"] == (Q.Q5_K if i < 2 else Q.Q4_K), i
+        assert t[f"blk.{i}.ffn_down.weight"] == (Q.Q5_K if i < 2 else Q.Q4_K), i  # i < 32 / 16
+        assert t[f"blk.{i}.attn_output.weight"] == Q.Q4_K
+        assert t[f"blk.{i}.attn_q.weight"] == t[f"blk.{i}.attn_k.weight"] == t[f"blk.{i}.ffn_up.weight"] == Q.Q3_K
+    assert (t["output.weight"], t["token_embd.weight"]) == (Q.Q6_K, Q.Q3_K)
+
+
 @pytest.mark.parametrize("typ", ["Q4_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K", "IQ4_XS", "MXFP4", "MXFP4_MOE"])
 def test_types_give_valid_blocks_of_the_type(tmp_path, typ):
     r = write(tmp_path, "qwen3-30b-a3b", layers=1, type_name=typ)
