@@ -436,9 +436,11 @@ _AMX_FNS: dict = {}
                          ids=lambda v: v.name if isinstance(v, Q) else str(v))
 def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
     """The AMX path (tiles of 16 rows, a last one of fewer overlapping the one before it or, under 16 rows,
-    reading on into the activations' fields; below TILE_MIN rows the vector kernel)
-    gives bitwise the vector kernel's output for every row count, at the integer bounds (extreme weights;
-    activations of one sign, whose block sums split into negative high parts) and on random rows."""
+    reading on into the activations' fields) gives bitwise the vector kernel's output for every row count, at
+    the integer bounds (extreme weights; activations of one sign, whose block sums split into negative high
+    parts) and on random rows. The reference is the same kernel in calls of fewer than TILE_MIN rows, which
+    take the vector path (one compile a type: each row is bitwise what it gets in any batch of the vector
+    kernel, test_batch_invariance_up_to_prefill_chunks)."""
     from numba import cfunc
 
     from guild.kernels.cpu.intrinsics import _KSIG
@@ -450,21 +452,23 @@ def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
     x = rng.standard_normal((100, k)).astype(np.float32)
     x[0], x[1] = 3.0, -3.0  # x̂ = ±127 everywhere: Σx̂ = ±4064 a block
     if qt not in _AMX_FNS:  # compiled once a type (a cfunc is not cached)
-        _AMX_FNS[qt] = {a: cfunc(_KSIG)(qdot.kernels._entry(int(qt), f"_k_amx_{int(a)}", None, a))
-                        for a in (True, False)}
-    fns = _AMX_FNS[qt]
-    assert re.search(r"\btdpbs[us]d\b", fns[True]._library.get_asm_str())
+        _AMX_FNS[qt] = cfunc(_KSIG)(qdot.kernels._entry(int(qt), "_k_amx", None, True))
+    fn = _AMX_FNS[qt]
+    assert re.search(r"\btdpbs[us]d\b", fn._library.get_asm_str())
     t = w.table
+    addr = t.addr.copy()
+    addr[0, 0] = fn.address
+
+    def rows(x):
+        out = np.empty((x.shape[0], n), np.float32)
+        kq.linear_rows(x, addr, t.dims, t.sg, t.col, out, 2)
+        return out
+
+    below = qdot.tiles.TILE_MIN - 1
     for T in (11, 12, 16, 17, 31, 32, 48, 53, 100):
-        got = []
-        for a in (True, False):
-            addr = t.addr.copy()
-            addr[0, 0] = fns[a].address
-            out = np.empty((T, n), np.float32)
-            kq.linear_rows(x[:T], addr, t.dims, t.sg, t.col, out, 2)
-            got.append(out)
-        assert np.array_equal(got[0], got[1]), T
-    assert np.array_equal(got[0][:2], _mm(w, x[:2]))
+        want = np.concatenate([rows(x[t0 : min(t0 + below, T)]) for t0 in range(0, T, below)])
+        assert np.array_equal(rows(x[:T]), want), T
+    assert np.array_equal(want[:2], _mm(w, x[:2]))
 
 
 def test_amx_is_taken_only_where_the_host_has_it():
