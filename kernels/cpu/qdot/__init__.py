@@ -43,9 +43,8 @@ every output row is bitwise the same alone, in a window, in a batch or in a pref
 "Defeating Nondeterminism in LLM Inference", 2025: a fixed reduction order per output element).
 Twin: kernels/ref_quant.py `quantize_act_q8`, `matmul_ref(act=...)`.
 Modules: types.py (geometry, the per-type fields), packers.py (GGUF blocks → fields, compiled), pack.py (its NumPy
-twin, and get_rows), activations.py,
-dots.py (the block arithmetic), tiles.py (the same integers on AMX tiles, 16 rows at a time: Q2_K to Q6_K),
-kernels.py (the C entry points).
+twin, and get_rows), activations.py, dots.py (the block arithmetic), tiles.py (the same integers on AMX tiles, 16
+rows at a time: Q2_K to Q6_K, IQ4_XS, Q8_0), kernels.py (the C entry points).
 """
 
 from .activations import ACT_EXTRA, act_bytes, act_group, quantize_acts, quantize_groups

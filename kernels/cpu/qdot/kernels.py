@@ -29,8 +29,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
     The C entry point of one kind (signature intrinsics._KSIG: p0..p5, nt, nb, the activation buffer, T, Kp,
     g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic).
-    Where the host has AMX (`amx`: this one, for tests), the K-quants' (Q2_K to Q6_K) and Q8_0's products of
-    TILE_MIN rows or more take tile products (tiles.py): the same integers and float steps."""
+    Where the host has AMX (`amx`: this one, for tests), the K-quants' (Q2_K to Q6_K), IQ4_XS's and Q8_0's
+    products of TILE_MIN rows or more take tile products (tiles.py): the same integers and float steps."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
@@ -48,6 +48,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
         xs = carray(_pf32(o + 8 * T * nb), (T, nb))
         sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
         out = carray(_pf32(pout), (T, N))
+        if T >= TILE_MIN and rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) == T:
+            return  # every row on AMX tiles
         if sup:
             dec = grid and T >= GRID_TILE_ROWS
             # the grid types' magnitudes decoded once per group of 16 features for all rows (the gathers are most
@@ -57,9 +59,6 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
             rows_t1 = t1 and T == 1
             rs = np.empty(GL if rows_t1 else 0, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
             prs = rs.ctypes.data
-            tiled = rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) if T >= TILE_MIN else 0
-            if tiled == T:
-                return
             for g in range(g0, g1):
                 for j in range(NJ):
                     n0 = g * NT + GL * j
@@ -68,19 +67,17 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
                     if grid and dec:
                         _grid_decode(kind, p0, p4, g, nb, j, pd)
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                    pd, True, ub, 0)
+                                    pd, True, ub)
                     elif rows_t1:  # one row: elements in lanes, 16 rows one after another
                         _grid_t1(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, pout, out, N, prs, ub)
                     elif T > 1:
                         _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
-                                    pd, False, ub, tiled)
+                                    pd, False, ub)
                     elif one:  # one row, no software prefetch: one group a pass, one stream per field
                         _super_one(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, n0, xd, sx, sh, pout, out, N)
                     elif j % 2 == 0:  # one row: two groups of features a pass instead of two rows
                         k = j + 1 if n0 + GL < N else j
                         _super_groups(kind, p0, p1, p2, p3, p4, nb, pxp, g, j, k, n0, xd, sx, sh, pout, out, N, ub)
-            return
-        if T >= TILE_MIN and rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) == T:
             return
         for g in range(g0, g1):
             for j in range(NJ):
@@ -113,12 +110,12 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
 
 
 @njit(cache=True, inline="always")
-def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec, ub, t0):
-    """Rows t0.. of group j of tile g for a super-block kind: per super-block, each row's integer sums over
+def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pd, dec, ub):
+    """Every row of group j of tile g for a super-block kind: per super-block, each row's integer sums over
     its 8 blocks, then one float step (_sfin); `dec`: the grid magnitudes come from pd (_grid_decode). Rows
     two at a time; an odd last row is paired with itself (one loop body: a lone-row loop compiled markedly
     slower). A single row (T = 1) takes _super_groups or _super_one instead."""
-    for t in range(t0, T, 2):
+    for t in range(0, T, 2):
         u = min(t + 1, T - 1)
         y = z = zero_f()
         for s in range(0, nb, SB):
@@ -126,7 +123,7 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
             for b in range(s, s + SB):
                 xa = pxp + t * Kp + b * QB
                 xu = pxp + u * Kp + b * QB
-                if t == t0:  # the later row pairs find the group's weights in cache
+                if t == 0:  # the later row pairs find the group's weights in cache
                     _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
                 if dec:
                     a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))

@@ -238,18 +238,16 @@ def _tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, xd, wb, cb, yb, sxb):
                     terms_ = zero_i()
                 else:
                     terms_ = add_i(ld_i32(pc + 2048 + o), mul_i(ld_i32(pc + 3072 + o), splat_i(np.int32(128))))
-                if kind == IQ4_XS:
-                    acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(128))), ld_i32(pc + 1024 + o))
-                    macc = zero_i()
-                elif kind == Q4_K or kind == Q5_K:
+                if kind == Q4_K or kind == Q5_K:
                     acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(8))), ld_i32(pc + 1024 + o))
                     macc = terms_
                 elif kind == Q2_K:
                     acc = ld_i32(pc + 1024 + o)
                     macc = terms_
-                else:  # Q6_K, Q3_K: less 32 or 4 times Σ scale·half-sum
+                else:  # Q6_K, Q3_K, IQ4_XS: 128·hi + lo; Q6_K, Q3_K less 32 or 4 times Σ scale·half-sum
                     acc = add_i(mul_i(ld_i32(pc + o), splat_i(np.int32(128))), ld_i32(pc + 1024 + o))
-                    acc = sub_i(acc, mul_i(terms_, splat_i(np.int32(32 if kind == Q6_K else 4))))
+                    if kind != IQ4_XS:
+                        acc = sub_i(acc, mul_i(terms_, splat_i(np.int32(32 if kind == Q6_K else 4))))
                     macc = zero_i()
                 y = _sfin(kind, p1, p2, p3, p4, g, nb, s, j, acc, macc, xd[t, s], ld_f32(py + t * 64))
                 st_f32(py + t * 64, y)
