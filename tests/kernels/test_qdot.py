@@ -200,6 +200,43 @@ def test_isa_dots_exact_in_their_ranges():
         assert np.array_equal(out[2], (a + (w.astype(np.int64) * s[:64]).reshape(16, 4).sum(1)).astype(np.float32))
 
 
+@njit(cache=True)
+def _nib_dots(a, sc, w, x, m, y, out):
+    pw, px = w.ctypes.data, x.ctypes.data
+    d = simd.dot_nib(simd.ld_i32(a.ctypes.data), simd.ld_i32(sc.ctypes.data), simd.ld_i32(pw), simd.ld_i32(pw + 64),
+                     simd.ld_i32(pw + 128), simd.ld_i32(pw + 192), simd.bc_i32(px), simd.bc_i32(px + 4),
+                     simd.bc_i32(px + 8), simd.bc_i32(px + 12), simd.bc_i32(px + 16), simd.bc_i32(px + 20),
+                     simd.bc_i32(px + 24), simd.bc_i32(px + 28))
+    p = simd.madd16(simd.ld_i32(m.ctypes.data), simd.ld_i32(y.ctypes.data))
+    for i in range(16):
+        out[0, i] = simd.lane(simd.cvt(d), i)
+        out[1, i] = simd.lane(simd.cvt(p), i)
+
+
+def test_nibble_dot_and_madd16_exact_at_their_bounds():
+    """dot_nib (a Q4_K block: 32 nibbles a lane times 32 activations, times a 6-bit scale; VNNI takes the high
+    nibbles in place) and madd16 (x in 0..32767 times y in i16; vpmaddwd on AVX-512) give the exact integers,
+    the extremes included."""
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        a = rng.integers(-(1 << 24), 1 << 24, 16).astype(np.int32)
+        sc = rng.integers(0, 64, 16).astype(np.int32)
+        w = rng.integers(0, 256, 256).astype(np.uint8)  # lane f of word q: bytes 64q + 4f .. 64q + 4f + 3
+        x = rng.integers(-127, 128, 32).astype(np.int8)
+        m = rng.integers(0, 1 << 15, 16).astype(np.int32)
+        y = rng.integers(-(1 << 15), 1 << 15, 16).astype(np.int32)
+        if trial < 2:
+            sc[:], w[:], x[:] = 63, 255, (127, -127)[trial]
+            m[:], y[:] = 32767, (-32768, 32767)[trial]
+        out = np.empty((2, 16), np.float32)
+        _nib_dots(a, sc, w, x, m, y, out)
+        q = w.reshape(4, 16, 4).transpose(1, 0, 2).reshape(16, 16).astype(np.int64)  # lane f: words 0..3's bytes
+        lo, hi = q & 15, q >> 4
+        want = a + sc * ((lo * x[:16]).sum(1) + (hi * x[16:]).sum(1))
+        assert np.array_equal(out[0], want.astype(np.float32))
+        assert np.array_equal(out[1], (m.astype(np.int64) * y).astype(np.float32))
+
+
 _LUT = simd.lookup16(KVALUES_IQ4NL)
 _LUT_PORTABLE = simd.lookup16(KVALUES_IQ4NL, portable=True)
 

@@ -26,7 +26,7 @@ from ..simd import (
     cvt,
     dot4ss,
     dot8,
-    dot32s,
+    dot_nib,
     dpbusd,
     e8m0_f,
     fma_f,
@@ -41,6 +41,7 @@ from ..simd import (
     ld_u16,
     lo4,
     lookup16,
+    madd16,
     mul_f,
     mul_i,
     neg_bytes,
@@ -147,18 +148,13 @@ def _nibbles(kind, p0, ph, g, nb, b, j, xa):
 
 @njit(cache=True)
 def _q4k(p0, p1, g, nb, b, j, xa, acc):
-    """acc + sc·Σ u·x̂ over a Q4_K block (its 6-bit scale sc from p1): _nibbles' products with the scale applied
-    as the i16 sums widen (simd.dot32s), the same integer."""
+    """acc + sc·Σ u·x̂ over a Q4_K block (its 6-bit scale sc from p1): _nibbles' integer (simd.dot_nib: the high
+    nibbles taken in place on VNNI, the scale applied as the i16 sums widen on AVX2)."""
     inline_here()
     oq = _unit(g, j, nb, b) * 4 * GL * 4
-    w0 = ld_i32(p0 + oq)
-    w1 = ld_i32(p0 + oq + GL * 4)
-    w2 = ld_i32(p0 + oq + 2 * GL * 4)
-    w3 = ld_i32(p0 + oq + 3 * GL * 4)
-    return dot32s(acc, ld_u8(p1 + _b2off(g, nb, b, 0, j)),
-                  lo4(w0), bc_i32(xa), hi4(w0), bc_i32(xa + 16), lo4(w1), bc_i32(xa + 4), hi4(w1), bc_i32(xa + 20),
-                  lo4(w2), bc_i32(xa + 8), hi4(w2), bc_i32(xa + 24), lo4(w3), bc_i32(xa + 12), hi4(w3),
-                  bc_i32(xa + 28))
+    return dot_nib(acc, ld_u8(p1 + _b2off(g, nb, b, 0, j)), ld_i32(p0 + oq), ld_i32(p0 + oq + GL * 4),
+                   ld_i32(p0 + oq + 2 * GL * 4), ld_i32(p0 + oq + 3 * GL * 4), bc_i32(xa), bc_i32(xa + 4),
+                   bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20), bc_i32(xa + 24), bc_i32(xa + 28))
 
 
 # the signed levels a nibble indexes (blocks.KVALUES_*), and the same + 128 for vpdpbusd's unsigned operand
@@ -441,12 +437,12 @@ def _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx, sA, sB, acc, macc):
     inline_here()
     if kind == Q4_K:
         mn = ld_u8(p1 + _b2off(g, nb, b, 1, j))
-        return _q4k(p0, p1, g, nb, b, j, xa, acc), add_i(macc, mul_i(mn, splat_i(sx)))
+        return _q4k(p0, p1, g, nb, b, j, xa, acc), add_i(macc, madd16(mn, splat_i(sx)))
     if kind == Q5_K:
         a = _nibbles(kind, p0, p1, g, nb, b, j, xa)
         sc = ld_u8(p2 + _b2off(g, nb, b, 0, j))
         mn = ld_u8(p2 + _b2off(g, nb, b, 1, j))
-        return add_i(acc, mul_i(sc, a)), add_i(macc, mul_i(mn, splat_i(sx)))
+        return add_i(acc, mul_i(sc, a)), add_i(macc, madd16(mn, splat_i(sx)))
     if kind == Q6_K or kind == Q3_K:
         if kind == Q6_K:
             aA, aB = _q6(p0, p1, g, nb, b, j, xa)
@@ -461,9 +457,10 @@ def _iblk(kind, p0, p1, p2, p3, p4, g, nb, b, j, xa, sx, sA, sB, acc, macc):
         aA, aB = _halves2(kind, p0, p0, g, nb, b, j, xa)
         vA = ld_u8(p1 + _b2off(g, nb, b, 0, j))
         vB = ld_u8(p1 + _b2off(g, nb, b, 1, j))
-        acc = add_i(acc, add_i(mul_i(bits_i(vA, 0, 15, 0), aA), mul_i(bits_i(vB, 0, 15, 0), aB)))
-        return acc, add_i(macc, add_i(mul_i(bits_i(vA, 4, 15, 0), splat_i(sA)),
-                                       mul_i(bits_i(vB, 4, 15, 0), splat_i(sB))))
+        # |aA|, |aB| <= 16·3·127 and the half sums <= 16·127: every product one vpmaddwd (madd16)
+        acc = add_i(acc, add_i(madd16(bits_i(vA, 0, 15, 0), aA), madd16(bits_i(vB, 0, 15, 0), aB)))
+        return acc, add_i(macc, add_i(madd16(bits_i(vA, 4, 15, 0), splat_i(sA)),
+                                       madd16(bits_i(vB, 4, 15, 0), splat_i(sB))))
     if kind == IQ4_XS:
         return add_i(acc, mul_i(ld_s8(p1 + _b1off(g, nb, b, j)), _lut_dot(kind, p0, g, nb, b, j, xa, sx))), macc
     if kind == IQ1_S:

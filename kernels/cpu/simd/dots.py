@@ -138,6 +138,18 @@ def dot8(typingctx, acc, u1, s1, u2, s2):
         typingctx, acc, u1, s1, u2, s2)
 
 
+def _dot32s_ir(b, acc, sc, pairs):
+    if VNNI512 or not AVX2:
+        return b.add(acc, b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
+    sc2 = b.bitcast(b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI))), ir.VectorType(ir.IntType(16), 32))
+    halves = []
+    for h in (0, 1):
+        sch = b.shuffle_vector(sc2, ir.Constant(sc2.type, None),
+                               ir.Constant(ir.VectorType(_i32, 16), list(range(16 * h, 16 * h + 16))))
+        halves.append(_madd(b, _i16_sums(b, pairs, h), sch))
+    return b.add(acc, _join(b, *halves))
+
+
 @intrinsic
 def dot32s(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7, s7, u8, s8):
     """acc + sc · Σ over the eight (u, s) pairs of dot4(u, s), for u <= 15 and 0 <= sc < 2^15 (a block of 32
@@ -145,19 +157,51 @@ def dot32s(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u
     against (sc, sc), the scale's multiply folded into the widening (as ggml's Q4_K dot); exact everywhere."""
 
     def body(b, a):
-        acc, sc, pairs = a[0], a[1], [(a[i], a[i + 1]) for i in range(2, 18, 2)]
-        if VNNI512 or not AVX2:
-            return b.add(acc, b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
-        sc2 = b.bitcast(b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI))), ir.VectorType(ir.IntType(16), 32))
-        halves = []
-        for h in (0, 1):
-            sch = b.shuffle_vector(sc2, ir.Constant(sc2.type, None),
-                                   ir.Constant(ir.VectorType(_i32, 16), list(range(16 * h, 16 * h + 16))))
-            halves.append(_madd(b, _i16_sums(b, pairs, h), sch))
-        return b.add(acc, _join(b, *halves))
+        return _dot32s_ir(b, a[0], a[1], [(a[i], a[i + 1]) for i in range(2, 18, 2)])
 
     return _simple(I32(*[I32] * 18), body)(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7,
                                            s7, u8, s8)
+
+
+@intrinsic
+def dot_nib(typingctx, acc, sc, w0, w1, w2, w3, x0, x1, x2, x3, x4, x5, x6, x7):
+    """dot32s(acc, sc, lo4(w0), x0, hi4(w0), x4, lo4(w1), x1, hi4(w1), x5, ...): a block of 32 nibbles (w0..w3: 8 a
+    lane each, low nibbles with x0..x3, high with x4..x7) times its scale sc. VNNI: the high nibbles are taken in
+    place (w & 0xF0, 16 times the nibble, still a u8) and the sum shifted back once (exact: a multiple of 16), so
+    a block costs one shift instead of four, in two product chains of four instead of one of eight."""
+
+    def body(b, a):
+        acc, sc, ws, xs = a[0], a[1], a[2:6], a[6:14]
+        lo_m, hi_m = (ir.Constant(_VI, [m] * 16) for m in (0x0F0F0F0F, 0xF0F0F0F0))
+        if not VNNI512:
+            pairs = []
+            for i, w in enumerate(ws):
+                pairs += [(b.and_(w, lo_m), xs[i]), (b.and_(b.lshr(w, ir.Constant(_VI, [4] * 16)), lo_m), xs[4 + i])]
+            return _dot32s_ir(b, acc, sc, pairs)
+        zero = _splat(b, ir.Constant(_i32, 0), _VI)
+        lo = hi = zero
+        for i, w in enumerate(ws):
+            lo = _vnni(b, lo, b.and_(w, lo_m), xs[i])
+            hi = _vnni(b, hi, b.and_(w, hi_m), xs[4 + i])
+        dot = b.add(lo, b.ashr(hi, ir.Constant(_VI, [4] * 16)))
+        return b.add(acc, b.mul(sc, dot))
+
+    return _simple(I32(*[I32] * 14), body)(typingctx, acc, sc, w0, w1, w2, w3, x0, x1, x2, x3, x4, x5, x6, x7)
+
+
+@intrinsic
+def madd16(typingctx, x, y):
+    """x · y lane-wise where x's lanes are 0..32767 and y's lie in i16 (vpmaddwd on AVX-512: one µop where
+    vpmulld takes two; exact: the high halves' product is 0 · y_hi)."""
+
+    def body(b, a):
+        if not VNNI512:
+            return b.mul(a[0], a[1])
+        w = ir.VectorType(ir.IntType(16), 32)
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_VI, [w, w]), "llvm.x86.avx512.pmaddw.d.512")
+        return b.call(fn, [b.bitcast(a[0], w), b.bitcast(a[1], w)])
+
+    return _simple(I32(I32, I32), body)(typingctx, x, y)
 
 
 @intrinsic
