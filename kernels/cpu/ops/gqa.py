@@ -9,7 +9,7 @@ from numba import get_num_threads, njit, prange, types
 from numba.extending import overload
 
 from ..intrinsics import fma32
-from ..simd import fma_f, ld_f32, splat_f, st_f32, zero_f
+from ..simd import fma_f, lane, ld_f32, splat_f, st_f32, zero_f
 from .gqa_row import _fma4, _softmax_rows, _store_heads, _vmax, attention_row, kv_row_fits, row_fits
 from .kv import KV_TILE, is_q8, k_scales, key_at, kv_block, kv_parts, kv_stride1, ld_kv, stored_f32, v_scale, value_at
 from .rows import expf, sum_fixed
@@ -238,7 +238,8 @@ def scores_kv(q, kt, pos0, scale, scores):
 def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
     """Positions j0 .. j0 + KV_TILE - 1 of KV head g for every row that reaches them (outside the parallel
     region, like _attend). Vectorised: 16 positions at a time, six (row, head) pairs per K vector load (12 of
-    an AVX2 host's 16 registers), the rows that end inside the 16 lane by lane. q8_0 keys that more than six
+    an AVX2 host's 16 registers); the rows that end inside the 16 take the same vector chains, each row's lanes
+    stored up to its own end (lane by lane, they were a third of the pass at T = 512). q8_0 keys that more than six
     pairs read are dequantised once into a float32 block in L1 (the same values: the same bits)."""
     T, H, hd = q.shape
     group = H // kt.shape[0]
@@ -249,27 +250,46 @@ def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
         return
     pk = kt.ctypes.data + g * kt.strides[0] + j0 // KV_TILE * kt.strides[1] - kt.itemsize * j0  # + itemsize * jc
     pd = ks.ctypes.data + g * ks.strides[0] + j0 // KV_TILE * ks.strides[1] - ks.itemsize * j0
-    # the staged block: dimension i of 16 positions at 64 i bytes (qs stands in where nothing is staged: no
-    # allocation per tile)
-    kf = np.empty((hd, 16), np.float32) if is_q8(kt) and T * group > 6 else qs
-    for jc in range(j0, min(j0 + KV_TILE, pos0 + T), 16):
+    n_c = (min(j0 + KV_TILE, pos0 + T) - j0 + 15) // 16  # chunks of 16 positions
+    N = T * group  # the (row, head) pairs; pair P: row P // group, head g * group + P % group
+    # q8_0: the tile staged once, chunk c's dimension i of 16 positions at 64 (c hd + i) bytes (qs stands in where
+    # nothing is staged: no allocation per tile)
+    q8 = is_q8(kt) and N > 6
+    kf = np.empty((n_c * hd, 16), np.float32) if q8 else qs
+    if q8:
+        for c in range(n_c):
+            jc = j0 + 16 * c
+            _stage_keys(kt, pk + jc, kt.strides[2], pd + 2 * jc, ks.strides[2], hd, kf[c * hd :])  # 1 and 2 bytes
+    # blocks of six pairs (ending at N), each over every chunk all its rows reach, its rows of qs staying in L1
+    # (chunk by chunk over every pair, the window's rows were read from L2 again for each 16 positions)
+    for e in range(N, 0, -6):
+        b = max(0, e - 6)
+        for c in range(n_c):
+            if b // group < j0 + 16 * c + 15 - pos0:  # its first row ends inside this chunk, and the next ones
+                break
+            _chunk_six(qs, kt, ks, kf, q8, pk, pd, scores, j0 + 16 * c, c, g, group, H, hd, b, e - b)
+    for c in range(n_c):
+        jc = j0 + 16 * c
         tf = max(0, jc + 15 - pos0)  # rows tf.. reach all 16 positions
-        n = max(0, T - tf) * group
-        if is_q8(kt) and n > 6:
-            _stage_keys(kt, pk + jc, kt.strides[2], pd + 2 * jc, ks.strides[2], hd, kf)  # q8_0: 1 and 2 bytes
-            for p in range(0, n, 6):
-                _scores_six(qs, kf, kf.ctypes.data, 64, 0, 0, scores, jc, tf, g, group, H, hd, p, min(6, n - p))
-        else:
-            for p in range(0, n, 6):
-                _scores_six(qs, kt, pk + kt.itemsize * jc, kt.strides[2], pd + ks.itemsize * jc, ks.strides[2],
-                            scores, jc, tf, g, group, H, hd, p, min(6, n - p))
-        for t in range(max(0, jc - pos0), min(tf, T)):
-            for h in range(g * group, (g + 1) * group):
-                for j in range(jc, pos0 + t + 1):
-                    a = np.float32(0.0)
-                    for i in range(hd):
-                        a = fma32(qs[t * H + h, i], key_at(kt, ks, g, i, j), a)
-                    scores[t * H + h, j] = a
+        lo = tf * group
+        e = N - 6 * ((N - lo - 1) // 6)  # the end of the block holding pair lo
+        if lo < N and max(0, e - 6) < lo:  # that block began in a row that ends inside the chunk: its pairs from lo
+            _chunk_six(qs, kt, ks, kf, q8, pk, pd, scores, jc, c, g, group, H, hd, lo, e - lo)
+        t0 = max(0, jc - pos0)  # rows t0 .. tf - 1 end inside the 16: their lanes up to the row's end are kept
+        for p in range(0, (min(tf, T) - t0) * group, 6):
+            _scores_diag(qs, kt, pk + kt.itemsize * jc, kt.strides[2], pd + ks.itemsize * jc, ks.strides[2], scores,
+                         jc, t0, pos0, g, group, H, hd, p, min(6, (min(tf, T) - t0) * group - p))
+
+
+@njit(cache=True, inline="always")
+def _chunk_six(qs, kt, ks, kf, q8, pk, pd, scores, jc, c, g, group, H, hd, p, m):
+    """_scores_six of pairs p .. p + m - 1 (from row 0) at chunk c (positions jc..) of a tile: from the staged
+    float32 keys where q8, else from the stored keys."""
+    if q8:
+        _scores_six(qs, kf, kf.ctypes.data + 64 * c * hd, 64, 0, 0, scores, jc, 0, g, group, H, hd, p, m)
+    else:
+        _scores_six(qs, kt, pk + kt.itemsize * jc, kt.strides[2], pd + ks.itemsize * jc, ks.strides[2], scores, jc,
+                    0, g, group, H, hd, p, m)
 
 
 @njit(cache=True, inline="always")
@@ -278,7 +298,41 @@ def _scores_six(qs, kt, pj, sk, pd, sd, scores, jc, tf, g, group, H, hd, p, m):
     g * group + p % group): one fma chain over i per score. kt: an array of the keys' type; their dimension i at
     pj + i * sk, q8_0 their scales' block b at pd + b * sd (converted once per 32 dimensions). Missing pairs
     repeat the last one, unstored."""
-    r0 = _pair_row(p, tf, g, group, H)
+    r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5 = _six(qs, kt, pj, sk, pd, sd, tf, g, group, H, hd, p, m)
+    _store_six(scores.ctypes.data + 4 * jc, scores.strides[0], m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
+
+
+@njit(cache=True, inline="always")
+def _scores_diag(qs, kt, pj, sk, pd, sd, scores, jc, t0, pos0, g, group, H, hd, p, m):
+    """_scores_six for pairs of rows t0.. that end inside positions jc .. jc + 15: every lane's chain is
+    computed (the same chain as a full row's), each row's lanes stored up to its own last position only (the
+    rest would run past the row, or past the scores' last column)."""
+    r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5 = _six(qs, kt, pj, sk, pd, sd, t0, g, group, H, hd, p, m)
+    _store_upto(scores, jc, pos0, H, r0, a0)
+    if m > 1:
+        _store_upto(scores, jc, pos0, H, r1, a1)
+    if m > 2:
+        _store_upto(scores, jc, pos0, H, r2, a2)
+    if m > 3:
+        _store_upto(scores, jc, pos0, H, r3, a3)
+    if m > 4:
+        _store_upto(scores, jc, pos0, H, r4, a4)
+    if m > 5:
+        _store_upto(scores, jc, pos0, H, r5, a5)
+
+
+@njit(cache=True, inline="always")
+def _store_upto(scores, jc, pos0, H, r, a):
+    """scores[r, jc .. pos0 + t] = a's first lanes, t = r // H the pair's row (its last position pos0 + t)."""
+    for i in range(min(16, pos0 + r // H + 1 - jc)):
+        scores[r, jc + i] = lane(a, i)
+
+
+@njit(cache=True, inline="always")
+def _six(qs, kt, pj, sk, pd, sd, t0, g, group, H, hd, p, m):
+    """The six chains of pairs p .. p + m - 1 of rows t0.. (pair p: row t0 + p // group, head g * group +
+    p % group) over 16 positions: their scores rows and the accumulators."""
+    r0 = _pair_row(p, t0, g, group, H)
     r1, h = _next_row(r0, p % group, 1, m, group, H)
     r2, h = _next_row(r1, h, 2, m, group, H)
     r3, h = _next_row(r2, h, 3, m, group, H)
@@ -291,7 +345,7 @@ def _scores_six(qs, kt, pj, sk, pd, sd, scores, jc, tf, g, group, H, hd, p, m):
         for i in range(i0, i0 + nb):
             a0, a1, a2, a3, a4, a5 = _fma_six(qs, i, r0, r1, r2, r3, r4, r5, m, ld_kv(pj + i * sk, kt, d),
                                               a0, a1, a2, a3, a4, a5)
-    _store_six(scores.ctypes.data + 4 * jc, scores.strides[0], m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
+    return r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5
 
 
 @njit(cache=True, inline="always")

@@ -227,6 +227,25 @@ def test_typed_attention_matches_ref_and_is_row_invariant(kt, vt, hd, H, threads
     assert 0 < np.abs(full - f32).max() < (0.02 if "q8_0" in (kt, vt) else 2e-3)
 
 
+@pytest.mark.parametrize("kt,T", [("f32", 70), ("f16", 41), ("q8_0", 70)])
+def test_a_prefill_chunk_from_position_0_gives_each_row_its_own_bits(kt, T):
+    """A chunk of T rows from position 0 (every 16 positions hold rows that end inside them; pairs in blocks of
+    six that straddle rows; scratch exactly pos0 + T wide): each row bitwise what it gets alone."""
+    H, Hkv, hd = 8, 2, 32
+    q, k, v, _, _ = _attn_inputs(T, 0, H, Hkv, hd, T)
+    kop, vop = kv_layer(kt, kt, k, v)
+
+    def run(qq, p0):
+        out = np.empty_like(qq)
+        n = qq.shape[0]
+        ops.attention_kv(qq, kop, vop, p0, np.float32(hd**-0.5), out, np.empty((n * H, p0 + n), np.float32))
+        return out
+
+    full = run(q, 0)
+    for t in range(T):
+        assert np.array_equal(run(q[t : t + 1], t), full[t : t + 1]), t
+
+
 @pytest.mark.parametrize("kt,vt", [("f32", "f32"), ("f16", "q8_0")])
 def test_one_row_in_fours_takes_the_row_kernel_on_avx512(kt, vt, monkeypatch):
     """The shapes above with heads in fours reach attention_row where the host has AVX-512 (so the row
