@@ -9,7 +9,7 @@ from numba import get_num_threads, njit, prange, types
 from numba.extending import overload
 
 from ..intrinsics import fma32
-from ..simd import fma_f, lane, ld_f32, splat_f, st_f32, zero_f
+from ..simd import fma_f, lane, ld_f32, mul_f, splat_f, st_f32, zero_f
 from .gqa_row import _fma4, _softmax_rows, _store_heads, _vmax, attention_row, kv_row_fits, row_fits
 from .kv import KV_TILE, is_q8, k_scales, key_at, kv_block, kv_parts, kv_stride1, ld_kv, stored_f32, v_scale, value_at
 from .rows import expf, sum_fixed
@@ -476,8 +476,7 @@ def _values_task(scores, inv, vc, vs, pos0, out, g, t0, p0, p1, vec):
         for k in range(ka, n):
             th = _pair_row(p0 + k, t0, g, group, H)
             e = min(j1, e0 + (p0 + k) // group)
-            for j in range(j0, e):
-                pt[k, j - j0] = scores[th, j] * inv[th]
+            _weights(scores, th, inv[th], j0, e, pt, k, vec)
             if not vec:
                 a = acc[k]
                 for j in range(j0, e):  # as _softmax_pv's scalar loop
@@ -506,6 +505,20 @@ def _values_task(scores, inv, vc, vs, pos0, out, g, t0, p0, p1, vec):
         o = out[t0 + (p0 + k) // group, g * group + (p0 + k) % group]
         for i in range(w):
             o[i] = acc[k, i]
+
+
+@njit(cache=True, inline="always")
+def _weights(scores, th, f, j0, e, pt, k, vec):
+    """pt[k, :e - j0] = scores[th, j0:e] * f, 16 products at a time where vectorised (the loop element by element
+    was not: 45 % of the value pass at 3.5K positions)."""
+    n16 = (e - j0) // 16 * 16 if vec else 0
+    ps = scores.ctypes.data + th * scores.strides[0] + 4 * j0
+    pp = pt.ctypes.data + k * pt.strides[0]
+    fv = splat_f(f)
+    for j in range(0, n16, 16):
+        st_f32(pp + 4 * j, mul_f(ld_f32(ps + 4 * j), fv))
+    for j in range(j0 + n16, e):
+        pt[k, j - j0] = scores[th, j] * f
 
 
 @njit(cache=True, inline="always")
