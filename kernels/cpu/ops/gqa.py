@@ -283,28 +283,21 @@ def _scores_tile(q, qs, kt, ks, pos0, scale, scores, g, j0, vec):
 
 @njit(cache=True, inline="always")
 def _chunk_six(qs, kt, ks, kf, q8, pk, pd, scores, jc, c, g, group, H, hd, p, m):
-    """_scores_six of pairs p .. p + m - 1 (from row 0) at chunk c (positions jc..) of a tile: from the staged
-    float32 keys where q8, else from the stored keys."""
+    """Positions jc .. jc + 15 (chunk c of a tile) of the pairs p .. p + m - 1 (m <= 6; from row 0): _six's
+    chains, from the staged float32 keys where q8, else from the stored keys; missing pairs unstored."""
     if q8:
-        _scores_six(qs, kf, kf.ctypes.data + 64 * c * hd, 64, 0, 0, scores, jc, 0, g, group, H, hd, p, m)
+        r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5 = _six(qs, kf, kf.ctypes.data + 64 * c * hd, 64, 0, 0, 0, g,
+                                                              group, H, hd, p, m)
     else:
-        _scores_six(qs, kt, pk + kt.itemsize * jc, kt.strides[2], pd + ks.itemsize * jc, ks.strides[2], scores, jc,
-                    0, g, group, H, hd, p, m)
-
-
-@njit(cache=True, inline="always")
-def _scores_six(qs, kt, pj, sk, pd, sd, scores, jc, tf, g, group, H, hd, p, m):
-    """Positions jc .. jc + 15 of the pairs p .. p + m - 1 (m <= 6; pair p is row tf + p // group, head
-    g * group + p % group): one fma chain over i per score. kt: an array of the keys' type; their dimension i at
-    pj + i * sk, q8_0 their scales' block b at pd + b * sd (converted once per 32 dimensions). Missing pairs
-    repeat the last one, unstored."""
-    r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5 = _six(qs, kt, pj, sk, pd, sd, tf, g, group, H, hd, p, m)
+        r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5 = _six(qs, kt, pk + kt.itemsize * jc, kt.strides[2],
+                                                              pd + ks.itemsize * jc, ks.strides[2], 0, g, group, H,
+                                                              hd, p, m)
     _store_six(scores.ctypes.data + 4 * jc, scores.strides[0], m, r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
 
 
 @njit(cache=True, inline="always")
 def _scores_diag(qs, kt, pj, sk, pd, sd, scores, jc, t0, pos0, g, group, H, hd, p, m):
-    """_scores_six for pairs of rows t0.. that end inside positions jc .. jc + 15: every lane's chain is
+    """_chunk_six for pairs of rows t0.. that end inside positions jc .. jc + 15: every lane's chain is
     computed (the same chain as a full row's), each row's lanes stored up to its own last position only (the
     rest would run past the row, or past the scores' last column)."""
     r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5 = _six(qs, kt, pj, sk, pd, sd, t0, g, group, H, hd, p, m)
@@ -331,7 +324,9 @@ def _store_upto(scores, jc, pos0, H, r, a):
 @njit(cache=True, inline="always")
 def _six(qs, kt, pj, sk, pd, sd, t0, g, group, H, hd, p, m):
     """The six chains of pairs p .. p + m - 1 of rows t0.. (pair p: row t0 + p // group, head g * group +
-    p % group) over 16 positions: their scores rows and the accumulators."""
+    p % group) over 16 positions, one fma chain over i per score: their scores rows and the accumulators (missing
+    pairs repeat the last one). kt: an array of the keys' type; their dimension i at pj + i * sk, q8_0 their
+    scales' block b at pd + b * sd (converted once per 32 dimensions)."""
     r0 = _pair_row(p, t0, g, group, H)
     r1, h = _next_row(r0, p % group, 1, m, group, H)
     r2, h = _next_row(r1, h, 2, m, group, H)
