@@ -10,7 +10,7 @@ lowers with the host's best integer multiplies.
 """
 
 from . import amx
-from .dots import dot4, dot4ss, dot8, dot32s, dot_nib, dpbusd, dpbusd_portable, madd16
+from .dots import dot4, dot4ss, dot8, dot_nib, dpbusd, dpbusd_portable, madd16
 from .gather import gather_u32, grid_rows2, grid_rows2_portable, hsum2, lookup16
 from .isa import AVX2, AVX512BW, F32, I32, VNNI512, Vec, inline_here
 from .vectors import (
@@ -70,7 +70,6 @@ __all__ = [
     "bc_i32",
     "bits_i",
     "cvt",
-    "dot32s",
     "dot_nib",
     "madd16",
     "dot4",

@@ -139,7 +139,11 @@ def dot8(typingctx, acc, u1, s1, u2, s2):
 
 
 def _dot32s_ir(b, acc, sc, pairs):
-    if VNNI512 or not AVX2:
+    """acc + sc · Σ over the eight (u, s) pairs of dot4(u, s), for u <= 15 and 0 <= sc < 2^15 (a block of 32
+    4-bit quants with its scale) on a host without VNNI (dot_nib's). AVX2: the eight pairs' i16 sums (<= 8 · 2 ·
+    15 · 127) widened by vpmaddwd against (sc, sc), the scale's multiply folded into the widening (as ggml's Q4_K
+    dot); portable IR elsewhere; exact everywhere."""
+    if not AVX2:
         return b.add(acc, b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
     sc2 = b.bitcast(b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI))), ir.VectorType(ir.IntType(16), 32))
     halves = []
@@ -151,21 +155,8 @@ def _dot32s_ir(b, acc, sc, pairs):
 
 
 @intrinsic
-def dot32s(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7, s7, u8, s8):
-    """acc + sc · Σ over the eight (u, s) pairs of dot4(u, s), for u <= 15 and 0 <= sc < 2^15 (a block of 32
-    4-bit quants with its scale). AVX2: the eight pairs' i16 sums (<= 8 · 2 · 15 · 127) widened by vpmaddwd
-    against (sc, sc), the scale's multiply folded into the widening (as ggml's Q4_K dot); exact everywhere."""
-
-    def body(b, a):
-        return _dot32s_ir(b, a[0], a[1], [(a[i], a[i + 1]) for i in range(2, 18, 2)])
-
-    return _simple(I32(*[I32] * 18), body)(typingctx, acc, sc, u1, s1, u2, s2, u3, s3, u4, s4, u5, s5, u6, s6, u7,
-                                           s7, u8, s8)
-
-
-@intrinsic
 def dot_nib(typingctx, acc, sc, w0, w1, w2, w3, x0, x1, x2, x3, x4, x5, x6, x7):
-    """dot32s(acc, sc, lo4(w0), x0, hi4(w0), x4, lo4(w1), x1, hi4(w1), x5, ...): a block of 32 nibbles (w0..w3: 8 a
+    """acc + sc · Σ lo4(w_i)·x_i + hi4(w_i)·x_(4+i) (_dot32s_ir's pairs): a block of 32 nibbles (w0..w3: 8 a
     lane each, low nibbles with x0..x3, high with x4..x7) times its scale sc. VNNI: the high nibbles are taken in
     place (w & 0xF0, 16 times the nibble, still a u8) and the sum shifted back once (exact: a multiple of 16), so
     a block costs one shift instead of four, in two product chains of four instead of one of eight."""
