@@ -213,6 +213,30 @@ def _nib_dots(a, sc, w, x, m, y, out):
         out[1, i] = simd.lane(simd.cvt(p), i)
 
 
+@njit(cache=True, inline="always")
+def _six(p):
+    return simd.bits_i(simd.ld_i32(p), 0, 0x3F3F3F3F, 0)
+
+
+@njit(cache=True)
+def _apart_dots(a, s1, s2, u, x, out):
+    """dot32u (u: 8 vectors of bytes <= 15, s1 the scale pairs), dot32h (the same u <= 63, s1, s2 the two
+    halves' scale pairs) and madd_w (s1, s2) into out [3, 16] int32."""
+    pu, px = u.ctypes.data, x.ctypes.data
+    v = simd.ld_i32(a.ctypes.data)
+    c1, c2 = simd.ld_i32(s1.ctypes.data), simd.ld_i32(s2.ctypes.data)
+    x0, x1, x2, x3 = simd.bc_i32(px), simd.bc_i32(px + 4), simd.bc_i32(px + 8), simd.bc_i32(px + 12)
+    x4, x5, x6, x7 = simd.bc_i32(px + 16), simd.bc_i32(px + 20), simd.bc_i32(px + 24), simd.bc_i32(px + 28)
+    simd.st_i32(out.ctypes.data, simd.dot32u(
+        v, c1, simd.lo4(simd.ld_i32(pu)), simd.lo4(simd.ld_i32(pu + 64)), simd.lo4(simd.ld_i32(pu + 128)),
+        simd.lo4(simd.ld_i32(pu + 192)), simd.lo4(simd.ld_i32(pu + 256)), simd.lo4(simd.ld_i32(pu + 320)),
+        simd.lo4(simd.ld_i32(pu + 384)), simd.lo4(simd.ld_i32(pu + 448)), x0, x1, x2, x3, x4, x5, x6, x7))
+    simd.st_i32(out.ctypes.data + 64, simd.dot32h(
+        v, c1, c2, _six(pu), _six(pu + 64), _six(pu + 128), _six(pu + 192), _six(pu + 256), _six(pu + 320),
+        _six(pu + 384), _six(pu + 448), x0, x1, x2, x3, x4, x5, x6, x7))
+    simd.st_i32(out.ctypes.data + 128, simd.madd_w(c1, c2))
+
+
 def test_nibble_dot_and_madd16_exact_at_their_bounds():
     """dot_nib (a Q4_K block: 32 nibbles a lane times 32 activations, times a 6-bit scale; VNNI takes the high
     nibbles in place) and madd16 (x in 0..32767 times y in i16; vpmaddwd on AVX-512) give the exact integers,
@@ -235,6 +259,35 @@ def test_nibble_dot_and_madd16_exact_at_their_bounds():
         want = a + sc * ((lo * x[:16]).sum(1) + (hi * x[16:]).sum(1))
         assert np.array_equal(out[0], want.astype(np.float32))
         assert np.array_equal(out[1], (m.astype(np.int64) * y).astype(np.float32))
+
+
+def test_dots_on_weights_taken_apart_exact_at_their_bounds():
+    """dot32u (a Q4_K block already in nibbles, its scale in both i16 halves), dot32h (a Q6_K block's two halves
+    of 6-bit quants with signed scales) and madd_w (vpmaddwd: both signed 16-bit halves' products summed) give
+    the exact integers, the extremes included (the i16 sums of the AVX2 forms at their largest)."""
+    rng = np.random.default_rng(8)
+    for trial in range(30):
+        a = rng.integers(-(1 << 24), 1 << 24, 16).astype(np.int32)
+        u = rng.integers(0, 256, 512).astype(np.uint8)  # vector i, lane f: bytes 64i + 4f .. 64i + 4f + 3
+        x = rng.integers(-127, 128, 32).astype(np.int8)
+        sc = rng.integers(0, 64, 16)
+        sa, sb = rng.integers(-128, 128, (2, 16))
+        if trial < 2:
+            u[:], x[:], sc[:], sa[:], sb[:] = 255, (127, -127)[trial], 63, (-128, 127)[trial], (127, -128)[trial]
+        pair = lambda v: ((v & 0xFFFF) | (v << 16)).astype(np.uint32).view(np.int32)  # noqa: E731
+        out = np.empty((3, 16), np.int32)
+        q = u.reshape(8, 16, 4).transpose(1, 0, 2).astype(np.int64)  # [lane, vector, byte]
+        xs = x.reshape(8, 4).astype(np.int64)
+        _apart_dots(a, pair(sc), pair(sb), u, x, out)
+        assert np.array_equal(out[0], a + sc * ((q & 15) * xs).sum((1, 2)))
+        _apart_dots(a, pair(sa), pair(sb), u, x, out)
+        six = ((q & 63) * xs).sum(2)
+        assert np.array_equal(out[1], a + sa * six[:, :4].sum(1) + sb * six[:, 4:].sum(1))
+        r1, r2 = rng.integers(-(1 << 31), 1 << 31, (2, 16)).astype(np.int32)
+        _apart_dots(a, r1, r2, u, x, out)
+        h = lambda v: (v.astype(np.int64) << 48 >> 48, v.astype(np.int64) >> 16)  # noqa: E731
+        (l1, h1), (l2, h2) = h(r1), h(r2)
+        assert np.array_equal(out[2], (l1 * l2 + h1 * h2).astype(np.uint32).view(np.int32))
 
 
 _LUT = simd.lookup16(KVALUES_IQ4NL)
@@ -503,6 +556,47 @@ def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
 
     below = qdot.tiles.TILE_MIN - 1
     for T in (11, 12, 16, 17, 31, 32, 48, 53, 100):
+        want = np.concatenate([rows(x[t0 : min(t0 + below, T)]) for t0 in range(0, T, below)])
+        assert np.array_equal(rows(x[:T]), want), T
+    assert np.array_equal(want[:2], _mm(w, x[:2]))
+
+
+_EXPANDED_FNS: dict = {}
+
+
+@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_expanded_super_blocks_give_the_vector_kernels_bits(qt):
+    """The AVX2 path that takes a super-block's weights apart once for all rows (_super_expanded: dot32u, dot32h,
+    the Q6_K term in one vpmaddwd) gives bitwise the row-pair kernel's output, at the integer bounds (extreme
+    weights and scales, x̂ = ±127: the i16 sums at their largest) and on random rows, for even and odd row
+    counts. The reference is the same kernel in calls of fewer than EXPAND_MIN rows. On a host without AVX2,
+    or with VNNI, the path is forced (`expand`) and its integers take those ISAs' forms (the AVX2 forms of its
+    intrinsics: test_nibble_dot_and_madd16_exact_at_their_bounds under GUILD_NO_VNNI=1)."""
+    from numba import cfunc
+
+    from guild.kernels.cpu.intrinsics import _KSIG
+
+    n, k = 200, 512
+    raw = _tile_extremes(qt, n, k)
+    with kq.numerics("i8"):
+        w = kq.pack(qt, raw, n, k)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    x[0], x[1] = 3.0, -3.0
+    t = w.table
+    addr = t.addr.copy()
+    if not (simd.AVX2 and not simd.VNNI512):  # the host's own kernel takes it on AVX2; elsewhere it is forced
+        if qt not in _EXPANDED_FNS:  # compiled once a type (a cfunc is not cached)
+            _EXPANDED_FNS[qt] = cfunc(_KSIG)(qdot.kernels._entry(int(qt), "_k_expanded", None, False, True))
+        addr[0, 0] = _EXPANDED_FNS[qt].address
+
+    def rows(x):
+        out = np.empty((x.shape[0], n), np.float32)
+        kq.linear_rows(x, addr, t.dims, t.sg, t.col, out, 2)
+        return out
+
+    below = qdot.kernels.EXPAND_MIN - 1
+    for T in (4, 5, 8, 9, 40):
         want = np.concatenate([rows(x[t0 : min(t0 + below, T)]) for t0 in range(0, T, below)])
         assert np.array_equal(rows(x[:T]), want), T
     assert np.array_equal(want[:2], _mm(w, x[:2]))

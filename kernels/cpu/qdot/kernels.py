@@ -14,15 +14,56 @@ from ....errors import GuildError
 from ...quant_types import QUANT_TYPES
 from ..drivers import NT
 from ..intrinsics import _pf32, _pi32
-from ..simd import add_i, grid_rows2, hsum2, ld_i32, prefetch, zero_f, zero_i
+from ..simd import (
+    AVX2,
+    VNNI512,
+    add_i,
+    bc_i32,
+    bits_i,
+    dot32h,
+    dot32u,
+    grid_rows2,
+    hi4,
+    hsum2,
+    ld_f32,
+    ld_i32,
+    ld_s8,
+    ld_u8,
+    lo4,
+    madd16,
+    madd_w,
+    mul_i,
+    or_i,
+    prefetch,
+    splat_i,
+    st_f32,
+    st_i32,
+    sub_i,
+    zero_f,
+    zero_i,
+)
 from ..simd.amx import AMX
 from ..simd.isa import ZEN4
-from .dots import _DEC, GRID_TILE_ROWS, _b1off, _blk, _grid, _grid_blk, _grid_decode, _iblk, _put, _sfin, _unit
+from .dots import (
+    _DEC,
+    _M2,
+    GRID_TILE_ROWS,
+    _b1off,
+    _b2off,
+    _blk,
+    _grid,
+    _grid_blk,
+    _grid_decode,
+    _iblk,
+    _put,
+    _sfin,
+    _unit,
+)
 from .tiles import TILE_MIN, TILE_ROWS_OF, no_rows
-from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, QB, SB
+from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, Q4_K, Q6_K, QB, SB
 
 
-def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None):
+def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None, expand: bool | None = None):
     """Tiles g0..g1 of out [T, N], 16 features at a time: rows two at a time (one weight load and decode for
     both), then a last one alone, the blocks in memory order. Two accumulators a pass fit AVX2's registers,
     and three inlined block bodies keep the compile short.
@@ -30,7 +71,9 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
     g0, g1, out, N), `kind` a closure constant. A kernel calling an inlined driver compiled several times
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic).
     Where the host has AMX (`amx`: this one, for tests), the K-quants' (Q2_K to Q6_K), IQ4_XS's and Q8_0's
-    products of TILE_MIN rows or more take tile products (tiles.py): the same integers and float steps."""
+    products of TILE_MIN rows or more take tile products (tiles.py): the same integers and float steps. On AVX2
+    without VNNI (`expand`: this one, for tests) the EXPANDED kinds' products of EXPAND_MIN rows or more take
+    _super_expanded: the same again."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
@@ -39,6 +82,7 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
     # the fields' bytes per unit, then the prefetch distance in units (pf: this one, for tests)
     ub = unit_bytes(kind) + (prefetch_units(kind) if pf is None else pf,)
     one = ub[5] == 0  # the hardware prefetchers alone feed decode: one weight stream per field (_super_one)
+    ex = kind in EXPANDED and (AVX2 and not VNNI512 if expand is None else expand)  # _super_expanded
     rows16 = TILE_ROWS_OF.get(kind, no_rows) if (AMX if amx is None else amx) else no_rows  # AMX's tiles of rows
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
@@ -59,6 +103,16 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None)
             rows_t1 = t1 and T == 1
             rs = np.empty(GL if rows_t1 else 0, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
             prs = rs.ctypes.data
+            if ex and T >= EXPAND_MIN:  # AVX2: each super-block's weights expanded once for all rows
+                eb = np.empty(_EXB + T * GL, np.float32)
+                for g in range(g0, g1):
+                    for j in range(NJ):
+                        n0 = g * NT + GL * j
+                        if n0 >= N:
+                            break
+                        _super_expanded(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out,
+                                        N, eb.ctypes.data, ub)
+                return
             for g in range(g0, g1):
                 for j in range(NJ):
                     n0 = g * NT + GL * j
@@ -138,6 +192,88 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
         _put(pout, out, t, N, n0, y)
         if u != t:
             _put(pout, out, u, N, n0, z)
+
+
+# AVX2 (no VNNI): from this many rows a super-block's weights are taken apart once for all rows (_super_expanded)
+EXPAND_MIN = 4
+EXPANDED = (Q4_K, Q6_K)  # the kinds that take _super_expanded
+_EXU = 12 * 64  # bytes of an expanded block: 8 vectors of the weights as bytes, then up to 3 of scales and mins
+_EXB = SB * _EXU // 4  # an expanded super-block, in f32 slots of the scratch
+
+
+@njit(cache=True, inline="always")
+def _expand_block(kind, p0, p1, p2, g, nb, b, j, e):
+    """Block b of group j, its weights as bytes at e: vector i (64 bytes, 4 a lane) pairs with the activations'
+    quad i (elements 4i..4i + 3). Then Q4_K's scale in both i16 halves of each lane and its min; Q6_K's two
+    half-block scales each in both halves, then both in one lane (A low, B high: its −32·Σ scale·half-sum term
+    in one vpmaddwd)."""
+    oq = _unit(g, j, nb, b) * 4 * GL * 4
+    if kind == Q4_K:
+        for q in range(4):
+            w = ld_i32(p0 + oq + q * GL * 4)
+            st_i32(e + q * 64, lo4(w))
+            st_i32(e + (4 + q) * 64, hi4(w))
+        sc = ld_u8(p1 + _b2off(g, nb, b, 0, j))
+        st_i32(e + 512, or_i(sc, bits_i(sc, 0, 0xFFFF, 16)))
+        st_i32(e + 576, ld_u8(p1 + _b2off(g, nb, b, 1, j)))
+    else:  # Q6_K: the low nibbles from the quads, the two bits above them from the planes (dots._q6)
+        oh = _unit(g, j, nb, b) * 2 * GL * 4
+        h0 = ld_i32(p1 + oh)
+        h1 = ld_i32(p1 + oh + GL * 4)
+        for q in range(4):
+            w = ld_i32(p0 + oq + q * GL * 4)
+            st_i32(e + q * 64, or_i(lo4(w), bits_i(h0, 2 * q, _M2, 4)))
+            st_i32(e + (4 + q) * 64, or_i(hi4(w), bits_i(h1, 2 * q, _M2, 4)))
+        sA = ld_s8(p2 + _b2off(g, nb, b, 0, j))
+        sB = ld_s8(p2 + _b2off(g, nb, b, 1, j))
+        st_i32(e + 512, or_i(bits_i(sA, 0, 0xFFFF, 0), bits_i(sA, 0, 0xFFFF, 16)))
+        st_i32(e + 576, or_i(bits_i(sB, 0, 0xFFFF, 0), bits_i(sB, 0, 0xFFFF, 16)))
+        st_i32(e + 640, or_i(bits_i(sA, 0, 0xFFFF, 0), bits_i(sB, 0, 0xFFFF, 16)))
+
+
+@njit(cache=True, inline="always")
+def _expanded_blk(kind, e, xa, s1, s2, acc, macc):
+    """One row's block from its expanded form at e: acc + the scaled sums; macc + Q4_K's min term (s1: the row's
+    block sum) or Q6_K's Σ scale·half-sum (s1, s2: the two half sums), which the caller takes off 32 times."""
+    if kind == Q4_K:
+        acc = dot32u(acc, ld_i32(e + 512), ld_i32(e), ld_i32(e + 64), ld_i32(e + 128), ld_i32(e + 192),
+                     ld_i32(e + 256), ld_i32(e + 320), ld_i32(e + 384), ld_i32(e + 448), bc_i32(xa), bc_i32(xa + 4),
+                     bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20), bc_i32(xa + 24),
+                     bc_i32(xa + 28))
+        return acc, add_i(macc, madd16(ld_i32(e + 576), splat_i(s1)))
+    acc = dot32h(acc, ld_i32(e + 512), ld_i32(e + 576), ld_i32(e), ld_i32(e + 64), ld_i32(e + 128), ld_i32(e + 192),
+                 ld_i32(e + 256), ld_i32(e + 320), ld_i32(e + 384), ld_i32(e + 448), bc_i32(xa), bc_i32(xa + 4),
+                 bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20), bc_i32(xa + 24), bc_i32(xa + 28))
+    return acc, add_i(macc, madd_w(ld_i32(e + 640), splat_i((s1 & 0xFFFF) | (s2 << 16))))
+
+
+@njit(cache=True, inline="always")
+def _super_expanded(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N, pe, ub):
+    """Every row of group j of tile g on AVX2 (EXPANDED kinds): per super-block its 8 blocks' weights, scales and
+    mins are taken apart once into pe (L1, _expand_block), then each row's integer sums read them and the float
+    step (_sfin) goes to the row's slot of y. The same integers and float steps in the same order: bitwise
+    _super_rows, the weights' decode paid once per super-block instead of once per row pair."""
+    py = pe + 4 * _EXB
+    for t in range(T):
+        st_f32(py + 64 * t, zero_f())
+    for s in range(0, nb, SB):
+        for b in range(s, s + SB):
+            _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
+            _expand_block(kind, p0, p1, p2, g, nb, b, j, pe + (b - s) * _EXU)
+        for t in range(T):
+            a = m = zero_i()
+            for b in range(s, s + SB):
+                xa = pxp + t * Kp + b * QB
+                if kind == Q4_K:
+                    a, m = _expanded_blk(kind, pe + (b - s) * _EXU, xa, sx[t, b], 0, a, m)
+                else:
+                    a, m = _expanded_blk(kind, pe + (b - s) * _EXU, xa, sh[t, b, 0], sh[t, b, 1], a, m)
+            if kind == Q6_K:
+                a = sub_i(a, mul_i(m, splat_i(np.int32(32))))
+                m = zero_i()
+            st_f32(py + 64 * t, _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a, m, xd[t, s], ld_f32(py + 64 * t)))
+    for t in range(T):
+        _put(pout, out, t, N, n0, ld_f32(py + 64 * t))
 
 
 @njit(cache=True, inline="always")

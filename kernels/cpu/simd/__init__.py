@@ -10,7 +10,7 @@ lowers with the host's best integer multiplies.
 """
 
 from . import amx
-from .dots import dot4, dot4ss, dot8, dot_nib, dpbusd, dpbusd_portable, madd16
+from .dots import dot4, dot4ss, dot8, dot32h, dot32u, dot_nib, dpbusd, dpbusd_portable, madd16, madd_w
 from .gather import gather_u32, grid_rows2, grid_rows2_portable, hsum2, lookup16
 from .isa import AVX2, AVX512BW, F32, I32, VNNI512, Vec, inline_here
 from .vectors import (
@@ -71,6 +71,9 @@ __all__ = [
     "bits_i",
     "cvt",
     "dot_nib",
+    "dot32u",
+    "dot32h",
+    "madd_w",
     "madd16",
     "dot4",
     "dot4ss",

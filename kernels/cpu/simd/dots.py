@@ -138,14 +138,17 @@ def dot8(typingctx, acc, u1, s1, u2, s2):
         typingctx, acc, u1, s1, u2, s2)
 
 
-def _dot32s_ir(b, acc, sc, pairs):
+def _dot32s_ir(b, acc, sc, pairs, paired=False):
     """acc + sc · Σ over the eight (u, s) pairs of dot4(u, s), for u <= 15 and 0 <= sc < 2^15 (a block of 32
     4-bit quants with its scale) on a host without VNNI (dot_nib's). AVX2: the eight pairs' i16 sums (<= 8 · 2 ·
     15 · 127) widened by vpmaddwd against (sc, sc), the scale's multiply folded into the widening (as ggml's Q4_K
     dot); portable IR elsewhere; exact everywhere."""
     if not AVX2:
+        if paired:
+            sc = b.and_(sc, _splat(b, ir.Constant(_i32, 0xFFFF), _VI))
         return b.add(acc, b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
-    sc2 = b.bitcast(b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI))), ir.VectorType(ir.IntType(16), 32))
+    sc2 = sc if paired else b.or_(sc, b.shl(sc, _splat(b, ir.Constant(_i32, 16), _VI)))
+    sc2 = b.bitcast(sc2, ir.VectorType(ir.IntType(16), 32))
     halves = []
     for h in (0, 1):
         sch = b.shuffle_vector(sc2, ir.Constant(sc2.type, None),
@@ -181,18 +184,83 @@ def dot_nib(typingctx, acc, sc, w0, w1, w2, w3, x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @intrinsic
-def madd16(typingctx, x, y):
-    """x · y lane-wise where x's lanes are 0..32767 and y's lie in i16 (vpmaddwd on AVX-512: one µop where
-    vpmulld takes two; exact: the high halves' product is 0 · y_hi)."""
+def dot32u(typingctx, acc, sc, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4, x5, x6, x7):
+    """acc + sc · Σ u_i · x_i (dot4 per pair) for u <= 15 and 0 <= sc < 2^15 given in both i16 halves of each lane
+    (sc · 65537): dot_nib's integer with the nibbles already apart (a block expanded once for many rows); on AVX2
+    its i16 sums widened against the scale pairs."""
 
     def body(b, a):
-        if not VNNI512:
-            return b.mul(a[0], a[1])
+        pairs = list(zip(a[2:10], a[10:18], strict=True))
+        if VNNI512:
+            sc = b.and_(a[1], _splat(b, ir.Constant(_i32, 0xFFFF), _VI))
+            return b.add(a[0], b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
+        return _dot32s_ir(b, a[0], a[1], pairs, paired=True)
+
+    return _simple(I32(*[I32] * 18), body)(typingctx, acc, sc, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4,
+                                           x5, x6, x7)
+
+
+def _h16(b, v, h):
+    """Half h (256 bits) of a 16-lane vector as <16 x i16>."""
+    return b.bitcast(b.shuffle_vector(v, ir.Constant(_VI, None), ir.Constant(_i32x8, list(range(8 * h, 8 * h + 8)))),
+                     _i16x16)
+
+
+def _madd_w_ir(b, x, y):
+    """vpmaddwd: each lane's two i16 products x_lo·y_lo + x_hi·y_hi (AVX-512, AVX2 by halves, portable IR)."""
+    if VNNI512:
         w = ir.VectorType(ir.IntType(16), 32)
         fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_VI, [w, w]), "llvm.x86.avx512.pmaddw.d.512")
-        return b.call(fn, [b.bitcast(a[0], w), b.bitcast(a[1], w)])
+        return b.call(fn, [b.bitcast(x, w), b.bitcast(y, w)])
+    if AVX2:
+        return _join(b, *(_madd(b, _h16(b, x, h), _h16(b, y, h)) for h in (0, 1)))
+    sixteen = _splat(b, ir.Constant(_i32, 16), _VI)
+    lo = [b.ashr(b.shl(v, sixteen), sixteen) for v in (x, y)]
+    hi = [b.ashr(v, sixteen) for v in (x, y)]
+    return b.add(b.mul(*lo), b.mul(*hi))
+
+
+@intrinsic
+def madd_w(typingctx, x, y):
+    """Each lane's two signed 16-bit halves times y's, summed: x_lo·y_lo + x_hi·y_hi (vpmaddwd)."""
+    return _simple(I32(I32, I32), lambda b, a: _madd_w_ir(b, *a))(typingctx, x, y)
+
+
+@intrinsic
+def madd16(typingctx, x, y):
+    """x · y lane-wise where x's lanes are 0..32767 and y's lie in i16: vpmaddwd where the host has it (on
+    AVX-512 one µop where vpmulld takes two; exact: the high halves' product is 0 · y_hi), else vpmulld."""
+
+    def body(b, a):
+        return _madd_w_ir(b, *a) if VNNI512 or AVX2 else b.mul(a[0], a[1])
 
     return _simple(I32(I32, I32), body)(typingctx, x, y)
+
+
+@intrinsic
+def dot32h(typingctx, acc, sa, sb, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4, x5, x6, x7):
+    """acc + sa · Σ_{i<4} dot4(u_i, x_i) + sb · Σ_{i>=4} dot4(u_i, x_i) for u <= 63, the scales signed 16-bit
+    values in both halves of each lane (a Q6_K block's two halves with their scales, expanded once for many rows;
+    on AVX2 the i16 sums of two pairs widened against the scale pairs)."""
+
+    def body(b, a):
+        acc, sa, sb, pairs = a[0], a[1], a[2], list(zip(a[3:11], a[11:19], strict=True))
+        if VNNI512 or not AVX2:
+            zero = _splat(b, ir.Constant(_i32, 0), _VI)
+            sixteen = _splat(b, ir.Constant(_i32, 16), _VI)
+            A, B = _dot_isa(b, zero, pairs[:4]), _dot_isa(b, zero, pairs[4:])
+            return b.add(acc, b.add(b.mul(b.ashr(sa, sixteen), A), b.mul(b.ashr(sb, sixteen), B)))
+        halves = []
+        for h in (0, 1):
+            p = None
+            for k, sc in ((0, sa), (2, sa), (4, sb), (6, sb)):
+                m = _madd(b, _i16_sums(b, pairs[k:k + 2], h), _h16(b, sc, h))
+                p = m if p is None else b.add(p, m)
+            halves.append(p)
+        return b.add(acc, _join(b, *halves))
+
+    return _simple(I32(*[I32] * 19), body)(typingctx, acc, sa, sb, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3,
+                                           x4, x5, x6, x7)
 
 
 @intrinsic
