@@ -562,20 +562,24 @@ def test_amx_tiles_give_the_vector_kernels_bits(qt, n, k):
 
 
 _EXPANDED_FNS: dict = {}
+_AVX2_ONLY = simd.AVX2 and not simd.VNNI512  # the host's own kernels take _super_expanded
 
 
-@pytest.mark.parametrize("qt", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 def test_expanded_super_blocks_give_the_vector_kernels_bits(qt):
-    """The AVX2 path that takes a super-block's weights apart once for all rows (_super_expanded: dot32u, dot32h,
-    the Q6_K term in one vpmaddwd) gives bitwise the row-pair kernel's output, at the integer bounds (extreme
-    weights and scales, x̂ = ±127: the i16 sums at their largest) and on random rows, for even and odd row
-    counts. The reference is the same kernel in calls of fewer than EXPAND_MIN rows. On a host without AVX2,
-    or with VNNI, the path is forced (`expand`) and its integers take those ISAs' forms (the AVX2 forms of its
-    intrinsics: test_nibble_dot_and_madd16_exact_at_their_bounds under GUILD_NO_VNNI=1)."""
+    """The AVX2 path that takes a super-block's weights apart once for all rows (_super_expanded: dot32u,
+    dot32h, the per-block terms in one vpmaddwd) gives bitwise the row-pair kernel's output, at the integer
+    bounds (extreme weights and scales, x̂ = ±127: the i16 sums at their largest) and on random rows, for even
+    and odd row counts. The reference is the host's kernel in calls of fewer than EXPAND_MIN rows. Where the
+    host's kernels do not take the path (VNNI, or no AVX2), a kernel of it alone is compiled (`expand`), its
+    integers in those ISAs' forms, for the three kinds that cover its arithmetic (the AVX2 forms of its
+    intrinsics: test_dots_on_weights_taken_apart_exact_at_their_bounds under GUILD_NO_VNNI=1)."""
     from numba import cfunc
 
     from guild.kernels.cpu.intrinsics import _KSIG
 
+    if not _AVX2_ONLY and qt in (Q.Q3_K, Q.Q5_K):
+        pytest.skip("off AVX2-only hosts Q2_K, Q4_K and Q6_K cover the path (one compile each)")
     n, k = 200, 512
     raw = _tile_extremes(qt, n, k)
     with kq.numerics("i8"):
@@ -585,20 +589,20 @@ def test_expanded_super_blocks_give_the_vector_kernels_bits(qt):
     x[0], x[1] = 3.0, -3.0
     t = w.table
     addr = t.addr.copy()
-    if not (simd.AVX2 and not simd.VNNI512):  # the host's own kernel takes it on AVX2; elsewhere it is forced
+    if not _AVX2_ONLY:
         if qt not in _EXPANDED_FNS:  # compiled once a type (a cfunc is not cached)
             _EXPANDED_FNS[qt] = cfunc(_KSIG)(qdot.kernels._entry(int(qt), "_k_expanded", None, False, True))
         addr[0, 0] = _EXPANDED_FNS[qt].address
 
-    def rows(x):
+    def rows(x, a):
         out = np.empty((x.shape[0], n), np.float32)
-        kq.linear_rows(x, addr, t.dims, t.sg, t.col, out, 2)
+        kq.linear_rows(x, a, t.dims, t.sg, t.col, out, 2)
         return out
 
     below = qdot.kernels.EXPAND_MIN - 1
     for T in (4, 5, 8, 9, 40):
-        want = np.concatenate([rows(x[t0 : min(t0 + below, T)]) for t0 in range(0, T, below)])
-        assert np.array_equal(rows(x[:T]), want), T
+        want = np.concatenate([rows(x[t0 : min(t0 + below, T)], t.addr) for t0 in range(0, T, below)])
+        assert np.array_equal(rows(x[:T], addr), want), T
     assert np.array_equal(want[:2], _mm(w, x[:2]))
 
 
@@ -609,3 +613,29 @@ def test_amx_is_taken_only_where_the_host_has_it():
     assert _amx_wanted(spr, "") and _amx_wanted(spr, "0")
     assert not _amx_wanted(spr, "1")  # GUILD_NO_AMX=1
     assert not _amx_wanted("+avx512f,+avx512vnni", "") and not _amx_wanted("+amx-tile", "")
+
+
+def test_kernels_cache_keys_are_the_same_in_every_process():
+    """Numba keys a cached function by its code and its closure's pickled values: a closure holding a dispatcher
+    (which pickles with a per-process id) made every process compile every kernel again (~10 s each). The entry
+    points' and the AMX tiles' closures hold plain constants only, and pickle to the same bytes in a second
+    process."""
+    import subprocess
+    import sys
+
+    from numba.core.serialize import dumps
+
+    def plain(v):
+        return isinstance(v, (bool, int, float, str)) or (isinstance(v, tuple) and all(map(plain, v)))
+
+    probe = ("import hashlib; from numba.core.serialize import dumps; from guild.kernels.cpu.qdot import kernels as K;"
+             "print(hashlib.sha256(dumps([[c.cell_contents for c in f.__closure__] for f in K.KERNELS.values()]))"
+             ".hexdigest())")
+    fns = list(qdot.kernels.KERNELS.values()) + [f.py_func for f in qdot.tiles.TILE_ROWS_OF.values()]
+    for f in fns:
+        assert all(plain(c.cell_contents) for c in f.__closure__), f.__name__
+    import hashlib
+
+    here = hashlib.sha256(dumps([[c.cell_contents for c in f.__closure__] for f in qdot.kernels.KERNELS.values()]))
+    there = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert there == here.hexdigest()

@@ -44,8 +44,10 @@ from ..simd import (
 )
 from ..simd.amx import AMX
 from ..simd.isa import ZEN4
+from . import tiles
 from .dots import (
     _DEC,
+    _M1,
     _M2,
     GRID_TILE_ROWS,
     _b1off,
@@ -59,8 +61,8 @@ from .dots import (
     _sfin,
     _unit,
 )
-from .tiles import TILE_MIN, TILE_ROWS_OF, no_rows
-from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, NJ, Q4_K, Q6_K, QB, SB
+from .tiles import TILE_MIN, TILE_ROWS_OF
+from .types import _GRIDS, GL, IQ2_XXS, IQ3_XXS, IQ4_XS, NJ, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QB, SB
 
 
 def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None, expand: bool | None = None):
@@ -72,8 +74,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None,
     slower: Numba copies an inlined body block by block, each copy with the whole scope (quadratic).
     Where the host has AMX (`amx`: this one, for tests), the K-quants' (Q2_K to Q6_K), IQ4_XS's and Q8_0's
     products of TILE_MIN rows or more take tile products (tiles.py): the same integers and float steps. On AVX2
-    without VNNI (`expand`: this one, for tests) the EXPANDED kinds' products of EXPAND_MIN rows or more take
-    _super_expanded: the same again."""
+    without VNNI the EXPANDED kinds' products of EXPAND_MIN rows or more take _super_expanded: the same again
+    (`expand`: a test's kernel of that path alone, on any host)."""
 
     # Python constants: Numba drops the branches of the other kinds before typing them
     sup = QUANT_TYPES[Q(kind)].block == SB * QB  # 256-element super-blocks (ggml's Q8_K activations)
@@ -82,8 +84,9 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None,
     # the fields' bytes per unit, then the prefetch distance in units (pf: this one, for tests)
     ub = unit_bytes(kind) + (prefetch_units(kind) if pf is None else pf,)
     one = ub[5] == 0  # the hardware prefetchers alone feed decode: one weight stream per field (_super_one)
-    ex = kind in EXPANDED and (AVX2 and not VNNI512 if expand is None else expand)  # _super_expanded
-    rows16 = TILE_ROWS_OF.get(kind, no_rows) if (AMX if amx is None else amx) else no_rows  # AMX's tiles of rows
+    ex = kind in EXPANDED and (AVX2 and not VNNI512 or bool(expand))  # _super_expanded
+    only = bool(expand)  # a test's kernel: every call takes _super_expanded, the other paths are not compiled
+    tiled = kind in TILE_ROWS_OF and (AMX if amx is None else amx)  # AMX's tiles of rows
 
     def kernel(p0, p1, p2, p3, p4, p5, nt, nb, pxp, T, Kp, g0, g1, pout, N):
         o = pxp + T * Kp
@@ -92,8 +95,27 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None,
         xs = carray(_pf32(o + 8 * T * nb), (T, nb))
         sh = carray(_pi32(o + 12 * T * nb), (T, nb, 2))
         out = carray(_pf32(pout), (T, N))
-        if T >= TILE_MIN and rows16(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N) == T:
-            return  # every row on AMX tiles
+        if only:
+            _expanded_tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N, ub)
+            return
+        if tiled and T >= TILE_MIN:  # the kind's AMX entry, a global (tiles.rows_q2_k, ...)
+            a = (p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N)
+            if kind == Q2_K:
+                done = tiles.rows_q2_k(*a)
+            elif kind == Q3_K:
+                done = tiles.rows_q3_k(*a)
+            elif kind == Q4_K:
+                done = tiles.rows_q4_k(*a)
+            elif kind == Q5_K:
+                done = tiles.rows_q5_k(*a)
+            elif kind == Q6_K:
+                done = tiles.rows_q6_k(*a)
+            elif kind == IQ4_XS:
+                done = tiles.rows_iq4_xs(*a)
+            else:
+                done = tiles.rows_q8_0(*a)
+            if done == T:
+                return  # every row on AMX tiles
         if sup:
             dec = grid and T >= GRID_TILE_ROWS
             # the grid types' magnitudes decoded once per group of 16 features for all rows (the gathers are most
@@ -104,14 +126,7 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None,
             rs = np.empty(GL if rows_t1 else 0, np.int32)  # the 16 rows' integer sums of a super-block (_grid_t1)
             prs = rs.ctypes.data
             if ex and T >= EXPAND_MIN:  # AVX2: each super-block's weights expanded once for all rows
-                eb = np.empty(_EXB + T * GL, np.float32)
-                for g in range(g0, g1):
-                    for j in range(NJ):
-                        n0 = g * NT + GL * j
-                        if n0 >= N:
-                            break
-                        _super_expanded(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out,
-                                        N, eb.ctypes.data, ub)
+                _expanded_tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N, ub)
                 return
             for g in range(g0, g1):
                 for j in range(NJ):
@@ -196,55 +211,95 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
 
 # AVX2 (no VNNI): from this many rows a super-block's weights are taken apart once for all rows (_super_expanded)
 EXPAND_MIN = 4
-EXPANDED = (Q4_K, Q6_K)  # the kinds that take _super_expanded
+EXPANDED = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)  # the kinds that take _super_expanded
 _EXU = 12 * 64  # bytes of an expanded block: 8 vectors of the weights as bytes, then up to 3 of scales and mins
 _EXB = SB * _EXU // 4  # an expanded super-block, in f32 slots of the scratch
 
 
 @njit(cache=True, inline="always")
+def _pairs(a, b):
+    """a's low 16 bits in each lane's low half, b's in its high half (vpmaddwd operands)."""
+    return or_i(bits_i(a, 0, 0xFFFF, 0), bits_i(b, 0, 0xFFFF, 16))
+
+
+@njit(cache=True, inline="always")
 def _expand_block(kind, p0, p1, p2, g, nb, b, j, e):
     """Block b of group j, its weights as bytes at e: vector i (64 bytes, 4 a lane) pairs with the activations'
-    quad i (elements 4i..4i + 3). Then Q4_K's scale in both i16 halves of each lane and its min; Q6_K's two
-    half-block scales each in both halves, then both in one lane (A low, B high: its −32·Σ scale·half-sum term
-    in one vpmaddwd)."""
-    oq = _unit(g, j, nb, b) * 4 * GL * 4
-    if kind == Q4_K:
+    quad i (elements 4i..4i + 3). Then the scales of the block's two halves, each in both i16 halves of a lane
+    (Q4_K: the first alone), and the per-block term's factors: the min (Q4_K, Q5_K; times the row's block sum),
+    or the two halves' mins (Q2_K) or scales (Q6_K, Q3_K) side by side, times the row's two half sums in one
+    vpmaddwd."""
+    u = _unit(g, j, nb, b)
+    if kind == Q4_K or kind == Q5_K:
+        hw = ld_i32(p1 + u * GL * 4) if kind == Q5_K else zero_i()  # Q5_K's 5th bits
         for q in range(4):
-            w = ld_i32(p0 + oq + q * GL * 4)
-            st_i32(e + q * 64, lo4(w))
-            st_i32(e + (4 + q) * 64, hi4(w))
-        sc = ld_u8(p1 + _b2off(g, nb, b, 0, j))
-        st_i32(e + 512, or_i(sc, bits_i(sc, 0, 0xFFFF, 16)))
-        st_i32(e + 576, ld_u8(p1 + _b2off(g, nb, b, 1, j)))
-    else:  # Q6_K: the low nibbles from the quads, the two bits above them from the planes (dots._q6)
-        oh = _unit(g, j, nb, b) * 2 * GL * 4
-        h0 = ld_i32(p1 + oh)
-        h1 = ld_i32(p1 + oh + GL * 4)
+            w = ld_i32(p0 + u * 4 * GL * 4 + q * GL * 4)
+            st_i32(e + q * 64, or_i(lo4(w), bits_i(hw, q, _M1, 4)))
+            st_i32(e + (4 + q) * 64, or_i(hi4(w), bits_i(hw, 4 + q, _M1, 4)))
+        psm = p1 if kind == Q4_K else p2
+        sc = ld_u8(psm + _b2off(g, nb, b, 0, j))
+        st_i32(e + 512, _pairs(sc, sc))
+        st_i32(e + 576, _pairs(sc, sc))
+        st_i32(e + 640, ld_u8(psm + _b2off(g, nb, b, 1, j)))
+        return
+    if kind == Q6_K:  # the low nibbles from the quads, the two bits above them from the planes (dots._q6)
+        h0 = ld_i32(p1 + u * 2 * GL * 4)
+        h1 = ld_i32(p1 + u * 2 * GL * 4 + GL * 4)
         for q in range(4):
-            w = ld_i32(p0 + oq + q * GL * 4)
+            w = ld_i32(p0 + u * 4 * GL * 4 + q * GL * 4)
             st_i32(e + q * 64, or_i(lo4(w), bits_i(h0, 2 * q, _M2, 4)))
             st_i32(e + (4 + q) * 64, or_i(hi4(w), bits_i(h1, 2 * q, _M2, 4)))
+    else:  # Q2_K, Q3_K: 2-bit quads (Q3_K's 3rd bit from the plane: dots._halves2)
+        hw = ld_i32(p1 + u * GL * 4) if kind == Q3_K else zero_i()
+        for h in range(2):
+            w = ld_i32(p0 + u * 2 * GL * 4 + h * GL * 4)
+            for q in range(4):
+                st_i32(e + (4 * h + q) * 64, or_i(bits_i(w, 2 * q, _M2, 0), bits_i(hw, 4 * h + q, _M1, 2)))
+    if kind == Q2_K:  # the scale in each byte's low nibble, the min in its high one
+        vA = ld_u8(p1 + _b2off(g, nb, b, 0, j))
+        vB = ld_u8(p1 + _b2off(g, nb, b, 1, j))
+        st_i32(e + 512, _pairs(bits_i(vA, 0, 15, 0), bits_i(vA, 0, 15, 0)))
+        st_i32(e + 576, _pairs(bits_i(vB, 0, 15, 0), bits_i(vB, 0, 15, 0)))
+        st_i32(e + 640, _pairs(bits_i(vA, 4, 15, 0), bits_i(vB, 4, 15, 0)))
+    else:
         sA = ld_s8(p2 + _b2off(g, nb, b, 0, j))
         sB = ld_s8(p2 + _b2off(g, nb, b, 1, j))
-        st_i32(e + 512, or_i(bits_i(sA, 0, 0xFFFF, 0), bits_i(sA, 0, 0xFFFF, 16)))
-        st_i32(e + 576, or_i(bits_i(sB, 0, 0xFFFF, 0), bits_i(sB, 0, 0xFFFF, 16)))
-        st_i32(e + 640, or_i(bits_i(sA, 0, 0xFFFF, 0), bits_i(sB, 0, 0xFFFF, 16)))
+        st_i32(e + 512, _pairs(sA, sA))
+        st_i32(e + 576, _pairs(sB, sB))
+        st_i32(e + 640, _pairs(sA, sB))
 
 
 @njit(cache=True, inline="always")
 def _expanded_blk(kind, e, xa, s1, s2, acc, macc):
-    """One row's block from its expanded form at e: acc + the scaled sums; macc + Q4_K's min term (s1: the row's
-    block sum) or Q6_K's Σ scale·half-sum (s1, s2: the two half sums), which the caller takes off 32 times."""
-    if kind == Q4_K:
+    """One row's block from its expanded form at e: acc + the scaled sums; macc + the per-block term (Q4_K,
+    Q5_K: min · s1, the row's block sum; the others: the two factors times s1, s2, its half sums), which Q6_K
+    and Q3_K take off acc 32 or 4 times and the others leave to _sfin."""
+    if kind == Q4_K:  # nibbles: eight pairs' i16 sums in one (dot32u)
         acc = dot32u(acc, ld_i32(e + 512), ld_i32(e), ld_i32(e + 64), ld_i32(e + 128), ld_i32(e + 192),
                      ld_i32(e + 256), ld_i32(e + 320), ld_i32(e + 384), ld_i32(e + 448), bc_i32(xa), bc_i32(xa + 4),
                      bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20), bc_i32(xa + 24),
                      bc_i32(xa + 28))
-        return acc, add_i(macc, madd16(ld_i32(e + 576), splat_i(s1)))
-    acc = dot32h(acc, ld_i32(e + 512), ld_i32(e + 576), ld_i32(e), ld_i32(e + 64), ld_i32(e + 128), ld_i32(e + 192),
-                 ld_i32(e + 256), ld_i32(e + 320), ld_i32(e + 384), ld_i32(e + 448), bc_i32(xa), bc_i32(xa + 4),
-                 bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20), bc_i32(xa + 24), bc_i32(xa + 28))
+    else:
+        acc = dot32h(acc, ld_i32(e + 512), ld_i32(e + 576), ld_i32(e), ld_i32(e + 64), ld_i32(e + 128),
+                     ld_i32(e + 192), ld_i32(e + 256), ld_i32(e + 320), ld_i32(e + 384), ld_i32(e + 448), bc_i32(xa),
+                     bc_i32(xa + 4), bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20),
+                     bc_i32(xa + 24), bc_i32(xa + 28))
+    if kind == Q4_K or kind == Q5_K:
+        return acc, add_i(macc, madd16(ld_i32(e + 640), splat_i(s1)))
     return acc, add_i(macc, madd_w(ld_i32(e + 640), splat_i((s1 & 0xFFFF) | (s2 << 16))))
+
+
+@njit(cache=True, inline="always")
+def _expanded_tiles(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N, ub):
+    """Tiles g0..g1 by _super_expanded, a group of 16 features at a time."""
+    eb = np.empty(_EXB + T * GL, np.float32)
+    for g in range(g0, g1):
+        for j in range(NJ):
+            n0 = g * NT + GL * j
+            if n0 >= N:
+                break
+            _super_expanded(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, pout, out, N,
+                            eb.ctypes.data, ub)
 
 
 @njit(cache=True, inline="always")
@@ -264,12 +319,12 @@ def _super_expanded(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, 
             a = m = zero_i()
             for b in range(s, s + SB):
                 xa = pxp + t * Kp + b * QB
-                if kind == Q4_K:
+                if kind == Q4_K or kind == Q5_K:
                     a, m = _expanded_blk(kind, pe + (b - s) * _EXU, xa, sx[t, b], 0, a, m)
                 else:
                     a, m = _expanded_blk(kind, pe + (b - s) * _EXU, xa, sh[t, b, 0], sh[t, b, 1], a, m)
-            if kind == Q6_K:
-                a = sub_i(a, mul_i(m, splat_i(np.int32(32))))
+            if kind == Q6_K or kind == Q3_K:  # less 32 or 4 times Σ scale·half-sum (dots._iblk)
+                a = sub_i(a, mul_i(m, splat_i(np.int32(32 if kind == Q6_K else 4))))
                 m = zero_i()
             st_f32(py + 64 * t, _sfin(kind, p1, p2, p3, p4, g, nb, s, j, a, m, xd[t, s], ld_f32(py + 64 * t)))
     for t in range(T):

@@ -414,11 +414,8 @@ def _entry(kind: int, name: str):
     return njit(cache=True)(rows)
 
 
-@njit(cache=True)
-def no_rows(p0, p1, p2, p3, p4, nb, pxp, T, Kp, g0, g1, xd, sx, sh, pout, out, N):
-    """_rows where tiles are not taken: no rows."""
-    return 0
-
-
 TILE_ROWS_OF = {k: _entry(k, f"rows_{k}") for k in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0)}
 """The kinds with a tile path, and its entry."""
+# by name too: a kernel calls its kind's entry as a global (a dispatcher held in a kernel's closure pickles with a
+# per-process id, and the closure keys Numba's cache: the kernel would compile again in every process)
+rows_q2_k, rows_q3_k, rows_q4_k, rows_q5_k, rows_q6_k, rows_iq4_xs, rows_q8_0 = TILE_ROWS_OF.values()

@@ -240,8 +240,8 @@ def madd16(typingctx, x, y):
 @intrinsic
 def dot32h(typingctx, acc, sa, sb, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4, x5, x6, x7):
     """acc + sa · Σ_{i<4} dot4(u_i, x_i) + sb · Σ_{i>=4} dot4(u_i, x_i) for u <= 63, the scales signed 16-bit
-    values in both halves of each lane (a Q6_K block's two halves with their scales, expanded once for many rows;
-    on AVX2 the i16 sums of two pairs widened against the scale pairs)."""
+    values in both halves of each lane (the two halves of a Q6_K, Q5_K, Q3_K or Q2_K block with their scales,
+    expanded once for many rows; on AVX2 the i16 sums of two pairs widened against the scale pairs)."""
 
     def body(b, a):
         acc, sa, sb, pairs = a[0], a[1], a[2], list(zip(a[3:11], a[11:19], strict=True))
