@@ -218,10 +218,15 @@ def _six(p):
     return simd.bits_i(simd.ld_i32(p), 0, 0x3F3F3F3F, 0)
 
 
+@njit(cache=True, inline="always")
+def _five(p):
+    return simd.bits_i(simd.ld_i32(p), 0, 0x1F1F1F1F, 0)
+
+
 @njit(cache=True)
 def _apart_dots(a, s1, s2, u, x, out):
     """dot32u (u: 8 vectors of bytes <= 15, s1 the scale pairs), dot32h (the same u <= 63, s1, s2 the two
-    halves' scale pairs) and madd_w (s1, s2) into out [3, 16] int32."""
+    halves' scale pairs), madd_w (s1, s2) and dot32h4 (u <= 31) into out [4, 16] int32."""
     pu, px = u.ctypes.data, x.ctypes.data
     v = simd.ld_i32(a.ctypes.data)
     c1, c2 = simd.ld_i32(s1.ctypes.data), simd.ld_i32(s2.ctypes.data)
@@ -235,6 +240,9 @@ def _apart_dots(a, s1, s2, u, x, out):
         v, c1, c2, _six(pu), _six(pu + 64), _six(pu + 128), _six(pu + 192), _six(pu + 256), _six(pu + 320),
         _six(pu + 384), _six(pu + 448), x0, x1, x2, x3, x4, x5, x6, x7))
     simd.st_i32(out.ctypes.data + 128, simd.madd_w(c1, c2))
+    simd.st_i32(out.ctypes.data + 192, simd.dot32h4(
+        v, c1, c2, _five(pu), _five(pu + 64), _five(pu + 128), _five(pu + 192), _five(pu + 256), _five(pu + 320),
+        _five(pu + 384), _five(pu + 448), x0, x1, x2, x3, x4, x5, x6, x7))
 
 
 def test_nibble_dot_and_madd16_exact_at_their_bounds():
@@ -262,9 +270,9 @@ def test_nibble_dot_and_madd16_exact_at_their_bounds():
 
 
 def test_dots_on_weights_taken_apart_exact_at_their_bounds():
-    """dot32u (a Q4_K block already in nibbles, its scale in both i16 halves), dot32h (a Q6_K block's two halves
-    of 6-bit quants with signed scales) and madd_w (vpmaddwd: both signed 16-bit halves' products summed) give
-    the exact integers, the extremes included (the i16 sums of the AVX2 forms at their largest)."""
+    """dot32u (a Q4_K block already in nibbles, its scale in both i16 halves), dot32h and dot32h4 (a block's two
+    halves of 6-bit or 5-bit quants with signed scales) and madd_w (vpmaddwd: both signed 16-bit halves' products
+    summed) give the exact integers, the extremes included (the i16 sums of the AVX2 forms at their largest)."""
     rng = np.random.default_rng(8)
     for trial in range(30):
         a = rng.integers(-(1 << 24), 1 << 24, 16).astype(np.int32)
@@ -275,7 +283,7 @@ def test_dots_on_weights_taken_apart_exact_at_their_bounds():
         if trial < 2:
             u[:], x[:], sc[:], sa[:], sb[:] = 255, (127, -127)[trial], 63, (-128, 127)[trial], (127, -128)[trial]
         pair = lambda v: ((v & 0xFFFF) | (v << 16)).astype(np.uint32).view(np.int32)  # noqa: E731
-        out = np.empty((3, 16), np.int32)
+        out = np.empty((4, 16), np.int32)
         q = u.reshape(8, 16, 4).transpose(1, 0, 2).astype(np.int64)  # [lane, vector, byte]
         xs = x.reshape(8, 4).astype(np.int64)
         _apart_dots(a, pair(sc), pair(sb), u, x, out)
@@ -283,6 +291,8 @@ def test_dots_on_weights_taken_apart_exact_at_their_bounds():
         _apart_dots(a, pair(sa), pair(sb), u, x, out)
         six = ((q & 63) * xs).sum(2)
         assert np.array_equal(out[1], a + sa * six[:, :4].sum(1) + sb * six[:, 4:].sum(1))
+        five = ((q & 31) * xs).sum(2)
+        assert np.array_equal(out[3], a + sa * five[:, :4].sum(1) + sb * five[:, 4:].sum(1))
         r1, r2 = rng.integers(-(1 << 31), 1 << 31, (2, 16)).astype(np.int32)
         _apart_dots(a, r1, r2, u, x, out)
         h = lambda v: (v.astype(np.int64) << 48 >> 48, v.astype(np.int64) >> 16)  # noqa: E731

@@ -21,6 +21,7 @@ from ..simd import (
     bc_i32,
     bits_i,
     dot32h,
+    dot32h4,
     dot32u,
     grid_rows2,
     hi4,
@@ -274,16 +275,16 @@ def _expanded_blk(kind, e, xa, s1, s2, acc, macc):
     """One row's block from its expanded form at e: acc + the scaled sums; macc + the per-block term (Q4_K,
     Q5_K: min · s1, the row's block sum; the others: the two factors times s1, s2, its half sums), which Q6_K
     and Q3_K take off acc 32 or 4 times and the others leave to _sfin."""
+    xs = (bc_i32(xa), bc_i32(xa + 4), bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20),
+          bc_i32(xa + 24), bc_i32(xa + 28))
+    us = (ld_i32(e), ld_i32(e + 64), ld_i32(e + 128), ld_i32(e + 192), ld_i32(e + 256), ld_i32(e + 320),
+          ld_i32(e + 384), ld_i32(e + 448))
     if kind == Q4_K:  # nibbles: eight pairs' i16 sums in one (dot32u)
-        acc = dot32u(acc, ld_i32(e + 512), ld_i32(e), ld_i32(e + 64), ld_i32(e + 128), ld_i32(e + 192),
-                     ld_i32(e + 256), ld_i32(e + 320), ld_i32(e + 384), ld_i32(e + 448), bc_i32(xa), bc_i32(xa + 4),
-                     bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20), bc_i32(xa + 24),
-                     bc_i32(xa + 28))
-    else:
-        acc = dot32h(acc, ld_i32(e + 512), ld_i32(e + 576), ld_i32(e), ld_i32(e + 64), ld_i32(e + 128),
-                     ld_i32(e + 192), ld_i32(e + 256), ld_i32(e + 320), ld_i32(e + 384), ld_i32(e + 448), bc_i32(xa),
-                     bc_i32(xa + 4), bc_i32(xa + 8), bc_i32(xa + 12), bc_i32(xa + 16), bc_i32(xa + 20),
-                     bc_i32(xa + 24), bc_i32(xa + 28))
+        acc = dot32u(acc, ld_i32(e + 512), *us, *xs)
+    elif kind == Q6_K:  # u <= 63: two pairs' i16 sums at a time
+        acc = dot32h(acc, ld_i32(e + 512), ld_i32(e + 576), *us, *xs)
+    else:  # u <= 31: a half's four pairs at once
+        acc = dot32h4(acc, ld_i32(e + 512), ld_i32(e + 576), *us, *xs)
     if kind == Q4_K or kind == Q5_K:
         return acc, add_i(macc, madd16(ld_i32(e + 640), splat_i(s1)))
     return acc, add_i(macc, madd_w(ld_i32(e + 640), splat_i((s1 & 0xFFFF) | (s2 << 16))))

@@ -10,7 +10,7 @@ lowers with the host's best integer multiplies.
 """
 
 from . import amx
-from .dots import dot4, dot4ss, dot8, dot32h, dot32u, dot_nib, dpbusd, dpbusd_portable, madd16, madd_w
+from .dots import dot4, dot4ss, dot8, dot32h, dot32h4, dot32u, dot_nib, dpbusd, dpbusd_portable, madd16, madd_w
 from .gather import gather_u32, grid_rows2, grid_rows2_portable, hsum2, lookup16
 from .isa import AVX2, AVX512BW, F32, I32, VNNI512, Vec, inline_here
 from .vectors import (
@@ -73,6 +73,7 @@ __all__ = [
     "dot_nib",
     "dot32u",
     "dot32h",
+    "dot32h4",
     "madd_w",
     "madd16",
     "dot4",

@@ -237,30 +237,36 @@ def madd16(typingctx, x, y):
     return _simple(I32(I32, I32), body)(typingctx, x, y)
 
 
-@intrinsic
-def dot32h(typingctx, acc, sa, sb, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4, x5, x6, x7):
-    """acc + sa · Σ_{i<4} dot4(u_i, x_i) + sb · Σ_{i>=4} dot4(u_i, x_i) for u <= 63, the scales signed 16-bit
-    values in both halves of each lane (the two halves of a Q6_K, Q5_K, Q3_K or Q2_K block with their scales,
-    expanded once for many rows; on AVX2 the i16 sums of two pairs widened against the scale pairs)."""
+def _dot32h(run: int):
+    def dot32h(typingctx, acc, sa, sb, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4, x5, x6, x7):
+        def body(b, a):
+            acc, sa, sb, pairs = a[0], a[1], a[2], list(zip(a[3:11], a[11:19], strict=True))
+            if VNNI512 or not AVX2:
+                zero = _splat(b, ir.Constant(_i32, 0), _VI)
+                sixteen = _splat(b, ir.Constant(_i32, 16), _VI)
+                A, B = _dot_isa(b, zero, pairs[:4]), _dot_isa(b, zero, pairs[4:])
+                return b.add(acc, b.add(b.mul(b.ashr(sa, sixteen), A), b.mul(b.ashr(sb, sixteen), B)))
+            halves = []
+            for h in (0, 1):
+                p = None
+                for k in range(0, 8, run):
+                    m = _madd(b, _i16_sums(b, pairs[k:k + run], h), _h16(b, sa if k < 4 else sb, h))
+                    p = m if p is None else b.add(p, m)
+                halves.append(p)
+            return b.add(acc, _join(b, *halves))
 
-    def body(b, a):
-        acc, sa, sb, pairs = a[0], a[1], a[2], list(zip(a[3:11], a[11:19], strict=True))
-        if VNNI512 or not AVX2:
-            zero = _splat(b, ir.Constant(_i32, 0), _VI)
-            sixteen = _splat(b, ir.Constant(_i32, 16), _VI)
-            A, B = _dot_isa(b, zero, pairs[:4]), _dot_isa(b, zero, pairs[4:])
-            return b.add(acc, b.add(b.mul(b.ashr(sa, sixteen), A), b.mul(b.ashr(sb, sixteen), B)))
-        halves = []
-        for h in (0, 1):
-            p = None
-            for k, sc in ((0, sa), (2, sa), (4, sb), (6, sb)):
-                m = _madd(b, _i16_sums(b, pairs[k:k + 2], h), _h16(b, sc, h))
-                p = m if p is None else b.add(p, m)
-            halves.append(p)
-        return b.add(acc, _join(b, *halves))
+        return _simple(I32(*[I32] * 19), body)(typingctx, acc, sa, sb, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2,
+                                               x3, x4, x5, x6, x7)
 
-    return _simple(I32(*[I32] * 19), body)(typingctx, acc, sa, sb, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3,
-                                           x4, x5, x6, x7)
+    return intrinsic(dot32h)
+
+
+dot32h = _dot32h(2)
+"""acc + sa · Σ_{i<4} dot4(u_i, x_i) + sb · Σ_{i>=4} dot4(u_i, x_i) for u <= 63, the scales signed 16-bit values in
+both halves of each lane (a block's two halves with their scales, expanded once for many rows; on AVX2 the i16
+sums of two pairs widened against the scale pairs)."""
+dot32h4 = _dot32h(4)
+"""dot32h for u <= 31: on AVX2 the i16 sums of each half's four pairs (<= 8 · 31 · 127) widened at once."""
 
 
 @intrinsic
