@@ -140,10 +140,11 @@ def dot8(typingctx, acc, u1, s1, u2, s2):
 
 def _dot32s_ir(b, acc, sc, pairs, paired=False):
     """acc + sc · Σ over the eight (u, s) pairs of dot4(u, s), for u <= 15 and 0 <= sc < 2^15 (a block of 32
-    4-bit quants with its scale) on a host without VNNI (dot_nib's). AVX2: the eight pairs' i16 sums (<= 8 · 2 ·
-    15 · 127) widened by vpmaddwd against (sc, sc), the scale's multiply folded into the widening (as ggml's Q4_K
-    dot); portable IR elsewhere; exact everywhere."""
-    if not AVX2:
+    4-bit quants with its scale; `paired`: sc given in both i16 halves): dot_nib's on a host without VNNI,
+    dot32u's everywhere. AVX2: the eight pairs' i16 sums (<= 8 · 2 · 15 · 127) widened by vpmaddwd against (sc,
+    sc), the scale's multiply folded into the widening (as ggml's Q4_K dot); VNNI's products or portable IR
+    elsewhere; exact everywhere."""
+    if VNNI512 or not AVX2:
         if paired:
             sc = b.and_(sc, _splat(b, ir.Constant(_i32, 0xFFFF), _VI))
         return b.add(acc, b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
@@ -190,11 +191,7 @@ def dot32u(typingctx, acc, sc, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x
     its i16 sums widened against the scale pairs."""
 
     def body(b, a):
-        pairs = list(zip(a[2:10], a[10:18], strict=True))
-        if VNNI512:
-            sc = b.and_(a[1], _splat(b, ir.Constant(_i32, 0xFFFF), _VI))
-            return b.add(a[0], b.mul(sc, _dot_isa(b, _splat(b, ir.Constant(_i32, 0), _VI), pairs)))
-        return _dot32s_ir(b, a[0], a[1], pairs, paired=True)
+        return _dot32s_ir(b, a[0], a[1], list(zip(a[2:10], a[10:18], strict=True)), paired=True)
 
     return _simple(I32(*[I32] * 18), body)(typingctx, acc, sc, u0, u1, u2, u3, u4, u5, u6, u7, x0, x1, x2, x3, x4,
                                            x5, x6, x7)
