@@ -161,6 +161,8 @@ def _entry(kind: int, name: str, pf: int | None = None, amx: bool | None = None,
                         xa = pxp + t * Kp + b * QB
                         if t == 0:
                             _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
+                        elif t == 2:  # the next group's weights (_super_rows)
+                            _fetch(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b) + nb)
                         y = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa, xd[t, b], sx[t, b], xs[t, b], y)
                         z = _blk(kind, p0, p1, p2, p3, g, nb, b, j, xa + Kp, xd[u, b], sx[u, b], xs[u, b], z)
                     _put(pout, out, t, N, n0, y)
@@ -195,6 +197,9 @@ def _super_rows(kind, p0, p1, p2, p3, p4, nb, pxp, T, Kp, g, j, n0, xd, sx, sh, 
                 xu = pxp + u * Kp + b * QB
                 if t == 0:  # the later row pairs find the group's weights in cache
                     _ahead(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b + ub[5]))
+                elif t == 2:  # the next group's weights, fetched while the later pairs compute (its first pass
+                    # then finds them in cache instead of waiting on memory: prefill's experts, ~32 rows each)
+                    _fetch(ub, p0, p1, p2, p3, p4, _unit(g, j, nb, b) + nb)
                 if dec:
                     a1 = add_i(a1, _grid_blk(kind, p1, p2, g, nb, b, j, xa, pd))
                     a2 = add_i(a2, _grid_blk(kind, p1, p2, g, nb, b, j, xu, pd))
@@ -421,15 +426,20 @@ def _pf_field(p, u, n):
 
 
 @njit(cache=True, inline="always")
-def _ahead(ub, p0, p1, p2, p3, p4, u):
-    """Prefetch unit u of every field (ub: unit_bytes, then the distance; 0: none, a constant the kernel drops)."""
-    if ub[5] == 0:
-        return
+def _fetch(ub, p0, p1, p2, p3, p4, u):
+    """Prefetch unit u of every field, whatever the distance (a past-the-end unit is a harmless hint)."""
     _pf_field(p0, u, ub[0])
     _pf_field(p1, u, ub[1])
     _pf_field(p2, u, ub[2])
     _pf_field(p3, u, ub[3])
     _pf_field(p4, u, ub[4])
+
+
+@njit(cache=True, inline="always")
+def _ahead(ub, p0, p1, p2, p3, p4, u):
+    """Prefetch unit u of every field (ub: unit_bytes, then the distance; 0: none, a constant the kernel drops)."""
+    if ub[5] != 0:
+        _fetch(ub, p0, p1, p2, p3, p4, u)
 
 
 @njit(cache=True, inline="always")
