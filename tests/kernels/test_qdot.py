@@ -479,12 +479,12 @@ def test_prefetch_distance_leaves_the_bits(qt):
     assert np.array_equal(got[0][0], got[1][0])
 
 
-def test_only_zen4_and_later_go_without_software_prefetch():
-    """The host rule behind PF_BYTES' default: Zen 4 and later read streamed weights faster without software
-    prefetch, Zen 3 (and Intel) with it (kernels.py's measurements)."""
-    assert [simd.isa.zen4_or_later(c) for c in ("znver4", "znver5", "znver3", "znver1", "skylake-avx512",
-                                                 "sapphirerapids", "znver", "")] == [True, True] + [False] * 6
-    assert simd.isa.ZEN4 == simd.isa.zen4_or_later(simd.isa._host_cpu())
+def test_only_zen4_goes_without_software_prefetch():
+    """The host rule behind PF_BYTES' default: Zen 4 reads streamed weights faster without software prefetch,
+    Zen 3, Zen 5 and Intel with it (kernels.py's measurements)."""
+    assert [simd.isa.zen4(c) for c in ("znver4", "znver5", "znver3", "znver1", "skylake-avx512",
+                                        "sapphirerapids", "znver", "")] == [True] + [False] * 7
+    assert simd.isa.ZEN4 == simd.isa.zen4(simd.isa._host_cpu())
 
 
 def test_prefetch_setting_is_validated():

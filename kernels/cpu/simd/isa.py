@@ -26,15 +26,14 @@ def _host_cpu() -> str:
         return ""
 
 
-# AMD Zen 4 and later (LLVM's znver4, znver5): their stream prefetchers want no help on streamed weights
-# (kernels/cpu/qdot/kernels.py); Zen 3 and earlier read them faster with software prefetch, as Intel cores do
-def zen4_or_later(cpu: str) -> bool:
-    """Whether an LLVM host CPU name is an AMD Zen 4 or later (znver4, znver5, ...)."""
-    gen = cpu.removeprefix("znver")
-    return cpu.startswith("znver") and gen.isdigit() and int(gen) >= 4
+# AMD Zen 4 (LLVM's znver4): its stream prefetchers want no help on streamed weights (kernels/cpu/qdot/kernels.py);
+# Zen 3 and earlier, Zen 5 and Intel cores read them faster with software prefetch
+def zen4(cpu: str) -> bool:
+    """Whether an LLVM host CPU name is an AMD Zen 4 (znver4)."""
+    return cpu == "znver4"
 
 
-ZEN4 = zen4_or_later(_host_cpu())
+ZEN4 = zen4(_host_cpu())
 
 # GUILD_NO_VNNI=1 forces the portable IR (tests compare the two on a VNNI host)
 VNNI512 = ("+avx512vnni" in _host_features() and "+avx512bw" in _host_features()
