@@ -378,7 +378,7 @@ PF_BYTES_DEFAULT = 1776
 # lost 12 %. A Zen 3 VM decoded 1.10-1.13x faster with them (the same slice, the kernels swapped in one process,
 # 16 alternated blocks of 8 steps; the embedded models 1.07-1.08x): Zen 3 and earlier take PF_BYTES_DEFAULT. So
 # does Zen 5: a 2-core Zen 5 VM decoded the Q4_K_M slice 1.12-1.53x faster with it (four alternated pairs of
-# processes; 3,552 bytes about as fast, 888 slower).
+# processes; 3,552 bytes slower in four more pairs, 888 slower).
 PF_BYTES_ZEN4 = 0
 PREFETCH_ENV = "GUILD_PREFETCH_BYTES"
 
